@@ -1,0 +1,110 @@
+// retryd/client.h: the C++ API of the retryd client library.
+//
+// A worker opens one Client, resolves each downstream dependency once, and wraps every attempt
+// of every call in Admit/Complete:
+//
+//   std::unique_ptr<retryd::Client> client;
+//   retryd::Status s = retryd::Client::Open({}, &client);      // cold
+//   retryd::Dependency orders;
+//   s = client->Resolve("orders", &orders);                   // cold, once
+//   retryd::Permit permit;
+//   if (client->Admit(orders, attempt, &permit)) { ...send...; }  // hot
+//   client->Complete(&permit, retryd::Outcome::kSuccess, latency);  // hot, always
+//
+// Thread safety: a Client is thread-safe; a Permit belongs to one attempt and one thread.
+// After fork() the child may keep using the parent's Client (it re-registers itself).
+// Hot path: Admit and Complete make no syscall, take no lock, allocate nothing and throw
+// nothing (reattaching after fork or to a replaced segment is a one-time slow path).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "retryd/export.h"
+#include "retryd/retryd.h"
+#include "retryd/status.h"
+
+namespace retryd {
+
+enum class Decision : int32_t {
+  kAdmitted = RETRYD_ADMITTED,
+  kAdmittedProbe = RETRYD_ADMITTED_PROBE,
+  kRejectedOpen = RETRYD_REJECTED_OPEN,
+  kRejectedHalfOpenBusy = RETRYD_REJECTED_HALF_OPEN_BUSY,
+  kRejectedBulkheadFull = RETRYD_REJECTED_BULKHEAD_FULL,
+  kRejectedBudgetEmpty = RETRYD_REJECTED_BUDGET_EMPTY,
+};
+RETRYD_EXPORT const char* DecisionName(Decision d);
+
+enum class Outcome : int32_t {
+  kSuccess = RETRYD_SUCCESS,
+  kFailure = RETRYD_FAILURE,  // counts toward the breaker
+  kIgnored = RETRYD_IGNORED,  // a 4xx: the caller's fault, not the dependency's
+};
+
+// A dependency handle from Client::Resolve. Cheap to copy; valid for the Client's lifetime.
+struct Dependency {
+  int32_t id = -1;
+};
+
+// What one attempt holds from Admit until Complete. Caller-owned; reuse it freely.
+class Permit {
+ public:
+  Decision decision() const { return Decision(raw_.decision); }
+  bool admitted() const { return raw_.decision == RETRYD_ADMITTED || raw_.decision == RETRYD_ADMITTED_PROBE; }
+  bool probe() const { return raw_.decision == RETRYD_ADMITTED_PROBE; }
+  retryd_permit_t* raw() { return &raw_; }
+
+ private:
+  retryd_permit_t raw_{};
+};
+
+using LogFn = std::function<void(int level, std::string_view line)>;
+
+struct ClientOptions {
+  // Segment name; empty: $RETRYD_SEGMENT, else "retryd".
+  std::string segment;
+  // With no segment on the host, run on process-private state with the built-in default
+  // policy (and say so once) instead of failing. Default: true, so that a worker never fails
+  // to start because the daemon is down; it moves to the segment once one appears.
+  bool fallback_to_local = true;
+};
+
+class RETRYD_EXPORT Client {
+ public:
+  // Open maps the segment and registers this process. On success stores the client in *out;
+  // on error stores nullptr and returns why (no segment, permission, incompatible layout).
+  static Status Open(const ClientOptions& options, std::unique_ptr<Client>* out);
+  virtual ~Client();
+
+  // Resolve looks up dependency `name` (creating it where the daemon allows) and stores its
+  // handle in *out. Falls back to per-process limits for this name when the host's table is
+  // full or refuses unknown names (logged once, counted in the segment). Errors:
+  // kInvalidArgument for a bad name. Cold path: call once per name. Thread-safe.
+  virtual Status Resolve(std::string_view name, Dependency* out) = 0;
+
+  // Admit decides whether attempt `attempt` (0: first attempt) of a call to `dep` may go out
+  // now, and fills *permit. Returns true when admitted. Follow every Admit with one Complete.
+  // Thread-safe.
+  virtual bool Admit(Dependency dep, uint32_t attempt, Permit* permit) = 0;
+
+  // Complete reports the attempt's outcome and latency and releases its leases. A no-op for
+  // a rejected or already completed permit. Thread-safe.
+  virtual void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) = 0;
+
+  // local: true while running on process-private state (no segment on the host).
+  virtual bool local() const = 0;
+  virtual std::string segment_name() const = 0;
+
+ protected:
+  Client() = default;
+};
+
+// SetLogCallback routes the library's log lines; nullptr restores one line on stderr.
+RETRYD_EXPORT void SetLogCallback(LogFn fn);
+
+}  // namespace retryd

@@ -1,0 +1,126 @@
+/* retryd/retryd.h: the stable C ABI of the retryd client library.
+ *
+ * This is what worker processes in any language bind to (Python, PHP, Ruby, Go, C). A worker
+ * opens a client once, resolves each dependency by name once, and then, for every attempt of
+ * every call, asks `retryd_admit` and reports back with `retryd_complete`:
+ *
+ *   retryd_client_t* c;  retryd_dependency_t orders;  retryd_permit_t p;
+ *   if (retryd_open(NULL, &c) != RETRYD_OK) ...;           // cold: maps the host's segment
+ *   retryd_resolve(c, "orders", &orders);                  // cold: once per dependency
+ *   int d = retryd_admit(c, orders, attempt, &p);          // hot: a few atomic instructions
+ *   if (d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE) { ...send...; }
+ *   retryd_complete(c, &p, RETRYD_SUCCESS, latency_ns);   // hot: always, whatever d was
+ *
+ * Ownership: the client is owned by the caller until retryd_close. Permits are caller-owned
+ * plain structs (stack is fine); the library keeps no pointer to them.
+ * Errors: cold-path functions return RETRYD_OK (0) or a negative RETRYD_E* code; the message
+ * naming the problem is in retryd_last_error() (thread-local). Nothing throws.
+ * Thread safety: a client may be used from any number of threads at once. After fork() the
+ * child may keep using the parent's client: it registers itself as a new process on its next
+ * admit.
+ * Hot path: retryd_admit and retryd_complete make no syscall, take no lock and allocate
+ * nothing (except after fork or when the segment was replaced: a one-time reattach). */
+#ifndef RETRYD_RETRYD_H_
+#define RETRYD_RETRYD_H_
+
+#include <stdint.h>
+
+#include "retryd/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result codes of cold-path calls. */
+#define RETRYD_OK 0
+#define RETRYD_EINVAL (-1)        /* bad argument: name, option, handle */
+#define RETRYD_ENOENT (-2)        /* no segment, or no such dependency */
+#define RETRYD_EPERM (-3)         /* the segment exists but may not be mapped by this user */
+#define RETRYD_EINCOMPATIBLE (-4) /* foreign, truncated, corrupt, retired or newer segment */
+#define RETRYD_EFULL (-5)         /* no free dependency or process slot */
+#define RETRYD_EIO (-6)           /* any other system error */
+
+/* Decisions of retryd_admit (non-negative). */
+#define RETRYD_ADMITTED 0
+#define RETRYD_ADMITTED_PROBE 1          /* admitted as the half-open probe */
+#define RETRYD_REJECTED_OPEN 2           /* breaker open (or mode forced-open) */
+#define RETRYD_REJECTED_HALF_OPEN_BUSY 3 /* half-open, the probe leases are taken */
+#define RETRYD_REJECTED_BULKHEAD_FULL 4
+#define RETRYD_REJECTED_BUDGET_EMPTY 5   /* a retry, and the host's retry budget is spent */
+
+/* Outcomes for retryd_complete. */
+#define RETRYD_SUCCESS 0
+#define RETRYD_FAILURE 1 /* counts toward the breaker */
+#define RETRYD_IGNORED 2 /* the caller's fault (a 4xx): the breaker does not see it */
+
+typedef struct retryd_client retryd_client_t;
+typedef int32_t retryd_dependency_t;
+
+/* A caller-allocated permit: what one admitted attempt holds until it completes.
+ * `decision` is the last decision; the rest is private to the library. */
+typedef struct retryd_permit {
+  int32_t decision;
+  uint32_t reserved;
+  uint64_t opaque[5];
+} retryd_permit_t;
+
+typedef struct retryd_options {
+  /* Segment name. NULL: $RETRYD_SEGMENT, else "retryd". */
+  const char* segment;
+  /* Nonzero (the default with NULL options): when no segment exists, run on process-private
+   * state with the built-in default policy instead of failing, and say so once in the log;
+   * the client moves to the host's segment once one appears. Zero: retryd_open fails. */
+  int fallback_to_local;
+} retryd_options_t;
+
+/* retryd_open maps the host's segment and registers this process. On success stores a new
+ * client in *out and returns RETRYD_OK; on error stores NULL and returns a RETRYD_E* code.
+ * `options` may be NULL. Thread-safe. */
+RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t** out);
+
+/* retryd_close unregisters this process and frees the client. Permits not yet completed are
+ * abandoned (their leases expire). NULL is a no-op. Not thread-safe with other calls on the
+ * same client. */
+RETRYD_EXPORT void retryd_close(retryd_client_t* client);
+
+/* retryd_resolve finds (or, where the daemon allows, creates) dependency `name` and stores its
+ * handle in *out. Returns RETRYD_OK, RETRYD_EINVAL (bad name), or RETRYD_OK with per-process
+ * limits when the host's table is full or unknown names are refused (logged once). Cold path:
+ * call once per dependency and keep the handle. Thread-safe. */
+RETRYD_EXPORT int retryd_resolve(retryd_client_t* client, const char* name, retryd_dependency_t* out);
+
+/* retryd_admit asks whether attempt number `attempt` (0 = first attempt, 1 = first retry...)
+ * may go out now, and fills *permit. Returns the decision (RETRYD_ADMITTED...) or
+ * RETRYD_EINVAL for a bad handle. Every admit must be followed by one retryd_complete with
+ * the same permit, whatever the decision. Hot path. Thread-safe. */
+RETRYD_EXPORT int retryd_admit(retryd_client_t* client, retryd_dependency_t dependency,
+                               uint32_t attempt, retryd_permit_t* permit);
+
+/* retryd_complete reports how the attempt ended (RETRYD_SUCCESS, _FAILURE, _IGNORED) and how
+ * long it took, and releases any lease the permit holds. A second call with the same permit,
+ * or a call with a rejected permit, is a no-op. Hot path. Thread-safe. */
+RETRYD_EXPORT void retryd_complete(retryd_client_t* client, retryd_permit_t* permit, int outcome,
+                                   uint64_t latency_ns);
+
+/* retryd_is_local: 1 if the client runs on process-private state (no segment), else 0. */
+RETRYD_EXPORT int retryd_is_local(const retryd_client_t* client);
+
+/* retryd_strerror / retryd_decision_name: static strings for codes and decisions. */
+RETRYD_EXPORT const char* retryd_strerror(int code);
+RETRYD_EXPORT const char* retryd_decision_name(int decision);
+
+/* retryd_last_error: the message of the last failed cold-path call on this thread ("" if
+ * none). Valid until the next call on this thread. */
+RETRYD_EXPORT const char* retryd_last_error(void);
+
+/* retryd_set_log_callback routes the library's log lines (one line each, no newline) to `fn`;
+ * NULL restores the default, one line on stderr. level: 0 info, 1 warning, 2 error.
+ * Thread-safe; `fn` may be called from any thread that uses a client. */
+typedef void (*retryd_log_fn)(void* context, int level, const char* line);
+RETRYD_EXPORT void retryd_set_log_callback(retryd_log_fn fn, void* context);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* RETRYD_RETRYD_H_ */

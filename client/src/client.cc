@@ -1,0 +1,229 @@
+#include "client/src/client_impl.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "shm/clock.h"
+#include "shm/policy.h"
+#include "shm/registry.h"
+
+namespace retryd {
+namespace internal {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+// How often a client on process-private state looks for the host's segment.
+constexpr uint64_t kUpgradeIntervalNs = 1'000'000'000;
+constexpr uint32_t kPrivateDependencies = 256;
+
+// Bumped in every forked child, so clients notice they are a new process.
+std::atomic<uint64_t> g_fork_generation{0};
+std::once_flag g_atfork_once;
+
+std::mutex g_log_mu;
+LogFn g_log;
+
+struct ThreadState {
+  uint16_t lease_tag = 0;
+  uint32_t rng = 0;
+};
+thread_local ThreadState t_state;
+
+uint32_t SeedRandom() {
+  uint32_t x = uint32_t(shm::PreciseNowNs()) ^ (uint32_t(getpid()) * 2654435761u) ^
+               uint32_t(reinterpret_cast<uintptr_t>(&t_state));
+  return x ? x : 1;
+}
+
+}  // namespace
+
+void Log(int level, const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  if (g_log) {
+    g_log(level, line);
+  } else {
+    std::fprintf(stderr, "retryd: %s\n", line.c_str());
+  }
+}
+
+ClientImpl::~ClientImpl() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seg_ && !seg_->is_private() && owner_pid_ == getpid()) {
+    shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
+  }
+}
+
+Status ClientImpl::AttachShared(std::unique_ptr<shm::Segment>* seg) {
+  return shm::Segment::Attach(name_, shm::Access::kReadWrite, seg);
+}
+
+Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out) {
+  std::call_once(g_atfork_once, [] {
+    pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1, kRelaxed); });
+  });
+  std::unique_ptr<ClientImpl> c(new ClientImpl);
+  c->name_ = options.segment;
+  if (c->name_.empty()) {
+    const char* env = std::getenv("RETRYD_SEGMENT");
+    c->name_ = env && *env ? env : "retryd";
+  }
+  c->fallback_to_local_ = options.fallback_to_local;
+  c->fork_generation_.store(g_fork_generation.load(kRelaxed), kRelaxed);
+  std::unique_ptr<shm::Segment> seg;
+  Status s = c->AttachShared(&seg);
+  if (!s.ok()) {
+    if (!options.fallback_to_local || s.code() != Status::Code::kNotFound) return s;
+    Log(1, s.message() + "; using per-process limits until it appears");
+    seg = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
+    c->local_.store(true, kRelaxed);
+    c->next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+  }
+  c->owner_pid_ = getpid();
+  c->owner_.store(seg->is_private() ? 1 : shm::RegisterProcess(*seg, c->owner_pid_), kRelaxed);
+  if (c->owner_.load(kRelaxed) == shm::kUnknownOwner) {
+    Log(1, "segment '" + c->name_ + "': process registry full; leases of this process are "
+           "reclaimed by expiry only");
+  }
+  c->header_.store(&seg->header(), kRelaxed);
+  c->seg_ = std::move(seg);
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status ClientImpl::Bind(Entry& e) {
+  uint32_t index = 0;
+  Status s = seg_->CreateOnTheFly(e.name, &index);
+  shm::DependencySlot* slot = s.ok() ? seg_->dependency(index) : nullptr;
+  if (!slot) {
+    if (s.code() == Status::Code::kInvalidArgument) return s;
+    // Refused or table full: per-process limits for this name, said once.
+    if (!private_) private_ = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
+    Status p = private_->CreateOnTheFly(e.name, &index);
+    if (!p.ok()) return p;
+    slot = private_->dependency(index);
+    Log(1, "dependency '" + e.name + "': " + s.message() + "; using per-process limits for it");
+  }
+  e.index.store(index, kRelaxed);
+  e.slot.store(slot, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
+  if (!shm::ValidDependencyName(name)) {
+    return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
+                                   std::to_string(shm::kMaxNameLen) +
+                                   " characters of A-Z a-z 0-9 _ . : -");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t n = entry_count_.load(kRelaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (entries_[i].name == name) {
+      out->id = int32_t(i);
+      return Status::Ok();
+    }
+  }
+  if (n == kMaxResolved) {
+    return Status::Full("more than " + std::to_string(kMaxResolved) + " dependencies resolved");
+  }
+  Entry& e = entries_[n];
+  e.name = std::string(name);
+  if (Status s = Bind(e); !s.ok()) return s;
+  entry_count_.store(n + 1, std::memory_order_release);
+  out->id = int32_t(n);
+  return Status::Ok();
+}
+
+void ClientImpl::SlowPath() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // 1. A forked child is a new process: register it.
+  const uint64_t gen = g_fork_generation.load(kRelaxed);
+  if (fork_generation_.load(kRelaxed) != gen) {
+    owner_pid_ = getpid();
+    if (!seg_->is_private()) owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+    fork_generation_.store(gen, kRelaxed);
+  }
+  // 2. The segment was retired, or we run on private state: try the host's segment.
+  const bool retired = !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
+  if (!(retired || seg_->is_private()) || shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed)) return;
+  next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+  std::unique_ptr<shm::Segment> fresh;
+  if (Status s = AttachShared(&fresh); !s.ok()) {
+    // Keep what we have: a retired segment's limits still hold among the workers left on it.
+    return;
+  }
+  Log(0, retired ? "segment '" + name_ + "' was replaced; reattached"
+                 : "segment '" + name_ + "' appeared; moving to host-wide limits");
+  if (!seg_->is_private()) shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
+  old_.push_back(std::move(seg_));
+  seg_ = std::move(fresh);
+  local_.store(false, kRelaxed);
+  owner_pid_ = getpid();
+  owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+  const uint32_t n = entry_count_.load(kRelaxed);
+  for (uint32_t i = 0; i < n; ++i) Bind(entries_[i]);
+  header_.store(&seg_->header(), std::memory_order_release);
+}
+
+inline bool ClientImpl::NeedsSlowPath(uint64_t now_ns) const {
+  const shm::SegmentHeader* h = header_.load(kRelaxed);
+  return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
+         ((h->retired.load(kRelaxed) != 0 || local_.load(kRelaxed)) &&
+          now_ns >= next_upgrade_ns_.load(kRelaxed));
+}
+
+inline shm::Caller ClientImpl::MakeCaller() const {
+  if (t_state.rng == 0) t_state.rng = SeedRandom();
+  return shm::Caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng};
+}
+
+int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
+    raw->decision = RETRYD_EINVAL;
+    ps->permit = shm::Permit{};
+    return RETRYD_EINVAL;
+  }
+  const uint64_t now_ns = shm::CoarseNowNs();
+  if (__builtin_expect(NeedsSlowPath(now_ns), 0)) SlowPath();
+  Entry& e = entries_[dep];
+  shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
+  shm::Caller caller = MakeCaller();
+  const shm::Decision d = shm::Admit(*slot, e.index.load(kRelaxed), attempt, now_ns, caller, &ps->permit);
+  t_state.lease_tag = caller.lease_tag;
+  t_state.rng = caller.rng;
+  ps->slot = slot;
+  raw->decision = int32_t(d);
+  return int(d);
+}
+
+void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  if (!(ps->permit.flags & shm::kPermitActive)) return;
+  if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
+  shm::Caller caller = MakeCaller();
+  shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, shm::CoarseNowNs(), caller);
+  t_state.rng = caller.rng;
+}
+
+}  // namespace internal
+
+Client::~Client() = default;
+
+Status Client::Open(const ClientOptions& options, std::unique_ptr<Client>* out) {
+  std::unique_ptr<internal::ClientImpl> impl;
+  Status s = internal::ClientImpl::Create(options, &impl);
+  *out = std::move(impl);
+  return s;
+}
+
+const char* DecisionName(Decision d) { return shm::DecisionName(shm::Decision(uint32_t(d))); }
+
+void SetLogCallback(LogFn fn) {
+  std::lock_guard<std::mutex> lock(internal::g_log_mu);
+  internal::g_log = std::move(fn);
+}
+
+}  // namespace retryd

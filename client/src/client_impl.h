@@ -1,0 +1,89 @@
+// client/src/client_impl.h: the Client behind the C++ and C APIs.
+//
+// It owns a mapping of the host's segment (or a process-private one) and a fixed table of
+// resolved dependencies, each pointing at a slot. The hot path reads one entry and calls the
+// shm algorithms; everything that may make a syscall (registration after fork, reattach to a
+// replaced segment, moving from private state to the host's segment) is a cold path taken
+// under `mu_`, detected on the hot path with one relaxed load each.
+// Thread safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "retryd/client.h"
+#include "shm/admission.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
+
+namespace retryd::internal {
+
+// Log writes one line through the log callback (default: stderr).
+void Log(int level, const std::string& line);
+
+class ClientImpl final : public Client {
+ public:
+  static constexpr uint32_t kMaxResolved = 4096;
+
+  ~ClientImpl() override;
+  static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
+
+  Status Resolve(std::string_view name, Dependency* out) override;
+  bool Admit(Dependency dep, uint32_t attempt, Permit* permit) override {
+    const int d = AdmitRaw(dep.id, attempt, permit->raw());
+    return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
+  }
+  void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) override {
+    CompleteRaw(permit->raw(), int(outcome), uint64_t(latency.count() < 0 ? 0 : latency.count()));
+  }
+  bool local() const override { return local_.load(std::memory_order_relaxed); }
+  std::string segment_name() const override { return name_; }
+
+  // The C ABI calls these directly. AdmitRaw returns the decision or RETRYD_EINVAL.
+  int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
+  void CompleteRaw(retryd_permit_t* permit, int outcome, uint64_t latency_ns);
+
+ private:
+  // A resolved dependency. `slot` and `index` are swapped together under mu_ on reattach;
+  // a reader may briefly pair an old slot with its old index, both still mapped.
+  struct Entry {
+    std::atomic<shm::DependencySlot*> slot{nullptr};
+    std::atomic<uint32_t> index{0};
+    std::string name;
+  };
+  // The permit's private words: the shm permit plus the slot it was admitted on.
+  struct PermitState {
+    shm::Permit permit;
+    shm::DependencySlot* slot;
+  };
+  static_assert(sizeof(PermitState) <= sizeof(retryd_permit_t::opaque));
+
+  ClientImpl() = default;
+  // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
+  void SlowPath();
+  Status AttachShared(std::unique_ptr<shm::Segment>* seg);
+  // Bind points `e` at a slot for its name in the current segment (cold, under mu_).
+  Status Bind(Entry& e);
+  shm::Caller MakeCaller() const;
+  bool NeedsSlowPath(uint64_t now_ns) const;
+
+  std::string name_;
+  bool fallback_to_local_ = true;
+  std::mutex mu_;
+  std::unique_ptr<shm::Segment> seg_;                 // current segment
+  std::vector<std::unique_ptr<shm::Segment>> old_;    // replaced segments, kept mapped for permits
+  std::unique_ptr<shm::Segment> private_;             // per-process state for refused names
+  std::atomic<shm::SegmentHeader*> header_{nullptr};
+  std::atomic<bool> local_{false};
+  std::atomic<uint16_t> owner_{shm::kUnknownOwner};
+  pid_t owner_pid_ = 0;
+  std::atomic<uint64_t> fork_generation_{0};
+  std::atomic<uint64_t> next_upgrade_ns_{0};
+  std::unique_ptr<Entry[]> entries_{new Entry[kMaxResolved]};
+  std::atomic<uint32_t> entry_count_{0};
+};
+
+}  // namespace retryd::internal

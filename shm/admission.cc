@@ -1,0 +1,283 @@
+#include "shm/admission.h"
+
+#include <algorithm>
+
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/leases.h"
+#include "shm/retry_budget.h"
+
+namespace retryd::shm {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+// Bounded retries of a breaker decision that raced with a transition; past it, answer busy.
+constexpr int kMaxBreakerRounds = 4;
+
+uint32_t NextRandom(Caller& c) {
+  uint32_t x = c.rng ? c.rng : 0x9E3779B9u;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  c.rng = x;
+  return x;
+}
+
+void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
+
+uint32_t ProbeLimit(const DependencySlot& slot) {
+  return std::clamp<uint32_t>(slot.policy.half_open_probes.load(kRelaxed), 1, kMaxProbes);
+}
+
+uint32_t BulkheadLimit(const DependencySlot& slot) {
+  return std::min<uint32_t>(slot.policy.bulkhead_limit.load(kRelaxed), kMaxBulkhead);
+}
+
+uint64_t MakeLease(Caller& caller, uint32_t now_ms, uint32_t timeout_ms) {
+  return Lease::Make(caller.owner, ++caller.lease_tag, now_ms + std::max<uint32_t>(timeout_ms, 1));
+}
+
+void ReleaseLeases(DependencySlot& slot, Permit* p) {
+  if (p->flags & kPermitProbe) {
+    Lease::Release(slot.probe_leases[p->probe_index % kMaxProbes], p->probe_lease);
+  }
+  if (p->flags & kPermitBulkhead) {
+    Lease::Release(slot.bulkhead_leases[p->bulkhead_index % kMaxBulkhead], p->bulkhead_lease);
+  }
+  p->flags &= uint8_t(~(kPermitProbe | kPermitBulkhead));
+}
+
+// Reopen moves a half-open breaker read as `word` back to open, one step longer.
+void Reopen(DependencySlot& slot, uint64_t word, uint32_t now_ms, Caller& caller) {
+  const BreakerWord b = BreakerWord::Decode(word);
+  const uint32_t reopens = std::min<uint32_t>(b.reopens + 1, 63);
+  TryTransition(slot, word,
+                {BreakerState::kOpen, reopens, 0, 0,
+                 now_ms + OpenPeriodMs(slot, reopens, NextRandom(caller))});
+}
+
+// AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the
+// permit's probe fields.
+Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p) {
+  const uint32_t now_ms = NsToMs32(now_ns);
+  for (int round = 0; round < kMaxBreakerRounds; ++round) {
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    const BreakerWord b = BreakerWord::Decode(word);
+    if (b.state == BreakerState::kClosed) return Decision::kAdmitted;
+    if (b.state == BreakerState::kOpen) {
+      if (!MsReached(now_ms, b.time_ms)) return Decision::kRejectedOpen;
+      TryTransition(slot, word, {BreakerState::kHalfOpen, b.reopens, 0, 0, now_ms});
+      continue;  // whoever won, look again
+    }
+    // Half-open: a probe lease, or nothing.
+    const uint64_t lease =
+        MakeLease(caller, now_ms, slot.policy.probe_timeout_ms.load(kRelaxed));
+    const int i = Lease::TryAcquire(slot.probe_leases, ProbeLimit(slot), 0, lease);
+    if (i < 0) {
+      if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
+      return Decision::kRejectedHalfOpenBusy;
+    }
+    // The lease is ours; it is a probe only if the breaker is still in the half-open we saw.
+    const BreakerWord again = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
+    if (again.state != BreakerState::kHalfOpen || again.seq != b.seq) {
+      Lease::Release(slot.probe_leases[i], lease);
+      continue;
+    }
+    p->probe_lease = lease;
+    p->probe_index = uint16_t(i);
+    p->breaker_seq = b.seq;
+    p->flags |= kPermitProbe;
+    Count(slot, kProbesGranted);
+    return Decision::kAdmittedProbe;
+  }
+  return Decision::kRejectedHalfOpenBusy;
+}
+
+Decision Reject(DependencySlot& slot, Permit* p, Decision d, bool shadow) {
+  if (shadow) {
+    Count(slot, kShadowWouldReject);
+    p->decision = uint8_t(Decision::kAdmitted);
+    return Decision::kAdmitted;
+  }
+  switch (d) {
+    case Decision::kRejectedOpen: Count(slot, kRejectedOpen); break;
+    case Decision::kRejectedHalfOpenBusy: Count(slot, kRejectedHalfOpenBusy); break;
+    case Decision::kRejectedBulkheadFull: Count(slot, kRejectedBulkheadFull); break;
+    case Decision::kRejectedBudgetEmpty: Count(slot, kRetriesDenied); break;
+    default: break;
+  }
+  ReleaseLeases(slot, p);
+  p->flags = 0;
+  p->decision = uint8_t(d);
+  return d;
+}
+
+}  // namespace
+
+const char* DecisionName(Decision d) {
+  switch (d) {
+    case Decision::kAdmitted: return "admitted";
+    case Decision::kAdmittedProbe: return "admitted-probe";
+    case Decision::kRejectedOpen: return "rejected-open";
+    case Decision::kRejectedHalfOpenBusy: return "rejected-half-open-busy";
+    case Decision::kRejectedBulkheadFull: return "rejected-bulkhead-full";
+    case Decision::kRejectedBudgetEmpty: return "rejected-budget-empty";
+  }
+  return "invalid";
+}
+
+Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
+               Caller& caller, Permit* p) {
+  *p = Permit{};
+  p->dependency = index;
+  p->generation = slot.generation.load(kRelaxed);
+  const Mode mode = Mode(slot.mode.load(kRelaxed));
+  if (mode == Mode::kDisabled) {
+    p->flags = kPermitActive;
+    return Decision::kAdmitted;
+  }
+  if (mode == Mode::kForcedOpen) return Reject(slot, p, Decision::kRejectedOpen, false);
+  const bool shadow = mode == Mode::kShadow;
+  p->flags = kPermitActive | kPermitRecord;
+
+  // 1. The breaker. A closed breaker costs one load.
+  Decision d = Decision::kAdmitted;
+  if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
+      BreakerState::kClosed) {
+    d = AdmitBreaker(slot, now_ns, caller, p);
+    if (!IsAdmitted(d)) return Reject(slot, p, d, shadow);
+  }
+
+  // 2. The bulkhead, if any: a lease among the first `limit` words, starting at a spread
+  // offset so that processes do not all contend on word 0.
+  if (const uint32_t limit = BulkheadLimit(slot); limit > 0) {
+    const uint32_t now_ms = NsToMs32(now_ns);
+    const uint64_t lease = MakeLease(caller, now_ms, slot.policy.bulkhead_timeout_ms.load(kRelaxed));
+    const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
+    int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
+    if (i < 0 && ReclaimExpired(slot, now_ns, caller) > 0) {
+      i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
+    }
+    if (i < 0) return Reject(slot, p, Decision::kRejectedBulkheadFull, shadow);
+    p->bulkhead_lease = lease;
+    p->bulkhead_index = uint16_t(i);
+    p->flags |= kPermitBulkhead;
+  }
+
+  // 3. The retry budget: first attempts deposit, retries withdraw.
+  const uint32_t burst = slot.policy.retry_burst.load(kRelaxed);
+  if (attempt == 0) {
+    RetryBudget::Deposit(slot.budget, slot.policy.retry_ratio_milli.load(kRelaxed), burst);
+    Count(slot, kFirstAttempts);
+  } else if (RetryBudget::TryWithdraw(slot.budget, NsToMs32(now_ns),
+                                      slot.policy.min_retries_per_sec.load(kRelaxed), burst)) {
+    Count(slot, kRetriesGranted);
+  } else if (shadow) {
+    Count(slot, kShadowWouldReject);
+  } else {
+    return Reject(slot, p, Decision::kRejectedBudgetEmpty, false);
+  }
+  p->decision = uint8_t(d);
+  return d;
+}
+
+void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency_ns,
+              uint64_t now_ns, Caller& caller) {
+  if (!(p->flags & kPermitActive)) return;
+  p->flags &= uint8_t(~kPermitActive);
+  // A slot reassigned since admit: give back the leases (their words are unique), record nothing.
+  if (!(p->flags & kPermitRecord) || slot.generation.load(kRelaxed) != p->generation) {
+    ReleaseLeases(slot, p);
+    return;
+  }
+  const uint32_t slow_ms = slot.policy.slow_call_ms.load(kRelaxed);
+  const bool slow = slow_ms != 0 && outcome != Outcome::kIgnored &&
+                    latency_ns >= uint64_t{slow_ms} * 1'000'000u;
+  Count(slot, outcome == Outcome::kSuccess   ? kSuccesses
+              : outcome == Outcome::kFailure ? kFailures
+                                             : kIgnored);
+  if (slow) Count(slot, kSlowCalls);
+  const bool failed = outcome == Outcome::kFailure || slow;
+  const uint32_t now_ms = NsToMs32(now_ns);
+
+  if (p->flags & kPermitProbe) {
+    // Only the half-open the probe was granted under hears of it.
+    for (int round = 0; outcome != Outcome::kIgnored && round < kMaxBreakerRounds; ++round) {
+      uint64_t word = slot.breaker.load(std::memory_order_acquire);
+      const BreakerWord b = BreakerWord::Decode(word);
+      if (b.state != BreakerState::kHalfOpen || b.seq != p->breaker_seq) break;
+      if (failed) {
+        Reopen(slot, word, now_ms, caller);
+        break;
+      }
+      const uint32_t successes = b.successes + 1;
+      const uint32_t close_after = std::max<uint32_t>(slot.policy.close_after.load(kRelaxed), 1);
+      if (successes >= close_after) {
+        if (TryTransition(slot, word, {BreakerState::kClosed, 0, 0, 0, now_ms})) {
+          // The window restarts: clear the bucket that may hold calls from before the trip.
+          const uint32_t buckets =
+              std::clamp<uint32_t>(slot.policy.window_buckets.load(kRelaxed), 1, kMaxBuckets);
+          const uint64_t bucket_ns =
+              std::max<uint64_t>(uint64_t{slot.policy.window_ms.load(kRelaxed)} * 1'000'000u / buckets, 1'000'000u);
+          const uint64_t period = now_ns / bucket_ns;
+          slot.buckets[period % buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
+          break;
+        }
+        continue;
+      }
+      BreakerWord next = b;
+      next.successes = successes;  // same seq: the other probes of this half-open stay valid
+      if (slot.breaker.compare_exchange_weak(word, next.Encode(), std::memory_order_acq_rel, kRelaxed)) break;
+    }
+  } else if (outcome != Outcome::kIgnored) {
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    if (BreakerWord::Decode(word).state == BreakerState::kClosed) {
+      RecordCall(slot, now_ns, outcome == Outcome::kFailure, slow);
+      if (failed && ShouldTrip(slot, ReadWindow(slot, now_ns))) {
+        TryTransition(slot, word,
+                      {BreakerState::kOpen, 0, 0, 0, now_ms + OpenPeriodMs(slot, 0, NextRandom(caller))});
+      }
+    }
+  }
+  ReleaseLeases(slot, p);
+}
+
+uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, Sweep sweep) {
+  const uint32_t now_ms = NsToMs32(now_ns);
+  uint32_t freed = 0;
+  bool probe_expired = false;
+  auto sweep_words = [&](std::atomic<uint64_t>* words, uint32_t count, bool probes) {
+    for (uint32_t i = 0; i < count; ++i) {
+      uint64_t w = words[i].load(kRelaxed);
+      if (!Lease::Expired(w, now_ms)) continue;
+      if (!words[i].compare_exchange_strong(w, 0, kRelaxed)) continue;
+      ++freed;
+      Count(slot, kLeasesReclaimedExpired);
+      if (probes) {
+        Count(slot, kProbeTimeouts);
+        probe_expired = true;
+      }
+    }
+  };
+  sweep_words(slot.probe_leases, kMaxProbes, true);
+  sweep_words(slot.bulkhead_leases, sweep == Sweep::kAllWords ? kMaxBulkhead : BulkheadLimit(slot), false);
+  if (probe_expired) {
+    // A probe that outlived its timeout failed: a half-open breaker reopens.
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    if (BreakerWord::Decode(word).state == BreakerState::kHalfOpen) Reopen(slot, word, now_ms, caller);
+  }
+  return freed;
+}
+
+void Reset(DependencySlot& slot, uint64_t now_ns) {
+  const uint32_t now_ms = NsToMs32(now_ns);
+  for (int round = 0; round < 64; ++round) {
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    if (TryTransition(slot, word, {BreakerState::kClosed, 0, 0, 0, now_ms})) break;
+  }
+  for (auto& b : slot.buckets) b.store(0, kRelaxed);
+  const uint64_t burst = std::max<uint32_t>(slot.policy.retry_burst.load(kRelaxed), 1);
+  slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, now_ms), kRelaxed);
+}
+
+}  // namespace retryd::shm

@@ -1,0 +1,90 @@
+// shm/admission.h: the hot path. "May this attempt go out?" and "how did it end?".
+//
+// Admit composes the mode, the breaker, the bulkhead and the retry budget of one dependency
+// slot into one decision and records any lease it takes in the caller's Permit. Complete
+// feeds the outcome back to the breaker window (or, for a probe, to the half-open state) and
+// releases the leases. Time is a parameter: the client passes a coarse monotonic clock, tests
+// and the simulator pass virtual time.
+//
+// Thread safety: thread-safe and process-safe. No syscall, lock, allocation or exception:
+// only loads, stores, CAS and fetch-add on the slot. Every shared update is one single-word
+// commit, so a process killed at any instruction leaves the slot consistent (at worst a lease
+// it held stays taken until its owner is seen dead or it expires).
+#pragma once
+
+#include <cstdint>
+
+#include "shm/layout.h"
+
+namespace retryd::shm {
+
+// Decision values are the C ABI's RETRYD_ADMITTED... (retryd.h); keep them in step.
+enum class Decision : uint32_t {
+  kAdmitted = 0,             // go ahead
+  kAdmittedProbe = 1,        // go ahead: this attempt is the half-open probe
+  kRejectedOpen = 2,         // breaker open (or mode forced-open)
+  kRejectedHalfOpenBusy = 3, // half-open and the probe leases are all taken
+  kRejectedBulkheadFull = 4, // bulkhead full
+  kRejectedBudgetEmpty = 5,  // a retry, and the retry budget has no token
+};
+inline bool IsAdmitted(Decision d) { return d == Decision::kAdmitted || d == Decision::kAdmittedProbe; }
+const char* DecisionName(Decision d);
+
+enum class Outcome : uint32_t {
+  kSuccess = 0,
+  kFailure = 1,  // counts toward the breaker
+  kIgnored = 2,  // not the dependency's fault (a 4xx): the breaker does not see it
+};
+
+// What an admitted attempt holds until Complete. Caller-owned, trivially copyable; the C ABI
+// carries it in retryd_permit_t's private words.
+struct Permit {
+  uint32_t dependency;       // slot index
+  uint32_t generation;       // slot generation at admit: a reassigned slot ignores the permit
+  uint64_t probe_lease;      // the lease word taken, 0 if none
+  uint64_t bulkhead_lease;
+  uint16_t probe_index;
+  uint16_t bulkhead_index;
+  uint16_t breaker_seq;      // breaker transition seq the probe was granted under
+  uint8_t flags;             // kPermit*
+  uint8_t decision;          // Decision
+};
+inline constexpr uint8_t kPermitActive = 1u << 0;    // admitted and not yet completed
+inline constexpr uint8_t kPermitProbe = 1u << 1;
+inline constexpr uint8_t kPermitBulkhead = 1u << 2;
+inline constexpr uint8_t kPermitRecord = 1u << 3;    // record the outcome (not disabled mode)
+static_assert(sizeof(Permit) == 32);
+
+// Per-thread context of the caller: who owns the leases, and a random state for jitter.
+struct Caller {
+  uint16_t owner;      // process registry owner id (kUnknownOwner if unregistered)
+  uint16_t lease_tag;  // bumped per lease to keep lease words unique
+  uint32_t rng;        // xorshift state, nonzero
+};
+
+// Admit decides whether attempt number `attempt` (0: first attempt) of a call to the
+// dependency in `slot` may go out at `now_ns`, and fills *permit. Every Admit must be followed
+// by exactly one Complete with the same permit, whatever the decision (a rejected permit
+// completes as a no-op). Thread-safe.
+Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
+               Caller& caller, Permit* permit);
+
+// Complete records how the admitted attempt in *permit ended and releases its leases.
+// `latency_ns` decides whether the call was slow. Calling it twice with one permit is a no-op
+// the second time. Thread-safe.
+void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t latency_ns,
+              uint64_t now_ns, Caller& caller);
+
+// ReclaimExpired (daemon tick, and Admit when it finds every lease taken) frees leases past
+// their expiry; an expired probe is a failed probe and reopens a half-open breaker. kLimits
+// sweeps every probe word and the bulkhead words under the current limit; kAllWords also the
+// bulkhead words above it, which a reload that lowered the limit may have left taken (the
+// daemon does this now and then). Returns the number of leases freed. Thread-safe.
+enum class Sweep { kLimits, kAllWords };
+uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller,
+                        Sweep sweep = Sweep::kLimits);
+
+// Reset (operator) closes the breaker, clears the window and refills the retry budget.
+void Reset(DependencySlot& slot, uint64_t now_ns);
+
+}  // namespace retryd::shm

@@ -1,0 +1,35 @@
+// shm/clock.h: the clocks the public API passes into the algorithms.
+//
+// The algorithms in shm/ never read a clock: they take `now_ns`. The client reads
+// CLOCK_MONOTONIC_COARSE, which the vDSO serves from memory (about 4 ns here, no syscall, a
+// few milliseconds of resolution: fine for windows of seconds, leases and open periods).
+// CLOCK_MONOTONIC is system-wide, so every process on the host agrees on it.
+// Thread safety: thread-safe.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace retryd::shm {
+
+inline uint64_t CoarseNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+inline uint64_t PreciseNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+// Times stored in 32-bit words are milliseconds modulo 2^32; compare them only through
+// MsBefore, which is right while the two are less than 24 days apart.
+inline uint32_t NsToMs32(uint64_t ns) { return uint32_t(ns / 1'000'000u); }
+inline bool MsReached(uint32_t now_ms, uint32_t deadline_ms) {
+  return int32_t(now_ms - deadline_ms) >= 0;
+}
+
+}  // namespace retryd::shm

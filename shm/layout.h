@@ -1,0 +1,194 @@
+// shm/layout.h: the shared-memory segment layout, byte for byte.
+//
+// The segment is an ABI shared by every process on the host: the daemon that creates it, every
+// worker that links the client library (whatever version), and retryctl. Everything in it is a
+// standard-layout struct of lock-free `std::atomic` words at fixed offsets; nothing holds a
+// pointer. Any change to a struct below changes `kLayoutVersion`.
+//
+//   [ SegmentHeader | DependencySlot x max_dependencies | ProcessSlot x max_processes ]
+//
+// Thread safety: every field is an atomic word; no lock protects anything. Words written only
+// by the daemon (policy, name, table flags) are read by clients with relaxed or acquire loads.
+// Invariants: the offsets of the tables follow from the sizes in the header; a reader checks
+// every size against its own before it trusts an index (see segment.h).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace retryd::shm {
+
+inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr size_t kCacheLine = 64;
+
+inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
+inline constexpr uint32_t kMaxBuckets = 16;      // breaker window buckets per dependency
+inline constexpr uint32_t kMaxProbes = 8;        // half-open probe leases per dependency
+inline constexpr uint32_t kMaxBulkhead = 128;    // bulkhead leases per dependency
+inline constexpr uint32_t kMaxDependencies = 65535;
+inline constexpr uint32_t kMaxProcesses = 65534; // lease owner ids are 16 bits, 0 is "none"
+
+// Operating mode of one dependency (DependencySlot::mode).
+enum class Mode : uint32_t {
+  kEnforce = 0,     // decide and act on the decision
+  kShadow = 1,      // decide and count "would reject", but always admit
+  kDisabled = 2,    // admit everything, record nothing
+  kForcedOpen = 3,  // reject everything, as an open breaker
+};
+inline constexpr uint32_t kModeCount = 4;
+
+// Lifecycle of a dependency slot (DependencySlot::state).
+enum class SlotState : uint32_t {
+  kFree = 0,      // never used, or reclaimed
+  kActive = 1,    // name and policy are published
+  kRetired = 2,   // removed from the config; permits in flight still complete harmlessly
+};
+
+// The policy of one dependency, as words the daemon writes and clients read. Units are in the
+// names. Every value is clamped by the daemon when written and again by the reader where an
+// out-of-range value could index out of bounds (bucket counts, probe and bulkhead limits).
+struct PolicyWords {
+  std::atomic<uint32_t> retry_ratio_milli;        // tokens deposited per first attempt, x1000
+  std::atomic<uint32_t> min_retries_per_sec;      // floor refill rate of the retry budget
+  std::atomic<uint32_t> retry_burst;              // budget cap, tokens
+  std::atomic<uint32_t> window_ms;                // breaker sliding window length
+  std::atomic<uint32_t> window_buckets;           // 1..kMaxBuckets
+  std::atomic<uint32_t> min_calls;                // calls in the window before the breaker may trip
+  std::atomic<uint32_t> failure_rate_pct;         // trip at >= this failure rate (1..100)
+  std::atomic<uint32_t> slow_call_rate_pct;       // trip at >= this slow-call rate (1..100)
+  std::atomic<uint32_t> slow_call_ms;             // a call this slow or slower is slow; 0 = off
+  std::atomic<uint32_t> open_for_ms;              // first open period
+  std::atomic<uint32_t> open_for_max_ms;          // cap of open_for_ms * 2^reopens
+  std::atomic<uint32_t> open_jitter_ms;           // uniform [0, this] added to every open period
+  std::atomic<uint32_t> half_open_probes;         // host-wide probe leases, 1..kMaxProbes
+  std::atomic<uint32_t> probe_timeout_ms;         // a probe lease older than this has failed
+  std::atomic<uint32_t> close_after;              // probe successes that close the breaker
+  std::atomic<uint32_t> bulkhead_limit;           // host-wide calls in flight, 0 = no bulkhead
+  std::atomic<uint32_t> bulkhead_timeout_ms;      // a bulkhead lease older than this is reclaimed
+};
+
+// Per-dependency counters, cumulative since the slot was created. Indices into
+// DependencySlot::counters; one name per concept, shared by retryctl and the metrics.
+enum Counter : uint32_t {
+  kFirstAttempts = 0,       // first attempts admitted
+  kRetriesGranted,          // retries admitted (a budget token withdrawn)
+  kRetriesDenied,           // retries rejected: retry budget empty
+  kRejectedOpen,            // rejected: breaker open or mode forced-open
+  kRejectedHalfOpenBusy,    // rejected: half-open and every probe lease taken
+  kRejectedBulkheadFull,    // rejected: bulkhead full
+  kShadowWouldReject,       // shadow mode: would have rejected, admitted instead
+  kProbesGranted,           // half-open probe leases handed out
+  kSuccesses,               // completions by outcome
+  kFailures,
+  kIgnored,
+  kSlowCalls,
+  kOpened,                  // state transitions
+  kHalfOpened,
+  kClosed,
+  kProbeTimeouts,           // probe leases that expired (count as failed probes)
+  kLeasesReclaimedDead,     // leases taken back from dead owners (daemon)
+  kLeasesReclaimedExpired,  // leases taken back after their timeout
+  kCounterCount,
+};
+inline constexpr uint32_t kCounterSlots = 24;
+static_assert(kCounterCount <= kCounterSlots);
+
+// One downstream dependency. Hot words that many processes write live on their own cache
+// lines, apart from the read-mostly identity and policy, so that a burst of completions does
+// not make every admit miss on the policy line.
+struct alignas(kCacheLine) DependencySlot {
+  // Line 0: identity, written by the daemon (or a client creating an unknown dependency).
+  std::atomic<uint32_t> state;        // SlotState
+  std::atomic<uint32_t> generation;   // bumped whenever the slot is (re)assigned a name
+  std::atomic<uint32_t> mode;         // Mode
+  std::atomic<uint32_t> name_len;     // 0..kMaxNameLen
+  std::atomic<uint64_t> name_words[6];  // name bytes, NUL padded
+  // Lines 1-2: policy.
+  alignas(kCacheLine) PolicyWords policy;
+  // Line 3: the breaker state word and the retry budget word (see breaker.h, retry_budget.h).
+  alignas(kCacheLine) std::atomic<uint64_t> breaker;
+  std::atomic<uint64_t> budget;
+  // Lines 3-4: breaker window buckets (see breaker.h).
+  alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
+  // Lines 6-8: counters.
+  alignas(kCacheLine) std::atomic<uint64_t> counters[kCounterSlots];
+  // Line 9: half-open probe leases; then bulkhead leases (see leases.h).
+  alignas(kCacheLine) std::atomic<uint64_t> probe_leases[kMaxProbes];
+  alignas(kCacheLine) std::atomic<uint64_t> bulkhead_leases[kMaxBulkhead];
+};
+
+// One attached process: the owner of the leases it takes.
+struct alignas(kCacheLine) ProcessSlot {
+  std::atomic<uint64_t> owner;        // 0 free; else pid | (ProcessState << 32)
+  std::atomic<uint64_t> start_time;   // /proc/PID/stat field 22, clock ticks since boot
+  std::atomic<uint64_t> attach_unix_ms;
+  std::atomic<uint64_t> comm[2];      // command name, NUL padded
+};
+enum class ProcessState : uint32_t { kClaiming = 1, kLive = 2 };
+
+inline constexpr uint32_t kFlagAutoCreate = 1u << 0;  // clients may create unknown dependencies
+
+// The segment header. Words written on every daemon tick live on their own line.
+struct alignas(kCacheLine) SegmentHeader {
+  // Line 0: identity and layout; immutable once `magic` is published (it is stored last).
+  std::atomic<uint64_t> magic;
+  std::atomic<uint32_t> layout_version;
+  std::atomic<uint32_t> header_size;
+  std::atomic<uint32_t> dependency_slot_size;
+  std::atomic<uint32_t> process_slot_size;
+  std::atomic<uint32_t> max_dependencies;
+  std::atomic<uint32_t> max_processes;
+  std::atomic<uint64_t> total_size;
+  std::atomic<uint64_t> created_unix_ms;
+  // Line 1: read on the hot path, written rarely.
+  alignas(kCacheLine) std::atomic<uint32_t> retired;   // nonzero: attach elsewhere
+  std::atomic<uint32_t> flags;                          // kFlag*
+  std::atomic<uint64_t> generation;                     // bumped on every config (re)load
+  std::atomic<uint32_t> dependency_high_water;          // slots [0, this) were ever used
+  std::atomic<uint32_t> reserved0;
+  // Line 2: the daemon's liveness, written every tick.
+  alignas(kCacheLine) std::atomic<uint32_t> daemon_pid;
+  std::atomic<uint32_t> reserved1;
+  std::atomic<uint64_t> heartbeat_ns;                   // CLOCK_MONOTONIC of the last tick
+  std::atomic<uint64_t> heartbeat_unix_ms;
+  // Line 3: cold-path coordination and conditions that must never be silent.
+  alignas(kCacheLine) std::atomic<uint64_t> create_lock;  // pid | (ms << 32) of a creator
+  std::atomic<uint64_t> table_full_events;  // a client found no free dependency slot
+  std::atomic<uint64_t> registry_full_events;  // a client found no free process slot
+  std::atomic<uint64_t> unknown_dependency_events;  // a client named an unconfigured dependency
+  // Line 4: the policy given to dependencies created on the fly.
+  alignas(kCacheLine) PolicyWords defaults;
+  std::atomic<uint32_t> default_mode;
+};
+
+// --- The layout is an ABI: pin it. -------------------------------------------------------
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
+static_assert(sizeof(PolicyWords) == 17 * 4);
+static_assert(sizeof(SegmentHeader) == 6 * kCacheLine);
+static_assert(offsetof(SegmentHeader, retired) == 1 * kCacheLine);
+static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);
+static_assert(offsetof(SegmentHeader, create_lock) == 3 * kCacheLine);
+static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
+static_assert(sizeof(DependencySlot) == 26 * kCacheLine);
+static_assert(offsetof(DependencySlot, name_words) == 16);
+static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
+static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);
+static_assert(offsetof(DependencySlot, budget) == 3 * kCacheLine + 8);
+static_assert(offsetof(DependencySlot, buckets) == 4 * kCacheLine);
+static_assert(offsetof(DependencySlot, counters) == 6 * kCacheLine);
+static_assert(offsetof(DependencySlot, probe_leases) == 9 * kCacheLine);
+static_assert(offsetof(DependencySlot, bulkhead_leases) == 10 * kCacheLine);
+static_assert(offsetof(ProcessSlot, comm) == 24);
+static_assert(sizeof(ProcessSlot) == kCacheLine);
+
+// Total bytes of a segment with these capacities.
+constexpr uint64_t SegmentSize(uint32_t max_dependencies, uint32_t max_processes) {
+  return sizeof(SegmentHeader) + uint64_t{max_dependencies} * sizeof(DependencySlot) +
+         uint64_t{max_processes} * sizeof(ProcessSlot);
+}
+
+}  // namespace retryd::shm

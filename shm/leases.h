@@ -1,0 +1,56 @@
+// shm/leases.h: probe and bulkhead leases: a slot of shared memory that says "taken, by
+// whom, until when".
+//
+// Lease word (DependencySlot::probe_leases[i], bulkhead_leases[i]):
+//   0             free
+//   bits  0..15   owner id (process slot index + 1, kUnknownOwner if unregistered)
+//   bits 16..31   tag, per taker, so that a word is never taken twice with the same value
+//   bits 32..63   expiry, ms modulo 2^32
+// Acquire is one CAS from 0; Release is one CAS from the exact value taken back to 0, so a
+// lease that expired and was handed to someone else is never released by its former holder.
+// Invariant: at every instant, leases taken <= the number of words scanned (the limit).
+// Thread safety: thread-safe and process-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "shm/clock.h"
+
+namespace retryd::shm {
+
+struct Lease {
+  static uint16_t Owner(uint64_t w) { return uint16_t(w); }
+  static uint32_t ExpiryMs(uint64_t w) { return uint32_t(w >> 32); }
+  static uint64_t Make(uint16_t owner, uint16_t tag, uint32_t expiry_ms) {
+    // Owner is never 0, so a taken lease is never the free value.
+    return uint64_t(owner == 0 ? 1 : owner) | (uint64_t(tag) << 16) | (uint64_t(expiry_ms) << 32);
+  }
+  static bool Expired(uint64_t w, uint32_t now_ms) { return w != 0 && MsReached(now_ms, ExpiryMs(w)); }
+
+  // TryAcquire scans `count` words from `start` (wrapping) and takes the first free one.
+  // Returns its index, or -1 if all are taken.
+  static int TryAcquire(std::atomic<uint64_t>* words, uint32_t count, uint32_t start,
+                        uint64_t value) {
+    for (uint32_t n = 0; n < count; ++n) {
+      uint32_t i = start + n;
+      if (i >= count) i -= count;
+      uint64_t cur = words[i].load(std::memory_order_relaxed);
+      if (cur == 0 &&
+          words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
+                                           std::memory_order_relaxed)) {
+        return int(i);
+      }
+    }
+    return -1;
+  }
+
+  // Release frees `word` if it still holds `value`. Returns false if it had been reclaimed.
+  static bool Release(std::atomic<uint64_t>& word, uint64_t value) {
+    uint64_t expected = value;
+    return word.compare_exchange_strong(expected, 0, std::memory_order_release,
+                                        std::memory_order_relaxed);
+  }
+};
+
+}  // namespace retryd::shm

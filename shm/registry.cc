@@ -1,0 +1,202 @@
+#include "shm/registry.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace retryd::shm {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+uint64_t OwnerWord(pid_t pid, ProcessState st) { return uint64_t(uint32_t(pid)) | (uint64_t(st) << 32); }
+pid_t OwnerPid(uint64_t w) { return pid_t(uint32_t(w)); }
+ProcessState OwnerState(uint64_t w) { return ProcessState(uint32_t(w >> 32)); }
+
+void ReadComm(uint64_t out[2]) {
+  char buf[16] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "re")) {
+    if (std::fgets(buf, sizeof(buf), f)) buf[strcspn(buf, "\n")] = '\0';
+    std::fclose(f);
+  }
+  std::memcpy(out, buf, sizeof(buf));
+}
+
+uint64_t UnixNowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / 1'000'000u;
+}
+
+}  // namespace
+
+std::optional<uint64_t> ProcessStartTime(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return std::nullopt;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // The command name may hold spaces and parentheses: fields resume after the last ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return std::nullopt;
+  // Field 3 (state) follows; start time is field 22, i.e. 19 fields further.
+  int field = 2;
+  for (++p; *p && field < 21; ++p) {
+    if (*p == ' ') ++field;
+  }
+  if (field != 21) return std::nullopt;
+  return std::strtoull(p, nullptr, 10);
+}
+
+bool ProcessAliveByProc(pid_t pid, uint64_t start_time) {
+  const std::optional<uint64_t> st = ProcessStartTime(pid);
+  if (!st) return false;
+  return start_time == 0 || *st == start_time;
+}
+
+uint16_t RegisterProcess(Segment& seg, pid_t pid) {
+  const std::optional<uint64_t> start = ProcessStartTime(pid);
+  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+    ProcessSlot& p = *seg.process(i);
+    uint64_t cur = p.owner.load(kRelaxed);
+    if (cur != 0) continue;
+    if (!p.owner.compare_exchange_strong(cur, OwnerWord(pid, ProcessState::kClaiming),
+                                         std::memory_order_acquire)) {
+      continue;
+    }
+    p.start_time.store(start.value_or(0), kRelaxed);
+    p.attach_unix_ms.store(UnixNowMs(), kRelaxed);
+    uint64_t comm[2];
+    ReadComm(comm);
+    p.comm[0].store(comm[0], kRelaxed);
+    p.comm[1].store(comm[1], kRelaxed);
+    p.owner.store(OwnerWord(pid, ProcessState::kLive), std::memory_order_release);
+    return uint16_t(i + 1);
+  }
+  seg.header().registry_full_events.fetch_add(1, kRelaxed);
+  return kUnknownOwner;
+}
+
+void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid) {
+  if (owner == 0 || owner == kUnknownOwner) return;
+  ProcessSlot* p = seg.process(owner - 1u);
+  if (!p) return;
+  uint64_t expected = OwnerWord(pid, ProcessState::kLive);
+  p->owner.compare_exchange_strong(expected, 0, std::memory_order_release);
+}
+
+uint64_t ReclaimOwner(Segment& seg, uint16_t owner, uint64_t owner_word) {
+  uint64_t freed = 0;
+  const uint32_t high = std::min(seg.header().dependency_high_water.load(std::memory_order_acquire),
+                                 seg.max_dependencies());
+  auto sweep = [&](DependencySlot& d, std::atomic<uint64_t>* words, uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      uint64_t w = words[i].load(kRelaxed);
+      if (w == 0 || uint16_t(w) != owner) continue;
+      if (words[i].compare_exchange_strong(w, 0, kRelaxed)) {
+        ++freed;
+        d.counters[kLeasesReclaimedDead].fetch_add(1, kRelaxed);
+      }
+    }
+  };
+  for (uint32_t i = 0; i < high; ++i) {
+    DependencySlot& d = *seg.dependency(i);
+    if (SlotState(d.state.load(kRelaxed)) == SlotState::kFree) continue;
+    sweep(d, d.probe_leases, kMaxProbes);
+    sweep(d, d.bulkhead_leases, kMaxBulkhead);
+  }
+  // Leases first, then the slot: a new process taking the slot must not inherit them.
+  if (ProcessSlot* p = seg.process(owner - 1u)) {
+    p->owner.compare_exchange_strong(owner_word, 0, std::memory_order_release);
+  }
+  return freed;
+}
+
+uint64_t ReclaimDeadProcesses(Segment& seg, const AliveFn& alive) {
+  uint64_t freed = 0;
+  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+    ProcessSlot& p = *seg.process(i);
+    const uint64_t w = p.owner.load(std::memory_order_acquire);
+    if (w == 0) continue;
+    // A slot still being claimed has no start time yet: judge it by its pid alone.
+    const uint64_t start = OwnerState(w) == ProcessState::kLive ? p.start_time.load(kRelaxed) : 0;
+    if (alive(OwnerPid(w), start)) continue;
+    freed += ReclaimOwner(seg, uint16_t(i + 1), w);
+  }
+  return freed;
+}
+
+DeadOwnerReaper::~DeadOwnerReaper() {
+  for (Watched& w : watched_) {
+    if (w.pidfd >= 0) close(w.pidfd);
+  }
+}
+
+uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
+  if (watched_.size() != seg.max_processes()) watched_.resize(seg.max_processes());
+  std::vector<uint32_t> dead;
+  std::vector<pollfd> fds;
+  std::vector<uint32_t> fd_slot;
+  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+    const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
+    Watched& watch = watched_[i];
+    if (w != watch.owner_word) {  // a new owner (or none): verify it once, then watch it
+      if (watch.pidfd >= 0) close(watch.pidfd);
+      watch = Watched{w, -1};
+      if (w != 0) {
+        const uint64_t start =
+            OwnerState(w) == ProcessState::kLive ? seg.process(i)->start_time.load(kRelaxed) : 0;
+        const int fd = int(syscall(SYS_pidfd_open, OwnerPid(w), 0));
+        if (fd < 0 && errno == ESRCH) {
+          dead.push_back(i);
+          continue;
+        }
+        // Verified after the pidfd is open: if the start time matches now, the pidfd refers
+        // to the registered process and not to a later one with a recycled pid.
+        if (!ProcessAliveByProc(OwnerPid(w), start)) {
+          if (fd >= 0) close(fd);
+          dead.push_back(i);
+          continue;
+        }
+        if (OwnerState(w) != ProcessState::kLive) {
+          // Still claiming: look again next tick, once its start time is published.
+          if (fd >= 0) close(fd);
+          watch.owner_word = 0;
+          continue;
+        }
+        watch.pidfd = fd;
+      }
+    }
+    if (watch.pidfd >= 0) {
+      fds.push_back({watch.pidfd, POLLIN, 0});
+      fd_slot.push_back(i);
+    }
+  }
+  if (!fds.empty() && poll(fds.data(), fds.size(), 0) > 0) {
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) dead.push_back(fd_slot[k]);
+    }
+  }
+  uint64_t freed = 0;
+  for (uint32_t i : dead) {
+    Watched& watch = watched_[i];
+    const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
+    if (w != 0) freed += ReclaimOwner(seg, uint16_t(i + 1), w);
+    if (watch.pidfd >= 0) close(watch.pidfd);
+    watch = Watched{};
+  }
+  if (dead_processes) *dead_processes = uint32_t(dead.size());
+  return freed;
+}
+
+}  // namespace retryd::shm

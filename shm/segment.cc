@@ -1,0 +1,443 @@
+#include "shm/segment.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/interprocess/anonymous_shared_memory.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/retry_budget.h"
+
+namespace bip = boost::interprocess;
+
+namespace retryd::shm {
+
+struct Segment::Mapping {
+  bip::shared_memory_object object;
+  bip::mapped_region region;
+};
+
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+// A create lock older than this belongs to a process that died holding it.
+constexpr uint64_t kCreateLockStaleMs = 1'000;
+
+std::string Quoted(std::string_view name) { return "segment '" + std::string(name) + "'"; }
+
+Status FromException(std::string_view name, const bip::interprocess_exception& e,
+                     const char* doing) {
+  const int err = e.get_native_error();
+  const std::string what = Quoted(name) + ": " + doing + ": " + std::strerror(err ? err : EIO);
+  if (err == ENOENT) {
+    return Status::NotFound("no retryd " + Quoted(name) + " on this host (is retryd running?)");
+  }
+  if (err == EACCES || err == EPERM) {
+    return Status::PermissionDenied(what + " (is this user in the segment's group?)");
+  }
+  return Status::IoError(what);
+}
+
+uint64_t UnixNowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / 1'000'000u;
+}
+
+void EncodeName(std::string_view name, uint64_t words[6]) {
+  char buf[48] = {};
+  std::memcpy(buf, name.data(), std::min<size_t>(name.size(), kMaxNameLen));
+  std::memcpy(words, buf, sizeof(buf));
+}
+
+bool NameIs(const DependencySlot& slot, std::string_view name) {
+  if (slot.name_len.load(kRelaxed) != name.size()) return false;
+  uint64_t words[6];
+  EncodeName(name, words);
+  for (int i = 0; i < 6; ++i) {
+    if (slot.name_words[i].load(kRelaxed) != words[i]) return false;
+  }
+  return true;
+}
+
+// CreateLock serializes creators of dependency slots (the daemon and clients creating on the
+// fly). A cold path only; a holder that died is detected by age.
+class CreateLock {
+ public:
+  explicit CreateLock(SegmentHeader& h) : h_(h) {
+    const uint64_t pid = uint64_t(getpid());
+    for (int spins = 0;; ++spins) {
+      const uint64_t now_ms = PreciseNowNs() / 1'000'000u;
+      uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
+      const bool stale = cur != 0 && now_ms - (cur >> 32) > kCreateLockStaleMs &&
+                         int64_t(now_ms) - int64_t(cur >> 32) > 0;
+      if ((cur == 0 || stale) &&
+          h_.create_lock.compare_exchange_strong(cur, pid | (now_ms << 32),
+                                                 std::memory_order_acquire)) {
+        mine_ = pid | (now_ms << 32);
+        return;
+      }
+      if (spins > 2'000) return;  // about 2 s: give up and create without it
+      usleep(1000);
+    }
+  }
+  ~CreateLock() {
+    uint64_t expected = mine_;
+    if (mine_) h_.create_lock.compare_exchange_strong(expected, 0, std::memory_order_release);
+  }
+
+ private:
+  SegmentHeader& h_;
+  uint64_t mine_ = 0;
+};
+
+}  // namespace
+
+bool ValidDependencyName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLen) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '.' || c == ':' || c == '-';
+  });
+}
+
+std::string ReadName(const DependencySlot& slot) {
+  char buf[48];
+  uint64_t words[6];
+  for (int i = 0; i < 6; ++i) words[i] = slot.name_words[i].load(kRelaxed);
+  std::memcpy(buf, words, sizeof(buf));
+  const size_t len = std::min<size_t>(slot.name_len.load(kRelaxed), kMaxNameLen);
+  return std::string(buf, strnlen(buf, len));
+}
+
+Segment::~Segment() = default;
+
+Status Segment::Validate(const void* base, uint64_t size) {
+  if (size < sizeof(SegmentHeader)) {
+    return Status::Incompatible("truncated: " + std::to_string(size) +
+                                " bytes, less than a header (" +
+                                std::to_string(sizeof(SegmentHeader)) + ")");
+  }
+  const auto& h = *static_cast<const SegmentHeader*>(base);
+  const uint64_t magic = h.magic.load(std::memory_order_acquire);
+  if (magic == 0) return Status::Incompatible("not initialized (its creator may have died)");
+  if (magic != kMagic) return Status::Incompatible("not a retryd segment (foreign magic)");
+  const uint32_t version = h.layout_version.load(kRelaxed);
+  if (version > kLayoutVersion) {
+    return Status::Incompatible("layout version " + std::to_string(version) +
+                                " is newer than this library's " + std::to_string(kLayoutVersion) +
+                                " (upgrade libretryd)");
+  }
+  if (version != kLayoutVersion) {
+    return Status::Incompatible("layout version " + std::to_string(version) +
+                                " is older than this library's " + std::to_string(kLayoutVersion) +
+                                " (restart retryd to recreate it)");
+  }
+  struct { const char* what; uint64_t got, want; } sizes[] = {
+      {"header size", h.header_size.load(kRelaxed), sizeof(SegmentHeader)},
+      {"dependency slot size", h.dependency_slot_size.load(kRelaxed), sizeof(DependencySlot)},
+      {"process slot size", h.process_slot_size.load(kRelaxed), sizeof(ProcessSlot)},
+  };
+  for (const auto& s : sizes) {
+    if (s.got != s.want) {
+      return Status::Incompatible(std::string(s.what) + " " + std::to_string(s.got) +
+                                  " differs from this library's " + std::to_string(s.want));
+    }
+  }
+  const uint32_t deps = h.max_dependencies.load(kRelaxed);
+  const uint32_t procs = h.max_processes.load(kRelaxed);
+  if (deps == 0 || deps > kMaxDependencies || procs == 0 || procs > kMaxProcesses) {
+    return Status::Incompatible("corrupt capacities: " + std::to_string(deps) + " dependencies, " +
+                                std::to_string(procs) + " processes");
+  }
+  const uint64_t want = SegmentSize(deps, procs);
+  if (h.total_size.load(kRelaxed) != want) {
+    return Status::Incompatible("corrupt header: total size " +
+                                std::to_string(h.total_size.load(kRelaxed)) + ", expected " +
+                                std::to_string(want));
+  }
+  if (size < want) {
+    return Status::Incompatible("truncated: " + std::to_string(size) + " bytes of " +
+                                std::to_string(want));
+  }
+  if (h.retired.load(std::memory_order_acquire) != 0) {
+    return Status::Incompatible("retired by retryd (a new segment replaces it; reattach)");
+  }
+  return Status::Ok();
+}
+
+void Segment::BindTables() {
+  auto* base = reinterpret_cast<char*>(header_);
+  max_dependencies_ = header_->max_dependencies.load(kRelaxed);
+  max_processes_ = header_->max_processes.load(kRelaxed);
+  dependencies_ = reinterpret_cast<DependencySlot*>(base + sizeof(SegmentHeader));
+  processes_ = reinterpret_cast<ProcessSlot*>(base + sizeof(SegmentHeader) +
+                                              uint64_t{max_dependencies_} * sizeof(DependencySlot));
+}
+
+void Segment::Initialize(const Policy& defaults, uint32_t flags) {
+  SegmentHeader& h = *header_;
+  h.layout_version.store(kLayoutVersion, kRelaxed);
+  h.header_size.store(sizeof(SegmentHeader), kRelaxed);
+  h.dependency_slot_size.store(sizeof(DependencySlot), kRelaxed);
+  h.process_slot_size.store(sizeof(ProcessSlot), kRelaxed);
+  h.max_dependencies.store(max_dependencies_, kRelaxed);
+  h.max_processes.store(max_processes_, kRelaxed);
+  h.total_size.store(SegmentSize(max_dependencies_, max_processes_), kRelaxed);
+  h.created_unix_ms.store(UnixNowMs(), kRelaxed);
+  h.flags.store(flags, kRelaxed);
+  StorePolicy(defaults, h.defaults);
+  h.default_mode.store(uint32_t(defaults.mode), kRelaxed);
+  BindTables();
+  h.magic.store(kMagic, std::memory_order_release);  // last: the segment is now valid
+}
+
+std::unique_ptr<Segment> Segment::CreatePrivate(uint32_t max_dependencies, uint32_t max_processes,
+                                                const Policy& defaults) {
+  std::unique_ptr<Segment> seg(new Segment);
+  seg->max_dependencies_ = std::clamp<uint32_t>(max_dependencies, 1, kMaxDependencies);
+  seg->max_processes_ = std::clamp<uint32_t>(max_processes, 1, kMaxProcesses);
+  seg->size_ = SegmentSize(seg->max_dependencies_, seg->max_processes_);
+  seg->mapping_.reset(new Mapping{bip::shared_memory_object(), bip::anonymous_shared_memory(seg->size_)});
+  seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
+  seg->private_ = true;
+  seg->name_ = "(process-private)";
+  seg->Initialize(defaults, kFlagAutoCreate);
+  return seg;
+}
+
+Status Segment::Attach(std::string_view name, Access access, std::unique_ptr<Segment>* out) {
+  out->reset();
+  const bip::mode_t mode = access == Access::kReadOnly ? bip::read_only : bip::read_write;
+  std::unique_ptr<Segment> seg(new Segment);
+  seg->mapping_.reset(new Mapping);
+  try {
+    seg->mapping_->object = bip::shared_memory_object(bip::open_only, std::string(name).c_str(), mode);
+    bip::offset_t size = 0;
+    if (!seg->mapping_->object.get_size(size) || size < 0) {
+      return Status::IoError(Quoted(name) + ": cannot read its size");
+    }
+    if (uint64_t(size) < sizeof(SegmentHeader)) {
+      return Status::Incompatible(Quoted(name) + ": truncated: " + std::to_string(size) +
+                                  " bytes, less than a header (" +
+                                  std::to_string(sizeof(SegmentHeader)) + ")");
+    }
+    seg->mapping_->region = bip::mapped_region(seg->mapping_->object, mode);
+    seg->size_ = seg->mapping_->region.get_size();
+  } catch (const bip::interprocess_exception& e) {
+    return FromException(name, e, access == Access::kReadOnly ? "open read-only" : "open read-write");
+  }
+  seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
+  if (Status s = Validate(seg->header_, seg->size_); !s.ok()) {
+    return Status::Incompatible(Quoted(name) + ": " + s.message());
+  }
+  seg->BindTables();
+  seg->name_ = std::string(name);
+  seg->read_only_ = access == Access::kReadOnly;
+  seg->fd_ = seg->mapping_->object.get_mapping_handle().handle;
+  *out = std::move(seg);
+  return Status::Ok();
+}
+
+bool Segment::Remove(std::string_view name) {
+  return bip::shared_memory_object::remove(std::string(name).c_str());
+}
+
+Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>* out,
+                              bool* adopted, std::string* note) {
+  out->reset();
+  *adopted = false;
+  note->clear();
+  if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
+      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
+    return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
+                                   std::to_string(kMaxDependencies) + ", max_processes 1.." +
+                                   std::to_string(kMaxProcesses));
+  }
+  // 1. Adopt a compatible segment, or retire an incompatible one of ours.
+  std::unique_ptr<Segment> existing;
+  Status s = Attach(opt.name, Access::kReadWrite, &existing);
+  if (s.ok()) {
+    if (existing->max_dependencies() == opt.max_dependencies &&
+        existing->max_processes() == opt.max_processes) {
+      *adopted = true;
+      *out = std::move(existing);
+      return Status::Ok();
+    }
+    *note = "capacity changed (" + std::to_string(existing->max_dependencies()) + " -> " +
+            std::to_string(opt.max_dependencies) + " dependencies, " +
+            std::to_string(existing->max_processes()) + " -> " +
+            std::to_string(opt.max_processes) + " processes): retired the old segment";
+    existing->header().retired.store(1, std::memory_order_release);
+    Remove(opt.name);
+  } else if (s.code() == Status::Code::kIncompatible) {
+    // Retire it in place if it is ours (the retired word sits at the same offset in every
+    // layout version), so that clients still mapping it move over; then replace it.
+    try {
+      bip::shared_memory_object obj(bip::open_only, opt.name.c_str(), bip::read_write);
+      bip::offset_t size = 0;
+      obj.get_size(size);
+      if (uint64_t(size) >= sizeof(SegmentHeader)) {
+        bip::mapped_region region(obj, bip::read_write, 0, sizeof(SegmentHeader));
+        auto* h = static_cast<SegmentHeader*>(region.get_address());
+        const uint64_t magic = h->magic.load(std::memory_order_acquire);
+        if (magic != kMagic && magic != 0) {
+          return Status::Incompatible(Quoted(opt.name) +
+                                      " holds something that is not a retryd segment; remove "
+                                      "/dev/shm/" + opt.name + " by hand if it is unused");
+        }
+        if (magic == kMagic) h->retired.store(1, std::memory_order_release);
+      }
+    } catch (const bip::interprocess_exception& e) {
+      return FromException(opt.name, e, "open to retire");
+    }
+    *note = "replaced an incompatible segment (" + s.message() + ")";
+    Remove(opt.name);
+  } else if (s.code() != Status::Code::kNotFound) {
+    return s;
+  }
+
+  // 2. Create a fresh one.
+  std::unique_ptr<Segment> seg(new Segment);
+  seg->max_dependencies_ = opt.max_dependencies;
+  seg->max_processes_ = opt.max_processes;
+  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes);
+  seg->mapping_.reset(new Mapping);
+  try {
+    bip::permissions perms(opt.mode);
+    seg->mapping_->object =
+        bip::shared_memory_object(bip::create_only, opt.name.c_str(), bip::read_write, perms);
+    const int fd = seg->mapping_->object.get_mapping_handle().handle;
+    // shm_open applied the umask; the configured mode is what the admin asked for.
+    if (fchmod(fd, opt.mode) != 0) {
+      return Status::IoError(Quoted(opt.name) + ": chmod " + std::strerror(errno));
+    }
+    if ((opt.owner != uid_t(-1) || opt.group != gid_t(-1)) && fchown(fd, opt.owner, opt.group) != 0) {
+      const int err = errno;
+      Remove(opt.name);
+      return Status::PermissionDenied(Quoted(opt.name) + ": chown to " + std::to_string(opt.owner) +
+                                      ":" + std::to_string(opt.group) + ": " + std::strerror(err));
+    }
+    seg->mapping_->object.truncate(bip::offset_t(seg->size_));
+    seg->mapping_->region = bip::mapped_region(seg->mapping_->object, bip::read_write);
+    seg->fd_ = fd;
+  } catch (const bip::interprocess_exception& e) {
+    return FromException(opt.name, e, "create");
+  }
+  seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
+  seg->name_ = opt.name;
+  seg->Initialize(Policy{}, kFlagAutoCreate);
+  *out = std::move(seg);
+  return Status::Ok();
+}
+
+int32_t Segment::Find(std::string_view name) const {
+  const uint32_t n = std::min(header_->dependency_high_water.load(std::memory_order_acquire),
+                              max_dependencies_);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (SlotState(dependencies_[i].state.load(std::memory_order_acquire)) == SlotState::kActive &&
+        NameIs(dependencies_[i], name)) {
+      return int32_t(i);
+    }
+  }
+  return -1;
+}
+
+Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index) {
+  if (!ValidDependencyName(name)) {
+    return Status::InvalidArgument("bad dependency name '" + std::string(name) +
+                                   "': use 1.." + std::to_string(kMaxNameLen) +
+                                   " characters of A-Z a-z 0-9 _ . : -");
+  }
+  CreateLock lock(*header_);
+  const uint32_t high = std::min(header_->dependency_high_water.load(kRelaxed), max_dependencies_);
+  // The same name, active or retired, keeps its slot and its live state.
+  int32_t found = -1, free_slot = -1, retired_slot = -1;
+  for (uint32_t i = 0; i < high; ++i) {
+    const SlotState st = SlotState(dependencies_[i].state.load(kRelaxed));
+    if (st != SlotState::kFree && NameIs(dependencies_[i], name)) {
+      found = int32_t(i);
+      break;
+    }
+    if (st == SlotState::kFree && free_slot < 0) free_slot = int32_t(i);
+    if (st == SlotState::kRetired && retired_slot < 0) retired_slot = int32_t(i);
+  }
+  if (found >= 0) {
+    DependencySlot& d = dependencies_[found];
+    StorePolicy(policy, d.policy);
+    d.mode.store(uint32_t(policy.mode), kRelaxed);
+    d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
+    *index = uint32_t(found);
+    return Status::Ok();
+  }
+  if (free_slot < 0 && high < max_dependencies_) free_slot = int32_t(high);
+  if (free_slot < 0) free_slot = retired_slot;
+  if (free_slot < 0) {
+    return Status::Full("dependency table full (" + std::to_string(max_dependencies_) +
+                        " slots): raise [daemon] max_dependencies");
+  }
+  DependencySlot& d = dependencies_[free_slot];
+  d.state.store(uint32_t(SlotState::kFree), kRelaxed);
+  d.generation.fetch_add(1, kRelaxed);
+  uint64_t words[6];
+  EncodeName(name, words);
+  for (int i = 0; i < 6; ++i) d.name_words[i].store(words[i], kRelaxed);
+  d.name_len.store(uint32_t(name.size()), kRelaxed);
+  StorePolicy(policy, d.policy);
+  d.mode.store(uint32_t(policy.mode), kRelaxed);
+  const uint64_t now_ns = PreciseNowNs();
+  BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(now_ns)};
+  d.breaker.store(closed.Encode(), kRelaxed);
+  d.budget.store(RetryBudget::Make(uint64_t{LoadPolicy(d.policy).retry_burst} * RetryBudget::kTokenScale,
+                                   NsToMs32(now_ns)),
+                 kRelaxed);
+  for (auto& b : d.buckets) b.store(0, kRelaxed);
+  for (auto& c : d.counters) c.store(0, kRelaxed);
+  for (auto& l : d.probe_leases) l.store(0, kRelaxed);
+  for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
+  d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
+  if (uint32_t(free_slot) >= high) {
+    header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);
+  }
+  *index = uint32_t(free_slot);
+  return Status::Ok();
+}
+
+Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index) {
+  if (!ValidDependencyName(name)) {
+    return Status::InvalidArgument("bad dependency name '" + std::string(name) +
+                                   "': use 1.." + std::to_string(kMaxNameLen) +
+                                   " characters of A-Z a-z 0-9 _ . : -");
+  }
+  if (const int32_t i = Find(name); i >= 0) {
+    *index = uint32_t(i);
+    return Status::Ok();
+  }
+  if (!(header_->flags.load(kRelaxed) & kFlagAutoCreate)) {
+    header_->unknown_dependency_events.fetch_add(1, kRelaxed);
+    return Status::NotFound("dependency '" + std::string(name) +
+                            "' is not configured and retryd does not create unknown ones "
+                            "(auto_create = false)");
+  }
+  Policy p = LoadPolicy(header_->defaults);
+  const uint32_t mode = header_->default_mode.load(kRelaxed);
+  p.mode = mode < kModeCount ? Mode(mode) : Mode::kEnforce;
+  Status s = PutDependency(name, p, index);
+  if (s.code() == Status::Code::kFull) header_->table_full_events.fetch_add(1, kRelaxed);
+  return s;
+}
+
+void Segment::Retire(uint32_t index) {
+  if (DependencySlot* d = dependency(index)) {
+    d->state.store(uint32_t(SlotState::kRetired), std::memory_order_release);
+  }
+}
+
+}  // namespace retryd::shm

@@ -1,0 +1,118 @@
+// shm/segment.h: creating, adopting, attaching and validating the segment.
+//
+// `Segment` maps a POSIX shared-memory object (Boost.Interprocess) and gives bounds-checked
+// access to its tables. The daemon creates or adopts one; clients and retryctl attach to one
+// and refuse anything they cannot fully trust (foreign magic, other layout, truncated file,
+// retired). A process-private segment with the same layout serves the client's fallback, the
+// tests and the simulator.
+// Thread safety: a Segment object is immutable after construction; its accessors are
+// thread-safe. The shared words it points to follow the rules of layout.h.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "retryd/status.h"
+#include "shm/layout.h"
+#include "shm/policy.h"
+
+namespace retryd::shm {
+
+struct CreateOptions {
+  std::string name = "retryd";        // POSIX shm name, without the leading '/'
+  uint32_t max_dependencies = 1024;
+  uint32_t max_processes = 4096;
+  uint32_t mode = 0660;               // permission bits of the shm object
+  uid_t owner = uid_t(-1);            // -1: leave as created
+  gid_t group = gid_t(-1);
+};
+
+enum class Access { kReadOnly, kReadWrite };
+
+class Segment {
+ public:
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // CreateOrAdopt (daemon) maps the segment `opt.name`. A compatible existing segment (same
+  // layout version and capacities) is adopted with all its state and *adopted is set; an
+  // incompatible one is marked retired in its own header (if that much of it can be trusted),
+  // unlinked, and replaced by a fresh one. Stores nullptr in *out on error.
+  static Status CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>* out,
+                              bool* adopted, std::string* note);
+
+  // Attach (client, retryctl) maps an existing segment and validates it. Errors: kNotFound (no
+  // segment), kPermissionDenied, kIncompatible (foreign, truncated, corrupt, retired, newer).
+  static Status Attach(std::string_view name, Access access, std::unique_ptr<Segment>* out);
+
+  // CreatePrivate returns a process-private segment (anonymous memory) with the same layout,
+  // initialized like a fresh daemon segment with `defaults` and auto-create on.
+  static std::unique_ptr<Segment> CreatePrivate(uint32_t max_dependencies,
+                                                uint32_t max_processes, const Policy& defaults);
+
+  // Validate checks `size` bytes at `base` as a segment header would be checked at attach,
+  // reading nothing beyond `size`. Used by Attach and by the fuzzer.
+  static Status Validate(const void* base, uint64_t size);
+
+  // Remove unlinks the shm object `name` (mappings stay valid).
+  static bool Remove(std::string_view name);
+
+  SegmentHeader& header() const { return *header_; }
+  uint32_t max_dependencies() const { return max_dependencies_; }
+  uint32_t max_processes() const { return max_processes_; }
+  // dependency / process return nullptr for an index out of range.
+  DependencySlot* dependency(uint32_t index) const {
+    return index < max_dependencies_ ? &dependencies_[index] : nullptr;
+  }
+  ProcessSlot* process(uint32_t index) const {
+    return index < max_processes_ ? &processes_[index] : nullptr;
+  }
+  const std::string& name() const { return name_; }
+  bool is_private() const { return private_; }
+  bool read_only() const { return read_only_; }
+  uint64_t size() const { return size_; }
+  // Descriptor of the shm object (daemon: fchown/fchmod); -1 for a private segment.
+  int fd() const { return fd_; }
+
+  // --- The dependency table (cold path) -------------------------------------------------
+  // Find returns the index of the active dependency called `name`, or -1.
+  int32_t Find(std::string_view name) const;
+  // CreateDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
+  // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull.
+  Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index);
+  // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
+  // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock.
+  // Errors: kNotFound (auto-create off), kFull (table full: counted in the header).
+  Status CreateOnTheFly(std::string_view name, uint32_t* index);
+  // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
+  void Retire(uint32_t index);
+
+ private:
+  Segment() = default;
+  struct Mapping;
+  std::unique_ptr<Mapping> mapping_;
+  SegmentHeader* header_ = nullptr;
+  DependencySlot* dependencies_ = nullptr;
+  ProcessSlot* processes_ = nullptr;
+  uint32_t max_dependencies_ = 0;
+  uint32_t max_processes_ = 0;
+  uint64_t size_ = 0;
+  int fd_ = -1;
+  bool private_ = false;
+  bool read_only_ = false;
+  std::string name_;
+  void BindTables();
+  void Initialize(const Policy& defaults, uint32_t flags);
+};
+
+// ValidDependencyName: 1..kMaxNameLen bytes of [A-Za-z0-9_.:-].
+bool ValidDependencyName(std::string_view name);
+// ReadName copies a slot's name out (cold path; clamped to kMaxNameLen).
+std::string ReadName(const DependencySlot& slot);
+
+}  // namespace retryd::shm

@@ -1,0 +1,215 @@
+// The client library against real segments: fallback, resolve, admit/complete, fork, reattach.
+#include "retryd/client.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "shm/breaker.h"
+#include "shm/registry.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::unique_ptr<Client> OpenOrDie(const std::string& name, bool fallback = true) {
+  ClientOptions opt;
+  opt.segment = name;
+  opt.fallback_to_local = fallback;
+  std::unique_ptr<Client> c;
+  Status s = Client::Open(opt, &c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return c;
+}
+
+TEST(ClientTest, NoSegmentFallsBackToPerProcessLimits) {
+  std::vector<std::string> lines;
+  SetLogCallback([&](int, std::string_view l) { lines.emplace_back(l); });
+  const std::string name = testing::UniqueSegmentName("nosegment");
+  auto c = OpenOrDie(name);
+  SetLogCallback(nullptr);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->local());
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("per-process"), std::string::npos) << lines[0];
+  Dependency dep;
+  ASSERT_TRUE(c->Resolve("orders", &dep).ok());
+  // The built-in policy still holds: 20 failures trip the per-process breaker.
+  for (int i = 0; i < 20; ++i) {
+    Permit p;
+    ASSERT_TRUE(c->Admit(dep, 0, &p));
+    c->Complete(&p, Outcome::kFailure, milliseconds(1));
+  }
+  Permit p;
+  EXPECT_FALSE(c->Admit(dep, 0, &p));
+  EXPECT_EQ(p.decision(), Decision::kRejectedOpen);
+}
+
+TEST(ClientTest, NoSegmentWithoutFallbackIsAnError) {
+  ClientOptions opt;
+  opt.segment = testing::UniqueSegmentName("nofallback");
+  opt.fallback_to_local = false;
+  std::unique_ptr<Client> c;
+  Status s = Client::Open(opt, &c);
+  EXPECT_EQ(s.code(), Status::Code::kNotFound);
+  EXPECT_EQ(c, nullptr);
+}
+
+TEST(ClientTest, SegmentNameFromEnvironment) {
+  testing::NamedSegment seg("env");
+  setenv("RETRYD_SEGMENT", seg.name.c_str(), 1);
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Open({}, &c).ok());
+  unsetenv("RETRYD_SEGMENT");
+  EXPECT_FALSE(c->local());
+  EXPECT_EQ(c->segment_name(), seg.name);
+}
+
+TEST(ClientTest, SharesLimitsThroughTheSegment) {
+  testing::NamedSegment seg("shared");
+  shm::Policy p;
+  p.min_calls = 4;
+  p.open_for_ms = 60'000;
+  testing::AddDependency(*seg.seg, "orders", p);
+  auto a = OpenOrDie(seg.name, false);
+  auto b = OpenOrDie(seg.name, false);
+  Dependency da, db;
+  ASSERT_TRUE(a->Resolve("orders", &da).ok());
+  ASSERT_TRUE(b->Resolve("orders", &db).ok());
+  for (int i = 0; i < 4; ++i) {
+    Permit permit;
+    ASSERT_TRUE(a->Admit(da, 0, &permit));
+    a->Complete(&permit, Outcome::kFailure, milliseconds(1));
+  }
+  Permit permit;
+  EXPECT_FALSE(b->Admit(db, 0, &permit));  // a's failures opened b's breaker too
+  EXPECT_EQ(permit.decision(), Decision::kRejectedOpen);
+  b->Complete(&permit, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(ClientTest, ResolveValidatesAndCreatesOnTheFly) {
+  testing::NamedSegment seg("resolve");
+  auto c = OpenOrDie(seg.name, false);
+  Dependency d;
+  EXPECT_EQ(c->Resolve("no spaces", &d).code(), Status::Code::kInvalidArgument);
+  ASSERT_TRUE(c->Resolve("payments", &d).ok());
+  EXPECT_GE(seg.seg->Find("payments"), 0);
+  Dependency again;
+  ASSERT_TRUE(c->Resolve("payments", &again).ok());
+  EXPECT_EQ(again.id, d.id);
+  Permit p;
+  EXPECT_FALSE(c->Admit(Dependency{99}, 0, &p));  // a bad handle is refused, not a crash
+}
+
+TEST(ClientTest, RefusedNamesGetPerProcessLimitsAndAreCounted) {
+  testing::NamedSegment seg("refused", /*deps=*/1);
+  auto c = OpenOrDie(seg.name, false);
+  Dependency a, b;
+  ASSERT_TRUE(c->Resolve("a", &a).ok());
+  std::vector<std::string> lines;
+  SetLogCallback([&](int, std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(c->Resolve("b", &b).ok());  // the table is full
+  SetLogCallback(nullptr);
+  EXPECT_EQ(seg.seg->header().table_full_events.load(), 1u);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("per-process"), std::string::npos);
+  Permit p;
+  EXPECT_TRUE(c->Admit(b, 0, &p));
+  c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(ClientTest, ForkedChildRegistersItself) {
+  testing::NamedSegment seg("fork");
+  shm::Policy p;
+  p.bulkhead_limit = 4;
+  testing::AddDependency(*seg.seg, "orders", p);
+  auto c = OpenOrDie(seg.name, false);
+  Dependency d;
+  ASSERT_TRUE(c->Resolve("orders", &d).ok());
+  Permit warm;
+  ASSERT_TRUE(c->Admit(d, 0, &warm));
+  c->Complete(&warm, Outcome::kSuccess, milliseconds(1));
+  const int status = testing::RunChild([&] {
+    Permit held;
+    if (!c->Admit(d, 0, &held)) return 1;
+    // The lease must belong to the child's own registry slot, not the parent's.
+    const uint32_t owner = uint16_t(seg.seg->dependency(0)->bulkhead_leases[0].load() |
+                                    seg.seg->dependency(0)->bulkhead_leases[1].load() |
+                                    seg.seg->dependency(0)->bulkhead_leases[2].load() |
+                                    seg.seg->dependency(0)->bulkhead_leases[3].load());
+    const uint64_t word = seg.seg->process(owner - 1)->owner.load();
+    return uint32_t(word) == uint32_t(getpid()) ? 0 : 2;  // and die holding it
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // The child's death is visible to the daemon's reaper, the parent is untouched.
+  shm::DeadOwnerReaper reaper;
+  EXPECT_EQ(reaper.Tick(*seg.seg), 1u);
+  Permit after;
+  EXPECT_TRUE(c->Admit(d, 0, &after));
+  c->Complete(&after, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(ClientTest, MovesToAReplacementSegment) {
+  const std::string name = testing::UniqueSegmentName("move");
+  shm::CreateOptions opt;
+  opt.name = name;
+  opt.max_dependencies = 8;
+  opt.max_processes = 8;
+  std::unique_ptr<shm::Segment> first;
+  bool adopted;
+  std::string note;
+  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &first, &adopted, &note).ok());
+  auto c = OpenOrDie(name, false);
+  Dependency d;
+  ASSERT_TRUE(c->Resolve("orders", &d).ok());
+  // A daemon with another capacity replaces it; the client moves on its next admit.
+  opt.max_dependencies = 16;
+  std::unique_ptr<shm::Segment> second;
+  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &second, &adopted, &note).ok());
+  shm::Policy p;
+  p.min_calls = 2;
+  p.open_for_ms = 60'000;
+  testing::AddDependency(*second, "orders", p);
+  for (int i = 0; i < 2; ++i) {
+    Permit permit;
+    ASSERT_TRUE(c->Admit(d, 0, &permit));
+    c->Complete(&permit, Outcome::kFailure, milliseconds(1));
+  }
+  const int32_t i = second->Find("orders");
+  ASSERT_GE(i, 0);
+  EXPECT_EQ(shm::BreakerWord::Decode(second->dependency(i)->breaker.load()).state, shm::BreakerState::kOpen);
+  shm::Segment::Remove(name);
+}
+
+TEST(ClientTest, LocalClientMovesToTheSegmentWhenItAppears) {
+  const std::string name = testing::UniqueSegmentName("appear");
+  auto c = OpenOrDie(name);
+  ASSERT_TRUE(c->local());
+  Dependency d;
+  ASSERT_TRUE(c->Resolve("orders", &d).ok());
+  shm::CreateOptions opt;
+  opt.name = name;
+  std::unique_ptr<shm::Segment> seg;
+  bool adopted;
+  std::string note;
+  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+  // The client looks again about once a second.
+  for (int i = 0; i < 300 && c->local(); ++i) {
+    Permit p;
+    c->Admit(d, 0, &p);
+    c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    usleep(10'000);
+  }
+  EXPECT_FALSE(c->local());
+  EXPECT_GE(seg->Find("orders"), 0);
+  shm::Segment::Remove(name);
+}
+
+}  // namespace
+}  // namespace retryd

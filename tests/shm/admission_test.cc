@@ -1,0 +1,278 @@
+// Admission with virtual time on a private segment: breaker transitions, probes, bulkhead,
+// budget, modes. Each test drives one dependency slot through the real algorithms.
+#include "shm/admission.h"
+
+#include <gtest/gtest.h>
+
+#include "shm/breaker.h"
+#include "shm/leases.h"
+#include "shm/retry_budget.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd::shm {
+namespace {
+
+using testing::kMs;
+using testing::kSec;
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUpPolicy(const Policy& p) {
+    seg_ = Segment::CreatePrivate(4, 4, p);
+    index_ = testing::AddDependency(*seg_, "orders", p);
+    slot_ = seg_->dependency(index_);
+  }
+  void SetUp() override {
+    Policy p;
+    p.min_calls = 10;
+    p.open_for_ms = 1000;
+    p.open_jitter_ms = 0;
+    p.close_after = 2;
+    p.half_open_probes = 1;
+    SetUpPolicy(p);
+  }
+  Decision Admit(uint32_t attempt, Permit* p, uint16_t owner = 1) {
+    caller_.owner = owner;
+    return shm::Admit(*slot_, index_, attempt, now_, caller_, p);
+  }
+  void Complete(Permit* p, Outcome o, uint64_t latency = kMs) {
+    shm::Complete(*slot_, p, o, latency, now_, caller_);
+  }
+  // Call runs one admitted first attempt to `o`.
+  void Call(Outcome o) {
+    Permit p;
+    ASSERT_TRUE(IsAdmitted(Admit(0, &p)));
+    Complete(&p, o);
+  }
+  BreakerState State() const { return BreakerWord::Decode(slot_->breaker.load()).state; }
+  uint64_t Counter(Counter c) const { return slot_->counters[c].load(); }
+
+  std::unique_ptr<Segment> seg_;
+  uint32_t index_ = 0;
+  DependencySlot* slot_ = nullptr;
+  Caller caller_{1, 0, 12345};
+  uint64_t now_ = 1000 * kSec;
+};
+
+TEST_F(AdmissionTest, TripsOnlyAtMinCallsAndThreshold) {
+  for (int i = 0; i < 9; ++i) Call(Outcome::kFailure);  // 9 < min_calls
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+  EXPECT_EQ(Counter(kOpened), 1u);
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);
+  Complete(&p, Outcome::kSuccess);  // a rejected permit completes as a no-op
+  EXPECT_EQ(Counter(kRejectedOpen), 1u);
+  EXPECT_EQ(Counter(kSuccesses), 0u);
+}
+
+TEST_F(AdmissionTest, FailureRateBelowThresholdDoesNotTrip) {
+  for (int i = 0; i < 30; ++i) Call(i % 3 == 0 ? Outcome::kFailure : Outcome::kSuccess);  // 33 %
+  EXPECT_EQ(State(), BreakerState::kClosed);
+}
+
+TEST_F(AdmissionTest, IgnoredOutcomesDoNotCount) {
+  for (int i = 0; i < 50; ++i) Call(Outcome::kIgnored);
+  for (int i = 0; i < 9; ++i) Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  EXPECT_EQ(ReadWindow(*slot_, now_).calls, 9u);
+  EXPECT_EQ(Counter(kIgnored), 50u);
+}
+
+TEST_F(AdmissionTest, OldFailuresLeaveTheWindow) {
+  for (int i = 0; i < 9; ++i) Call(Outcome::kFailure);
+  now_ += 11 * kSec;  // past the 10 s window
+  Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  EXPECT_EQ(ReadWindow(*slot_, now_).calls, 1u);
+}
+
+TEST_F(AdmissionTest, HalfOpenGrantsExactlyTheConfiguredProbes) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 999 * kMs;
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);
+  now_ += 1 * kMs;
+  Permit probe;
+  EXPECT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  for (int i = 0; i < 100; ++i) {
+    Permit other;
+    EXPECT_EQ(Admit(i % 2, &other, uint16_t(2 + i % 3)), Decision::kRejectedHalfOpenBusy);
+  }
+  Complete(&probe, Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);  // close_after = 2
+  ASSERT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+  Complete(&probe, Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  EXPECT_EQ(Counter(kProbesGranted), 2u);
+  // The window restarted: the failures that tripped it are gone.
+  EXPECT_EQ(ReadWindow(*slot_, now_).failures, 0u);
+  Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+}
+
+TEST_F(AdmissionTest, ProbeFailureReopensWithDoubledPeriod) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  Permit probe;
+  ASSERT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+  Complete(&probe, Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+  const BreakerWord b = BreakerWord::Decode(slot_->breaker.load());
+  EXPECT_EQ(b.reopens, 1u);
+  EXPECT_EQ(b.time_ms, NsToMs32(now_) + 2000);  // open_for x 2^1
+  now_ += 1999 * kMs;
+  EXPECT_EQ(Admit(0, &probe), Decision::kRejectedOpen);
+  now_ += 1 * kMs;
+  EXPECT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+}
+
+TEST_F(AdmissionTest, OpenPeriodIsCappedForAnyReopenCount) {
+  slot_->policy.open_for_max_ms.store(5000);
+  for (uint32_t r : {0u, 1u, 2u, 3u, 10u, 31u, 63u}) {
+    const uint32_t ms = OpenPeriodMs(*slot_, r, 0);
+    EXPECT_LE(ms, 5000u) << r;
+    EXPECT_GE(ms, 1000u) << r;
+  }
+  EXPECT_EQ(OpenPeriodMs(*slot_, 63, 7), 5000u);
+}
+
+TEST_F(AdmissionTest, OpenJitterIsUniformWithinBounds) {
+  slot_->policy.open_jitter_ms.store(500);
+  uint64_t sum = 0;
+  uint32_t lo = ~0u, hi = 0;
+  Caller c{1, 0, 99};
+  for (int i = 0; i < 20000; ++i) {
+    c.rng ^= c.rng << 13; c.rng ^= c.rng >> 17; c.rng ^= c.rng << 5;
+    const uint32_t ms = OpenPeriodMs(*slot_, 0, c.rng);
+    lo = std::min(lo, ms);
+    hi = std::max(hi, ms);
+    sum += ms;
+  }
+  EXPECT_GE(lo, 1000u);
+  EXPECT_LE(hi, 1500u);
+  EXPECT_NEAR(double(sum) / 20000, 1250.0, 10.0);
+}
+
+TEST_F(AdmissionTest, ExpiredProbeCountsAsFailureAndFreesTheLease) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  Permit lost;
+  ASSERT_EQ(Admit(0, &lost), Decision::kAdmittedProbe);  // its holder never completes
+  now_ += 2 * kSec;                                       // probe_timeout is 2 s
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);       // the timeout reopened it
+  EXPECT_EQ(Counter(kProbeTimeouts), 1u);
+  EXPECT_EQ(Counter(kLeasesReclaimedExpired), 1u);
+  EXPECT_EQ(slot_->probe_leases[0].load(), 0u);
+  // The late completion of the lost probe changes nothing.
+  Complete(&lost, Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
+TEST_F(AdmissionTest, RetriesSpendTheBudgetFirstAttemptsRefillIt) {
+  slot_->policy.min_retries_per_sec.store(0);
+  slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+  Permit p;
+  EXPECT_EQ(Admit(1, &p), Decision::kRejectedBudgetEmpty);
+  Complete(&p, Outcome::kFailure);
+  for (int i = 0; i < 10; ++i) Call(Outcome::kSuccess);  // 10 x 0.2 = 2 tokens
+  EXPECT_EQ(Admit(1, &p), Decision::kAdmitted);
+  Complete(&p, Outcome::kSuccess);
+  EXPECT_EQ(Admit(2, &p), Decision::kAdmitted);
+  Complete(&p, Outcome::kSuccess);
+  EXPECT_EQ(Admit(1, &p), Decision::kRejectedBudgetEmpty);
+  EXPECT_EQ(Counter(kRetriesGranted), 2u);
+  EXPECT_EQ(Counter(kRetriesDenied), 2u);
+  EXPECT_EQ(Counter(kFirstAttempts), 10u);
+}
+
+TEST_F(AdmissionTest, BulkheadLimitsCallsInFlight) {
+  slot_->policy.bulkhead_limit.store(3);
+  Permit held[3];
+  for (auto& p : held) ASSERT_EQ(Admit(0, &p), Decision::kAdmitted);
+  Permit extra;
+  EXPECT_EQ(Admit(0, &extra), Decision::kRejectedBulkheadFull);
+  Complete(&held[1], Outcome::kSuccess);
+  EXPECT_EQ(Admit(0, &extra), Decision::kAdmitted);
+  EXPECT_EQ(Counter(kRejectedBulkheadFull), 1u);
+  // A lease whose holder vanished comes back after bulkhead_timeout.
+  now_ += 61 * kSec;
+  Permit late;
+  EXPECT_EQ(Admit(0, &late), Decision::kAdmitted);
+  EXPECT_GE(Counter(kLeasesReclaimedExpired), 1u);
+}
+
+TEST_F(AdmissionTest, RejectedRetryReleasesItsBulkheadLease) {
+  slot_->policy.bulkhead_limit.store(1);
+  slot_->policy.min_retries_per_sec.store(0);
+  slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+  Permit p;
+  EXPECT_EQ(Admit(1, &p), Decision::kRejectedBudgetEmpty);
+  EXPECT_EQ(slot_->bulkhead_leases[0].load(), 0u);
+  EXPECT_EQ(Admit(0, &p), Decision::kAdmitted);
+}
+
+TEST_F(AdmissionTest, ShadowModeDecidesButAlwaysAdmits) {
+  slot_->mode.store(uint32_t(Mode::kShadow));
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);  // the breaker still works...
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kAdmitted);  // ...but nothing is rejected
+  Complete(&p, Outcome::kFailure);
+  EXPECT_EQ(Counter(kShadowWouldReject), 1u);
+  EXPECT_EQ(Counter(kRejectedOpen), 0u);
+}
+
+TEST_F(AdmissionTest, DisabledRecordsNothingForcedOpenRejectsAll) {
+  slot_->mode.store(uint32_t(Mode::kDisabled));
+  for (int i = 0; i < 20; ++i) Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  EXPECT_EQ(Counter(kFailures), 0u);
+  slot_->mode.store(uint32_t(Mode::kForcedOpen));
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);
+  EXPECT_EQ(Counter(kRejectedOpen), 1u);
+}
+
+TEST_F(AdmissionTest, SlowCallsTripTheBreaker) {
+  slot_->policy.slow_call_ms.store(200);
+  slot_->policy.slow_call_rate_pct.store(60);
+  for (int i = 0; i < 10; ++i) {
+    Permit p;
+    ASSERT_TRUE(IsAdmitted(Admit(0, &p)));
+    Complete(&p, Outcome::kSuccess, 300 * kMs);
+  }
+  EXPECT_EQ(State(), BreakerState::kOpen);
+  EXPECT_EQ(Counter(kSlowCalls), 10u);
+}
+
+TEST_F(AdmissionTest, TimeGoingBackwardsNeverUnblocksAnOpenBreaker) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ -= 5 * kSec;
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
+TEST_F(AdmissionTest, ResetClosesAndRefills) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+  Reset(*slot_, now_);
+  EXPECT_EQ(State(), BreakerState::kClosed);
+  EXPECT_EQ(ReadWindow(*slot_, now_).calls, 0u);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 100 * RetryBudget::kTokenScale);
+}
+
+TEST_F(AdmissionTest, PermitOfAReassignedSlotIsHarmless) {
+  Permit p;
+  ASSERT_EQ(Admit(0, &p), Decision::kAdmitted);
+  slot_->generation.fetch_add(1);
+  Complete(&p, Outcome::kFailure);
+  EXPECT_EQ(Counter(kFailures), 0u);
+}
+
+}  // namespace
+}  // namespace retryd::shm

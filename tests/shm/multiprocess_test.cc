@@ -1,0 +1,290 @@
+// The invariants of DESIGN.md, checked across real processes on one real segment: N forked
+// workers hammer admit/complete, then the counters must satisfy the bounds exactly.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+#include "shm/retry_budget.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd::shm {
+namespace {
+
+constexpr int kProcesses = 6;
+
+// Shared scratch memory for the test's own bookkeeping across forks.
+struct Scratch {
+  std::atomic<int64_t> in_flight;
+  std::atomic<int64_t> max_in_flight;
+  std::atomic<uint64_t> granted;
+};
+
+Scratch* MapScratch() {
+  void* p = mmap(nullptr, sizeof(Scratch), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return new (p) Scratch{};
+}
+
+void NoteInFlight(Scratch* s, int64_t delta) {
+  const int64_t now = s->in_flight.fetch_add(delta) + delta;
+  int64_t seen = s->max_in_flight.load();
+  while (now > seen && !s->max_in_flight.compare_exchange_weak(seen, now)) {
+  }
+}
+
+// Forks `n` workers running body(worker index), waits for all, expects clean exits.
+void ForkWorkers(int n, const std::function<void(int)>& body) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      body(i);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+}
+
+TEST(MultiProcessTest, RetryBudgetBoundHoldsHostWide) {
+  testing::NamedSegment seg("budget");
+  Policy p;
+  p.retry_ratio_milli = 200;
+  p.min_retries_per_sec = 10;
+  p.retry_burst = 50;
+  p.min_calls = 1'000'000;  // keep the breaker out of it
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  Scratch* scratch = MapScratch();
+  const uint64_t start_ns = CoarseNowNs();
+  ForkWorkers(kProcesses, [&](int w) {
+    std::unique_ptr<Segment> mine;
+    if (!Segment::Attach(seg.name, Access::kReadWrite, &mine).ok()) _exit(3);
+    DependencySlot& slot = *mine->dependency(index);
+    Caller caller{RegisterProcess(*mine, getpid()), 0, uint32_t(w + 1)};
+    uint64_t granted = 0;
+    for (int i = 0; i < 100'000; ++i) {
+      Permit permit;
+      // Every call fails and retries up to three times: a retry storm.
+      for (uint32_t attempt = 0; attempt < 4; ++attempt) {
+        const Decision d = Admit(slot, index, attempt, CoarseNowNs(), caller, &permit);
+        Complete(slot, &permit, Outcome::kFailure, 1000, CoarseNowNs(), caller);
+        if (!IsAdmitted(d)) break;
+        if (attempt > 0) ++granted;
+      }
+    }
+    scratch->granted.fetch_add(granted);
+  });
+  const double elapsed_s = double(CoarseNowNs() - start_ns) / 1e9 + 0.01;
+  DependencySlot& slot = *seg.seg->dependency(index);
+  const uint64_t first = slot.counters[kFirstAttempts].load();
+  const uint64_t granted = slot.counters[kRetriesGranted].load();
+  EXPECT_EQ(first, uint64_t(kProcesses) * 100'000);
+  EXPECT_EQ(granted, scratch->granted.load());  // the counter is exact
+  const double bound = p.retry_burst + 0.2 * double(first) + p.min_retries_per_sec * elapsed_s;
+  EXPECT_LE(double(granted), bound) << "first " << first << " elapsed " << elapsed_s;
+  // And the budget really was the limit: most retries were denied.
+  EXPECT_GT(slot.counters[kRetriesDenied].load(), granted);
+  RecordProperty("retries_granted", std::to_string(granted));
+  RecordProperty("bound", std::to_string(bound));
+}
+
+// Drives the breaker of `slot` open with open_for long enough that it stays open until the
+// workers start, then lets them find it half-open.
+TEST(MultiProcessTest, HalfOpenProbesNeverExceedTheLimit) {
+  testing::NamedSegment seg("probes");
+  Policy p;
+  p.half_open_probes = 2;
+  p.close_after = 255;          // stay half-open: every probe succeeds but never closes it
+  p.probe_timeout_ms = 60'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  BreakerWord half{BreakerState::kHalfOpen, 0, 0, 1, NsToMs32(CoarseNowNs())};
+  slot.breaker.store(half.Encode());
+  Scratch* scratch = MapScratch();
+  ForkWorkers(kProcesses, [&](int w) {
+    std::unique_ptr<Segment> mine;
+    if (!Segment::Attach(seg.name, Access::kReadWrite, &mine).ok()) _exit(3);
+    DependencySlot& s = *mine->dependency(index);
+    Caller caller{RegisterProcess(*mine, getpid()), 0, uint32_t(w + 1)};
+    for (int i = 0; i < 200'000; ++i) {
+      Permit permit;
+      const Decision d = Admit(s, index, 0, CoarseNowNs(), caller, &permit);
+      if (d == Decision::kAdmittedProbe) {
+        NoteInFlight(scratch, +1);
+        NoteInFlight(scratch, -1);
+      }
+      // Ignored: the lease is released, the half-open state untouched.
+      Complete(s, &permit, Outcome::kIgnored, 1000, CoarseNowNs(), caller);
+    }
+  });
+  EXPECT_LE(scratch->max_in_flight.load(), 2);
+  EXPECT_GE(scratch->max_in_flight.load(), 1);
+  EXPECT_GT(slot.counters[kProbesGranted].load(), 0u);
+  EXPECT_GT(slot.counters[kRejectedHalfOpenBusy].load(), 0u);
+  EXPECT_EQ(slot.probe_leases[0].load() | slot.probe_leases[1].load(), 0u);
+}
+
+TEST(MultiProcessTest, BulkheadNeverExceedsTheLimit) {
+  testing::NamedSegment seg("bulkhead");
+  Policy p;
+  p.bulkhead_limit = 5;
+  p.min_calls = 1'000'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  Scratch* scratch = MapScratch();
+  ForkWorkers(kProcesses, [&](int w) {
+    std::unique_ptr<Segment> mine;
+    if (!Segment::Attach(seg.name, Access::kReadWrite, &mine).ok()) _exit(3);
+    DependencySlot& s = *mine->dependency(index);
+    Caller caller{RegisterProcess(*mine, getpid()), 0, uint32_t(w + 1)};
+    for (int i = 0; i < 100'000; ++i) {
+      Permit a, b;  // two calls in flight per worker at times
+      const bool got_a = IsAdmitted(Admit(s, index, 0, CoarseNowNs(), caller, &a));
+      if (got_a) NoteInFlight(scratch, +1);
+      const bool got_b = IsAdmitted(Admit(s, index, 0, CoarseNowNs(), caller, &b));
+      if (got_b) NoteInFlight(scratch, +1);
+      if (got_a) NoteInFlight(scratch, -1);
+      Complete(s, &a, Outcome::kSuccess, 1000, CoarseNowNs(), caller);
+      if (got_b) NoteInFlight(scratch, -1);
+      Complete(s, &b, Outcome::kSuccess, 1000, CoarseNowNs(), caller);
+    }
+  });
+  EXPECT_LE(scratch->max_in_flight.load(), 5);
+  EXPECT_EQ(scratch->max_in_flight.load(), 5);  // and the limit was reached
+  EXPECT_GT(seg.seg->dependency(index)->counters[kRejectedBulkheadFull].load(), 0u);
+  for (uint32_t i = 0; i < kMaxBulkhead; ++i) EXPECT_EQ(seg.seg->dependency(index)->bulkhead_leases[i].load(), 0u);
+}
+
+// Workers SIGKILLed while they hold probe and bulkhead leases: without a daemon, the leases
+// come back by expiry; with the daemon's reaper, as soon as the owners are seen dead.
+class CrashTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
+  const bool with_reaper = GetParam();
+  testing::NamedSegment seg(with_reaper ? "crash-reaper" : "crash-expiry");
+  Policy p;
+  p.bulkhead_limit = 4;
+  p.bulkhead_timeout_ms = 300;
+  p.half_open_probes = 1;
+  p.probe_timeout_ms = 300;
+  p.close_after = 255;
+  p.min_calls = 1'000'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  slot.breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, 1, NsToMs32(CoarseNowNs())}.Encode());
+
+  std::mt19937 rng(42);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 8; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::unique_ptr<Segment> mine;
+      if (!Segment::Attach(seg.name, Access::kReadWrite, &mine).ok()) _exit(3);
+      DependencySlot& s = *mine->dependency(index);
+      Caller caller{RegisterProcess(*mine, getpid()), 0, uint32_t(i + 1)};
+      for (;;) {  // hammer until killed: admit, maybe hold, complete
+        Permit permit;
+        Admit(s, index, 0, CoarseNowNs(), caller, &permit);
+        Complete(s, &permit, Outcome::kIgnored, 1000, CoarseNowNs(), caller);
+        Permit held;
+        Admit(s, index, 0, CoarseNowNs(), caller, &held);  // held until the kill
+      }
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    usleep(1000 + rng() % 20'000);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  // Leases are still taken now: their owners died holding them.
+  auto taken = [&] {
+    int n = 0;
+    for (auto& l : slot.bulkhead_leases) n += l.load() != 0;
+    for (auto& l : slot.probe_leases) n += l.load() != 0;
+    return n;
+  };
+  ASSERT_GT(taken(), 0);
+  Caller janitor{0, 0, 7};
+  if (with_reaper) {
+    DeadOwnerReaper reaper;
+    uint32_t dead = 0;
+    const uint64_t freed = reaper.Tick(*seg.seg, &dead);
+    EXPECT_GT(freed, 0u);
+    EXPECT_EQ(dead, 8u);
+    EXPECT_EQ(taken(), 0);
+    EXPECT_EQ(slot.counters[kLeasesReclaimedDead].load(), freed);
+  } else {
+    usleep(350'000);  // past both lease timeouts
+    const uint32_t freed = ReclaimExpired(slot, CoarseNowNs(), janitor, Sweep::kAllWords);
+    EXPECT_GT(freed, 0u);
+    EXPECT_EQ(taken(), 0);
+    EXPECT_GE(slot.counters[kLeasesReclaimedExpired].load(), freed);
+  }
+  // And the dependency works again: a bulkhead lease and a probe can be had.
+  Permit permit;
+  slot.breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, 9, NsToMs32(CoarseNowNs())}.Encode());
+  EXPECT_EQ(Admit(slot, index, 0, CoarseNowNs(), janitor, &permit), Decision::kAdmittedProbe);
+}
+
+INSTANTIATE_TEST_SUITE_P(WithAndWithoutDaemon, CrashTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Reaper" : "Expiry"; });
+
+TEST(RegistryTest, RecycledPidDoesNotKeepLeasesAlive) {
+  testing::NamedSegment seg("pidreuse");
+  Policy p;
+  p.bulkhead_limit = 2;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  // A live process (this one) registered with another process's start time: exactly what a
+  // recycled pid looks like to the daemon.
+  const uint16_t owner = RegisterProcess(*seg.seg, getpid());
+  ASSERT_NE(owner, kUnknownOwner);
+  seg.seg->process(owner - 1u)->start_time.fetch_add(12345);
+  Caller caller{owner, 0, 3};
+  Permit permit;
+  ASSERT_EQ(Admit(*seg.seg->dependency(index), index, 0, CoarseNowNs(), caller, &permit), Decision::kAdmitted);
+  EXPECT_EQ(ReclaimDeadProcesses(*seg.seg), 1u);
+  EXPECT_EQ(seg.seg->process(owner - 1u)->owner.load(), 0u);
+  // The same through the daemon's reaper.
+  const uint16_t again = RegisterProcess(*seg.seg, getpid());
+  seg.seg->process(again - 1u)->start_time.fetch_add(1);
+  caller.owner = again;
+  ASSERT_EQ(Admit(*seg.seg->dependency(index), index, 0, CoarseNowNs(), caller, &permit), Decision::kAdmitted);
+  DeadOwnerReaper reaper;
+  EXPECT_EQ(reaper.Tick(*seg.seg), 1u);
+}
+
+TEST(RegistryTest, LiveProcessesKeepTheirLeases) {
+  testing::NamedSegment seg("live");
+  const uint16_t owner = RegisterProcess(*seg.seg, getpid());
+  ASSERT_NE(owner, kUnknownOwner);
+  DeadOwnerReaper reaper;
+  EXPECT_EQ(reaper.Tick(*seg.seg), 0u);
+  EXPECT_EQ(reaper.Tick(*seg.seg), 0u);
+  EXPECT_NE(seg.seg->process(owner - 1u)->owner.load(), 0u);
+  UnregisterProcess(*seg.seg, owner, getpid());
+  EXPECT_EQ(seg.seg->process(owner - 1u)->owner.load(), 0u);
+}
+
+TEST(RegistryTest, FullRegistryIsCounted) {
+  testing::NamedSegment seg("fullreg", 4, /*procs=*/2);
+  EXPECT_NE(RegisterProcess(*seg.seg, getpid()), kUnknownOwner);
+  EXPECT_NE(RegisterProcess(*seg.seg, getpid()), kUnknownOwner);
+  EXPECT_EQ(RegisterProcess(*seg.seg, getpid()), kUnknownOwner);
+  EXPECT_EQ(seg.seg->header().registry_full_events.load(), 1u);
+}
+
+}  // namespace
+}  // namespace retryd::shm

@@ -1,0 +1,209 @@
+// The segment's lifecycle on real POSIX shm objects: create, adopt, retire, and refusals of
+// everything a client cannot trust.
+#include "shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "shm/breaker.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd::shm {
+namespace {
+
+// WriteRaw makes /dev/shm/NAME hold exactly `bytes`.
+void WriteRaw(const std::string& name, const std::string& bytes) {
+  const int fd = shm_open(("/" + name).c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), ssize_t(bytes.size()));
+  close(fd);
+}
+
+Status AttachStatus(const std::string& name) {
+  std::unique_ptr<Segment> seg;
+  return Segment::Attach(name, Access::kReadOnly, &seg);
+}
+
+TEST(SegmentTest, MissingSegmentIsNotFound) {
+  Status s = AttachStatus(testing::UniqueSegmentName("missing"));
+  EXPECT_EQ(s.code(), Status::Code::kNotFound);
+  EXPECT_NE(s.message().find("is retryd running?"), std::string::npos) << s.message();
+}
+
+TEST(SegmentTest, RefusesForeignTruncatedAndNewer) {
+  const std::string name = testing::UniqueSegmentName("bad");
+  WriteRaw(name, "hello, not a segment");
+  Status s = AttachStatus(name);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.message();
+
+  WriteRaw(name, std::string(4096, 'x'));
+  s = AttachStatus(name);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("foreign"), std::string::npos) << s.message();
+  Segment::Remove(name);
+
+  testing::NamedSegment good("newer");
+  good.seg->header().layout_version.store(kLayoutVersion + 1);
+  s = AttachStatus(good.name);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("newer"), std::string::npos) << s.message();
+}
+
+TEST(SegmentTest, RefusesCorruptSizesAndRetired) {
+  testing::NamedSegment good("corrupt");
+  good.seg->header().max_dependencies.store(1'000'000);
+  EXPECT_EQ(AttachStatus(good.name).code(), Status::Code::kIncompatible);
+  good.seg->header().max_dependencies.store(16);
+  good.seg->header().total_size.store(1);
+  EXPECT_EQ(AttachStatus(good.name).code(), Status::Code::kIncompatible);
+  good.seg->header().total_size.store(SegmentSize(16, 64));
+  EXPECT_TRUE(AttachStatus(good.name).ok());
+  good.seg->header().retired.store(1);
+  Status s = AttachStatus(good.name);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("retired"), std::string::npos);
+}
+
+TEST(SegmentTest, TruncatedTablesAreRefused) {
+  testing::NamedSegment good("short");
+  const int fd = shm_open(("/" + good.name).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, off_t(sizeof(SegmentHeader) + 100)), 0);
+  close(fd);
+  Status s = AttachStatus(good.name);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.message();
+}
+
+TEST(SegmentTest, AdoptKeepsStateAndIncompatibleIsRetired) {
+  testing::NamedSegment first("adopt");
+  Policy p;
+  const uint32_t i = testing::AddDependency(*first.seg, "orders", p);
+  BreakerWord open{BreakerState::kOpen, 2, 0, 7, 123};
+  first.seg->dependency(i)->breaker.store(open.Encode());
+
+  CreateOptions opt;
+  opt.name = first.name;
+  opt.max_dependencies = 16;
+  opt.max_processes = 64;
+  std::unique_ptr<Segment> again;
+  bool adopted = false;
+  std::string note;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &again, &adopted, &note).ok());
+  EXPECT_TRUE(adopted);
+  ASSERT_EQ(again->Find("orders"), int32_t(i));
+  EXPECT_EQ(BreakerWord::Decode(again->dependency(i)->breaker.load()).state, BreakerState::kOpen);
+
+  // Another capacity: the old one is retired in place (clients see it) and replaced.
+  opt.max_dependencies = 32;
+  std::unique_ptr<Segment> fresh;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &fresh, &adopted, &note).ok());
+  EXPECT_FALSE(adopted);
+  EXPECT_NE(note.find("retired"), std::string::npos) << note;
+  EXPECT_EQ(first.seg->header().retired.load(), 1u);
+  EXPECT_EQ(fresh->Find("orders"), -1);
+  EXPECT_TRUE(AttachStatus(first.name).ok());
+}
+
+TEST(SegmentTest, ReplacesANewerLayoutButNeverAForeignObject) {
+  testing::NamedSegment old("replace");
+  old.seg->header().layout_version.store(kLayoutVersion + 1);
+  CreateOptions opt;
+  opt.name = old.name;
+  opt.max_dependencies = 16;
+  opt.max_processes = 64;
+  std::unique_ptr<Segment> fresh;
+  bool adopted = false;
+  std::string note;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &fresh, &adopted, &note).ok());
+  EXPECT_EQ(old.seg->header().retired.load(), 1u);
+  EXPECT_NE(note.find("newer"), std::string::npos) << note;
+
+  const std::string foreign = testing::UniqueSegmentName("foreign");
+  WriteRaw(foreign, std::string(8192, 'z'));
+  opt.name = foreign;
+  Status s = Segment::CreateOrAdopt(opt, &fresh, &adopted, &note);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("by hand"), std::string::npos) << s.message();
+  Segment::Remove(foreign);
+}
+
+TEST(SegmentTest, ModeIsAppliedDespiteUmask) {
+  const mode_t old = umask(0077);
+  testing::NamedSegment seg("mode");
+  umask(old);
+  // NamedSegment asks for 0600; ask for 0640 on a fresh one.
+  shm::Segment::Remove(seg.name);
+  CreateOptions opt;
+  opt.name = seg.name;
+  opt.mode = 0640;
+  const mode_t saved = umask(0077);
+  std::unique_ptr<Segment> s;
+  bool adopted;
+  std::string note;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &s, &adopted, &note).ok());
+  umask(saved);
+  struct stat st;
+  ASSERT_EQ(stat(("/dev/shm/" + seg.name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+}
+
+TEST(SegmentTest, DependencyTable) {
+  testing::NamedSegment seg("table", /*deps=*/2);
+  Policy p;
+  uint32_t a, b, c;
+  EXPECT_EQ(seg.seg->PutDependency("bad name!", p, &a).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(seg.seg->PutDependency(std::string(48, 'x'), p, &a).code(), Status::Code::kInvalidArgument);
+  ASSERT_TRUE(seg.seg->PutDependency("a", p, &a).ok());
+  ASSERT_TRUE(seg.seg->PutDependency("b.svc:8080", p, &b).ok());
+  EXPECT_NE(a, b);
+  EXPECT_EQ(seg.seg->PutDependency("c", p, &c).code(), Status::Code::kFull);
+  // A policy change keeps the slot and its state.
+  seg.seg->dependency(a)->counters[kFailures].store(5);
+  p.min_calls = 77;
+  ASSERT_TRUE(seg.seg->PutDependency("a", p, &c).ok());
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(seg.seg->dependency(a)->policy.min_calls.load(), 77u);
+  EXPECT_EQ(seg.seg->dependency(a)->counters[kFailures].load(), 5u);
+  // Retired: not found, and its slot can go to a new name with a new generation.
+  const uint32_t gen = seg.seg->dependency(a)->generation.load();
+  seg.seg->Retire(a);
+  EXPECT_EQ(seg.seg->Find("a"), -1);
+  ASSERT_TRUE(seg.seg->PutDependency("c", p, &c).ok());
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(ReadName(*seg.seg->dependency(c)), "c");
+  EXPECT_NE(seg.seg->dependency(c)->generation.load(), gen);
+}
+
+TEST(SegmentTest, OnTheFlyCreationFollowsTheDaemonsSwitch) {
+  testing::NamedSegment seg("onthefly", /*deps=*/1);
+  uint32_t i;
+  ASSERT_TRUE(seg.seg->CreateOnTheFly("first", &i).ok());
+  EXPECT_EQ(seg.seg->CreateOnTheFly("second", &i).code(), Status::Code::kFull);
+  EXPECT_EQ(seg.seg->header().table_full_events.load(), 1u);
+  seg.seg->header().flags.store(0);
+  EXPECT_EQ(seg.seg->CreateOnTheFly("third", &i).code(), Status::Code::kNotFound);
+  EXPECT_EQ(seg.seg->header().unknown_dependency_events.load(), 1u);
+  ASSERT_TRUE(seg.seg->CreateOnTheFly("first", &i).ok());  // existing names still resolve
+}
+
+TEST(SegmentTest, ValidateNeverReadsPastTheBuffer) {
+  // Every prefix length of a valid header: refused, never read beyond `size`.
+  testing::NamedSegment seg("prefix");
+  const auto* base = reinterpret_cast<const char*>(&seg.seg->header());
+  for (uint64_t n = 0; n < sizeof(SegmentHeader) + 64; n += 8) {
+    std::unique_ptr<uint64_t[]> copy(new uint64_t[n / 8 + 1]);
+    std::memcpy(copy.get(), base, n);
+    EXPECT_FALSE(Segment::Validate(copy.get(), n).ok()) << n;
+  }
+}
+
+}  // namespace
+}  // namespace retryd::shm

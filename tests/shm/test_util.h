@@ -1,0 +1,62 @@
+// tests/shm/test_util.h: helpers shared by the shm and client tests: unique segment names,
+// a segment that removes itself, a private segment with a chosen policy, and a fork helper.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "shm/admission.h"
+#include "shm/segment.h"
+
+namespace retryd::testing {
+
+inline std::string UniqueSegmentName(const std::string& tag) {
+  static std::atomic<int> n{0};
+  return "retryd-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+}
+
+// A real named segment, removed when the test ends.
+struct NamedSegment {
+  std::string name;
+  std::unique_ptr<shm::Segment> seg;
+  explicit NamedSegment(const std::string& tag, uint32_t deps = 16, uint32_t procs = 64)
+      : name(UniqueSegmentName(tag)) {
+    shm::CreateOptions opt;
+    opt.name = name;
+    opt.max_dependencies = deps;
+    opt.max_processes = procs;
+    opt.mode = 0600;
+    bool adopted = false;
+    std::string note;
+    Status s = shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+  ~NamedSegment() { shm::Segment::Remove(name); }
+};
+
+// AddDependency puts `name` with `policy` and returns its slot index.
+inline uint32_t AddDependency(shm::Segment& seg, const std::string& name, const shm::Policy& p) {
+  uint32_t index = 0;
+  Status s = seg.PutDependency(name, p, &index);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return index;
+}
+
+// RunChild forks, runs `body` in the child and returns its exit status (as from waitpid).
+inline int RunChild(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kSec = 1'000'000'000;
+
+}  // namespace retryd::testing
