@@ -126,8 +126,14 @@ const char* DecisionName(Decision d) {
   return "invalid";
 }
 
-Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
-               Caller& caller, Permit* p) {
+namespace {
+
+// AdmitImpl is Admit with a lazy clock: `now()` is read at most once, and only on paths that
+// need the time (a breaker that is not closed, the bulkhead, a retry). A first attempt on a
+// closed breaker reads no clock.
+template <typename NowFn>
+Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn now,
+                   Caller& caller, Permit* p) {
   *p = Permit{};
   p->dependency = index;
   p->generation = slot.generation.load(kRelaxed);
@@ -140,22 +146,32 @@ Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t 
   const bool shadow = mode == Mode::kShadow;
   p->flags = kPermitActive | kPermitRecord;
 
+  uint64_t now_cache = 0;
+  bool have_now = false;
+  auto now_ns = [&] {
+    if (!have_now) {
+      now_cache = now();
+      have_now = true;
+    }
+    return now_cache;
+  };
+
   // 1. The breaker. A closed breaker costs one load.
   Decision d = Decision::kAdmitted;
   if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
       BreakerState::kClosed) {
-    d = AdmitBreaker(slot, now_ns, caller, p);
+    d = AdmitBreaker(slot, now_ns(), caller, p);
     if (!IsAdmitted(d)) return Reject(slot, p, d, shadow);
   }
 
   // 2. The bulkhead, if any: a lease among the first `limit` words, starting at a spread
   // offset so that processes do not all contend on word 0.
   if (const uint32_t limit = BulkheadLimit(slot); limit > 0) {
-    const uint32_t now_ms = NsToMs32(now_ns);
+    const uint32_t now_ms = NsToMs32(now_ns());
     const uint64_t lease = MakeLease(caller, now_ms, slot.policy.bulkhead_timeout_ms.load(kRelaxed));
     const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
     int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
-    if (i < 0 && ReclaimExpired(slot, now_ns, caller) > 0) {
+    if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
       i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
     }
     if (i < 0) return Reject(slot, p, Decision::kRejectedBulkheadFull, shadow);
@@ -169,7 +185,7 @@ Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t 
   if (attempt == 0) {
     RetryBudget::Deposit(slot.budget, slot.policy.retry_ratio_milli.load(kRelaxed), burst);
     Count(slot, kFirstAttempts);
-  } else if (RetryBudget::TryWithdraw(slot.budget, NsToMs32(now_ns),
+  } else if (RetryBudget::TryWithdraw(slot.budget, NsToMs32(now_ns()),
                                       slot.policy.min_retries_per_sec.load(kRelaxed), burst)) {
     Count(slot, kRetriesGranted);
   } else if (shadow) {
@@ -179,6 +195,18 @@ Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t 
   }
   p->decision = uint8_t(d);
   return d;
+}
+
+}  // namespace
+
+Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
+               Caller& caller, Permit* p) {
+  return AdmitImpl(slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
+}
+
+Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t (*now_ns)(),
+               Caller& caller, Permit* p) {
+  return AdmitImpl(slot, index, attempt, now_ns, caller, p);
 }
 
 void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency_ns,

@@ -68,6 +68,11 @@ struct Caller {
 // completes as a no-op). Thread-safe.
 Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
                Caller& caller, Permit* permit);
+// Admit with a clock instead of a time: `now_ns()` is called at most once, and not at all for
+// a first attempt on a closed breaker (the common path), since a clock read costs about three
+// uncontended CASes. Thread-safe.
+Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t (*now_ns)(),
+               Caller& caller, Permit* permit);
 
 // Complete records how the admitted attempt in *permit ended and releases its leases.
 // `latency_ns` decides whether the call was slow. Calling it twice with one permit is a no-op

@@ -167,11 +167,12 @@ void ClientImpl::SlowPath() {
   header_.store(&seg_->header(), std::memory_order_release);
 }
 
-inline bool ClientImpl::NeedsSlowPath(uint64_t now_ns) const {
+inline bool ClientImpl::NeedsSlowPath() const {
   const shm::SegmentHeader* h = header_.load(kRelaxed);
+  // The clock is read only while retired or local, to pace the attempts to reattach.
   return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
          ((h->retired.load(kRelaxed) != 0 || local_.load(kRelaxed)) &&
-          now_ns >= next_upgrade_ns_.load(kRelaxed));
+          shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed));
 }
 
 inline shm::Caller ClientImpl::MakeCaller() const {
@@ -186,12 +187,11 @@ int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
     ps->permit = shm::Permit{};
     return RETRYD_EINVAL;
   }
-  const uint64_t now_ns = shm::CoarseNowNs();
-  if (__builtin_expect(NeedsSlowPath(now_ns), 0)) SlowPath();
+  if (__builtin_expect(NeedsSlowPath(), 0)) SlowPath();
   Entry& e = entries_[dep];
   shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
   shm::Caller caller = MakeCaller();
-  const shm::Decision d = shm::Admit(*slot, e.index.load(kRelaxed), attempt, now_ns, caller, &ps->permit);
+  const shm::Decision d = shm::Admit(*slot, e.index.load(kRelaxed), attempt, &shm::CoarseNowNs, caller, &ps->permit);
   t_state.lease_tag = caller.lease_tag;
   t_state.rng = caller.rng;
   ps->slot = slot;

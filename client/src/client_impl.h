@@ -68,7 +68,7 @@ class ClientImpl final : public Client {
   // Bind points `e` at a slot for its name in the current segment (cold, under mu_).
   Status Bind(Entry& e);
   shm::Caller MakeCaller() const;
-  bool NeedsSlowPath(uint64_t now_ns) const;
+  bool NeedsSlowPath() const;
 
   std::string name_;
   bool fallback_to_local_ = true;
