@@ -186,6 +186,7 @@ TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
   slot.breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, 1, NsToMs32(CoarseNowNs())}.Encode());
 
   std::mt19937 rng(42);
+  Scratch* started = MapScratch();
   std::vector<pid_t> pids;
   for (int i = 0; i < 8; ++i) {
     const pid_t pid = fork();
@@ -194,16 +195,23 @@ TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
       if (!Segment::Attach(seg.name, Access::kReadWrite, &mine).ok()) _exit(3);
       DependencySlot& s = *mine->dependency(index);
       Caller caller{RegisterProcess(*mine, getpid()), 0, uint32_t(i + 1)};
-      for (;;) {  // hammer until killed: admit, maybe hold, complete
+      bool announced = false;
+      for (;;) {  // hammer until killed: admit, complete, and admit one more to hold
         Permit permit;
         Admit(s, index, 0, CoarseNowNs(), caller, &permit);
         Complete(s, &permit, Outcome::kIgnored, 1000, CoarseNowNs(), caller);
         Permit held;
         Admit(s, index, 0, CoarseNowNs(), caller, &held);  // held until the kill
+        if (!announced) {
+          started->granted.fetch_add(1);
+          announced = true;
+        }
       }
     }
     pids.push_back(pid);
   }
+  // Every worker has been through its loop once (and so holds leases) before the kills.
+  while (started->granted.load() < pids.size()) usleep(1000);
   for (pid_t pid : pids) {
     usleep(1000 + rng() % 20'000);
     kill(pid, SIGKILL);
