@@ -1,0 +1,46 @@
+// cli/args.h: the command line of retryctl, parsed into a plain value.
+//
+// retryctl takes one command and its arguments; global options may appear anywhere:
+//   retryctl [--segment NAME] [--json] [--watch [SECONDS]] [--color auto|always|never]
+//            [--stale-after SECONDS] COMMAND [ARGS...]
+// `--watch` takes an optional interval: the next argument is taken as the interval when it is
+// a positive number; `--watch=SECONDS` is never ambiguous.
+// Thread safety: value types and pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "retryd/status.h"
+
+namespace retryd::cli {
+
+enum class ColorChoice { kAuto, kAlways, kNever };
+
+struct Invocation {
+  std::string command;                 // "status", "metrics", ... ; empty with --help alone
+  std::vector<std::string> arguments;  // the command's positional arguments
+  std::string segment;                 // from --segment; empty: see ResolveSegmentName
+  bool json = false;
+  bool watch = false;
+  double watch_seconds = 2.0;        // refresh interval of --watch
+  double stale_after_seconds = 3.0;  // heartbeat older than this: daemon shown as down
+  ColorChoice color = ColorChoice::kAuto;
+  bool help = false;  // --help / -h, or the `help` command
+};
+
+// ParseArguments fills *out from argv[1..argc). Returns kInvalidArgument naming the bad
+// option or value. Does not check the command's own arguments (see the commands).
+Status ParseArguments(int argc, const char* const* argv, Invocation* out);
+
+// ResolveSegmentName: --segment, else $RETRYD_SEGMENT (if set and non-empty), else "retryd".
+std::string ResolveSegmentName(const Invocation& inv);
+
+// UseColor: --color always/never, or auto: stdout is a terminal and NO_COLOR is unset or empty.
+bool UseColor(const Invocation& inv, bool stdout_is_terminal);
+
+// Usage texts. `CommandHelp` returns "" for an unknown command.
+std::string GeneralHelp();
+std::string CommandHelp(const std::string& command);
+
+}  // namespace retryd::cli

@@ -1,0 +1,371 @@
+#include "cli/commands.h"
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/render.h"
+#include "cli/status_model.h"
+#include "daemon/config.h"
+#include "daemon/metrics.h"
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/policy.h"
+#include "shm/segment.h"
+
+namespace retryd::cli {
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
+
+struct Context {
+  Invocation inv;
+  std::string segment;
+  std::FILE* out;
+  std::FILE* err;
+  bool color = false;
+  bool out_is_terminal = false;
+};
+
+void Print(std::FILE* f, const std::string& s) { std::fwrite(s.data(), 1, s.size(), f); }
+
+int Fail(const Context& c, const std::string& message) {
+  Print(c.err, "retryctl: " + message + "\n");
+  return kExitError;
+}
+
+int Usage(const Context& c, const std::string& message) {
+  const std::string help = CommandHelp(c.inv.command);
+  Print(c.err, "retryctl: " + message + "\n" + help.substr(0, help.find('\n')) +
+                   "\n(see 'retryctl " + c.inv.command + " --help')\n");
+  return kExitError;
+}
+
+std::string Dump(const nlohmann::ordered_json& doc) {
+  // Command names come from the process and may hold any bytes: never throw on them.
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+// Attach maps the segment and turns a failure into one clear line.
+Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg) {
+  Status s = shm::Segment::Attach(c.segment, access, seg);
+  if (s.ok()) return s;
+  switch (s.code()) {
+    case Status::Code::kNotFound:
+      return s;  // "no retryd segment 'x' on this host (is retryd running?)"
+    case Status::Code::kPermissionDenied:
+      // "segment 'x': open read-write: Permission denied (is this user in the segment's group?)"
+      return Status::PermissionDenied(access == shm::Access::kReadWrite
+                                          ? "permission denied: '" + c.inv.command +
+                                                "' needs write access: " + s.message()
+                                          : "permission denied: " + s.message());
+    case Status::Code::kIncompatible:
+      return Status::Incompatible("cannot use " + s.message());
+    default:
+      return Status::IoError("cannot attach segment '" + c.segment + "': " + s.ToString());
+  }
+}
+
+BuildOptions MakeBuildOptions(const Context& c) {
+  BuildOptions b;
+  b.now_ns = shm::PreciseNowNs();
+  b.stale_after_ms = uint64_t(std::llround(c.inv.stale_after_seconds * 1000.0));
+  return b;
+}
+
+RenderOptions MakeRenderOptions(const Context& c) {
+  RenderOptions r;
+  r.color = c.color;
+  r.stale_after_ms = uint64_t(std::llround(c.inv.stale_after_seconds * 1000.0));
+  return r;
+}
+
+// Frame renders one refresh into text and returns the exit code it would end with.
+using Frame = std::function<int(std::string* text)>;
+
+std::string LocalTimeNow() {
+  const time_t t = time(nullptr);
+  tm local;
+  char buf[32] = "";
+  if (localtime_r(&t, &local) != nullptr)
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &local);
+  return buf;
+}
+
+// Watch calls `frame` every interval until SIGINT (or SIGTERM): on a terminal each frame
+// replaces the screen; otherwise frames follow each other. JSON frames are one per line.
+int Watch(const Context& c, const Frame& frame) {
+  g_interrupted = 0;
+  struct sigaction sa = {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const uint64_t interval_ns = uint64_t(c.inv.watch_seconds * 1e9);
+  while (!g_interrupted) {
+    const uint64_t start = shm::PreciseNowNs();
+    std::string text;
+    frame(&text);
+    if (!c.inv.json) {
+      char head[96];
+      std::snprintf(head, sizeof head, "Every %.1fs: retryctl %s", c.inv.watch_seconds,
+                    c.inv.command.c_str());
+      text = std::string(head) + "    " + LocalTimeNow() + "\n\n" + text;
+      if (c.out_is_terminal) {
+        text = "\033[H\033[2J" + text;
+      } else {
+        text += "\n";
+      }
+    }
+    Print(c.out, text);
+    std::fflush(c.out);
+    // Sleep in short steps so that Ctrl-C ends the watch at once.
+    while (!g_interrupted) {
+      const uint64_t now = shm::PreciseNowNs();
+      if (now - start >= interval_ns) break;
+      const uint64_t left = std::min<uint64_t>(interval_ns - (now - start), 100'000'000);
+      timespec ts{time_t(left / 1'000'000'000), long(left % 1'000'000'000)};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  return kExitOk;
+}
+
+int RunStatus(const Context& c) {
+  std::unique_ptr<shm::Segment> seg;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
+
+  BuildOptions build = MakeBuildOptions(c);
+  build.only = c.inv.arguments;
+  SegmentStatus first;
+  if (Status s = BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
+  auto render = [&](const SegmentStatus& shown, const RenderOptions& r) {
+    return c.inv.json ? Dump(StatusJson(shown, r)) : RenderStatusTable(shown, r);
+  };
+  if (!c.inv.watch) {
+    Print(c.out, render(first, MakeRenderOptions(c)));
+    return first.AnyOpen() ? kExitOpen : kExitOk;
+  }
+
+  // --watch: reattach every frame (the daemon may have replaced the segment) and show counter
+  // changes since the previous frame.
+  std::optional<SegmentStatus> previous;
+  return Watch(c, [&](std::string* text) {
+    std::unique_ptr<shm::Segment> now_seg;
+    if (Status s = Attach(c, shm::Access::kReadOnly, &now_seg); !s.ok()) {
+      *text = c.inv.json ? Dump({{"schema_version", kJsonSchemaVersion},
+                                 {"kind", "error"},
+                                 {"error", s.message()}})
+                         : "retryctl: " + s.message() + "\n";
+      previous.reset();
+      return kExitError;
+    }
+    BuildOptions b = MakeBuildOptions(c);
+    b.only = c.inv.arguments;
+    SegmentStatus snap;
+    if (Status s = BuildStatus(*now_seg, b, &snap); !s.ok()) {
+      *text = c.inv.json ? Dump({{"schema_version", kJsonSchemaVersion},
+                                 {"kind", "error"},
+                                 {"error", s.message()}})
+                         : "retryctl: " + s.message() + "\n";
+      return kExitError;
+    }
+    RenderOptions r = MakeRenderOptions(c);
+    if (previous && previous->name == snap.name) {
+      r.deltas = true;
+      r.interval_ms = (snap.now_ns - previous->now_ns) / 1'000'000;
+      *text = render(Delta(snap, *previous), r);
+    } else {
+      *text = render(snap, r);
+    }
+    previous = snap;
+    return snap.AnyOpen() ? kExitOpen : kExitOk;
+  });
+}
+
+int RunWorkers(const Context& c) {
+  if (!c.inv.arguments.empty()) return Usage(c, "workers takes no arguments");
+  auto frame = [&](std::string* text) {
+    std::unique_ptr<shm::Segment> seg;
+    if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) {
+      *text = "retryctl: " + s.message() + "\n";
+      return kExitError;
+    }
+    SegmentStatus header;
+    if (Status s = BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
+      *text = "retryctl: " + s.message() + "\n";
+      return kExitError;
+    }
+    const std::vector<WorkerStatus> workers = BuildWorkers(*seg);
+    *text = c.inv.json ? Dump(WorkersJson(header, workers))
+                       : RenderWorkersTable(header, workers, MakeRenderOptions(c));
+    return kExitOk;
+  };
+  if (!c.inv.watch) {
+    std::string text;
+    const int code = frame(&text);
+    Print(code == kExitOk ? c.out : c.err, text);
+    return code;
+  }
+  std::unique_ptr<shm::Segment> probe;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &probe); !s.ok()) return Fail(c, s.message());
+  return Watch(c, frame);
+}
+
+int RunMetrics(const Context& c) {
+  if (!c.inv.arguments.empty()) return Usage(c, "metrics takes no arguments");
+  if (c.inv.json || c.inv.watch) return Usage(c, "metrics takes neither --json nor --watch");
+  std::unique_ptr<shm::Segment> seg;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
+  Print(c.out, daemon::RenderPrometheus(*seg, shm::PreciseNowNs()));
+  return kExitOk;
+}
+
+// FindDependency resolves DEP to an active slot or explains which names exist.
+Status FindDependency(const shm::Segment& seg, const std::string& name, uint32_t* index) {
+  if (!shm::ValidDependencyName(name)) {
+    return Status::InvalidArgument("bad dependency name '" + name + "': 1.." +
+                                   std::to_string(shm::kMaxNameLen) +
+                                   " characters of A-Z a-z 0-9 _ . : -");
+  }
+  const int32_t i = seg.Find(name);
+  if (i < 0) {
+    SegmentStatus all;
+    BuildOptions b;
+    b.now_ns = shm::PreciseNowNs();
+    std::string known;
+    if (BuildStatus(seg, b, &all).ok()) {
+      for (const DependencyStatus& d : all.dependencies)
+        known += (known.empty() ? "" : ", ") + d.name;
+    }
+    return Status::NotFound("no dependency '" + name + "' in segment '" + seg.name() +
+                            "' (known: " + (known.empty() ? "none" : known) + ")");
+  }
+  *index = uint32_t(i);
+  return Status::Ok();
+}
+
+int RunSetMode(const Context& c) {
+  if (c.inv.arguments.size() != 2) return Usage(c, "set-mode needs DEP and MODE");
+  if (c.inv.json || c.inv.watch) return Usage(c, "set-mode takes neither --json nor --watch");
+  const std::string& name = c.inv.arguments[0];
+  shm::Mode mode;
+  if (!shm::ParseMode(c.inv.arguments[1], &mode)) {
+    return Usage(c, "unknown mode '" + c.inv.arguments[1] +
+                        "': must be enforce, shadow, disabled or forced-open");
+  }
+  std::unique_ptr<shm::Segment> seg;
+  if (Status s = Attach(c, shm::Access::kReadWrite, &seg); !s.ok()) return Fail(c, s.message());
+  uint32_t index = 0;
+  if (Status s = FindDependency(*seg, name, &index); !s.ok()) return Fail(c, s.message());
+  shm::DependencySlot& slot = *seg->dependency(index);
+  const uint32_t old_word = slot.mode.exchange(uint32_t(mode), std::memory_order_acq_rel);
+  const std::string old_name = old_word < shm::kModeCount
+                                   ? shm::ModeName(shm::Mode(old_word))
+                                   : "invalid(" + std::to_string(old_word) + ")";
+  if (old_word == uint32_t(mode)) {
+    Print(c.out,
+          "dependency '" + name + "': mode is already " + shm::ModeName(mode) + " (unchanged)\n");
+  } else {
+    Print(c.out, "dependency '" + name + "': mode " + old_name + " -> " + shm::ModeName(mode) +
+                     " (until the daemon restarts or this dependency's config section changes)\n");
+  }
+  return kExitOk;
+}
+
+int RunReset(const Context& c) {
+  if (c.inv.arguments.size() != 1) return Usage(c, "reset needs exactly one DEP");
+  if (c.inv.json || c.inv.watch) return Usage(c, "reset takes neither --json nor --watch");
+  const std::string& name = c.inv.arguments[0];
+  std::unique_ptr<shm::Segment> seg;
+  if (Status s = Attach(c, shm::Access::kReadWrite, &seg); !s.ok()) return Fail(c, s.message());
+  uint32_t index = 0;
+  if (Status s = FindDependency(*seg, name, &index); !s.ok()) return Fail(c, s.message());
+
+  BuildOptions b = MakeBuildOptions(c);
+  b.only = {name};
+  SegmentStatus before, after;
+  if (Status s = BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
+  shm::Reset(*seg->dependency(index), b.now_ns);
+  b.now_ns = shm::PreciseNowNs();
+  if (Status s = BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
+  const DependencyStatus& x = before.dependencies.front();
+  const DependencyStatus& y = after.dependencies.front();
+  auto tokens = [](uint64_t milli) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", double(milli / 100) / 10.0);
+    return std::string(buf);
+  };
+  Print(c.out, "dependency '" + name + "': reset\n" + "  breaker:       " +
+                   shm::BreakerStateName(x.breaker) + " -> " + shm::BreakerStateName(y.breaker) +
+                   "\n" + "  window calls:  " + std::to_string(x.window.calls) + " -> " +
+                   std::to_string(y.window.calls) + "\n" + "  retry tokens:  " +
+                   tokens(x.tokens_available_milli) + " -> " + tokens(y.tokens_available_milli) +
+                   " (burst " + std::to_string(y.policy.retry_burst) + ")\n");
+  if (y.mode == shm::Mode::kForcedOpen) {
+    Print(c.out,
+          "  note: mode is forced-open, so every call is still rejected "
+          "(retryctl set-mode " +
+              name + " enforce)\n");
+  }
+  return kExitOk;
+}
+
+int RunCheckConfig(const Context& c) {
+  if (c.inv.arguments.size() != 1) return Usage(c, "check-config needs exactly one FILE");
+  if (c.inv.json || c.inv.watch) return Usage(c, "check-config takes neither --json nor --watch");
+  const std::string& path = c.inv.arguments[0];
+  daemon::Config config;
+  if (Status s = daemon::LoadConfigFile(path, &config); !s.ok()) {
+    return Fail(c, "config " + s.ToString());
+  }
+  std::string deps;
+  for (const auto& [name, policy] : config.dependencies) deps += (deps.empty() ? "" : ", ") + name;
+  Print(c.out, path + ": OK (segment '" + config.daemon.segment + "', " +
+                   std::to_string(config.dependencies.size()) + " dependenc" +
+                   (config.dependencies.size() == 1 ? "y" : "ies") +
+                   (deps.empty() ? std::string("") : ": " + deps) + ")\n");
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* err) {
+  Context c;
+  c.out = out;
+  c.err = err;
+  if (Status s = ParseArguments(argc, argv, &c.inv); !s.ok()) {
+    Print(err, "retryctl: " + s.message() + "\n");
+    return kExitError;
+  }
+  if (c.inv.help) {
+    Print(out, c.inv.command.empty() ? GeneralHelp() : CommandHelp(c.inv.command));
+    return kExitOk;
+  }
+  if (c.inv.command.empty()) {
+    Print(err, "retryctl: no command given\n\n" + GeneralHelp());
+    return kExitError;
+  }
+  c.segment = ResolveSegmentName(c.inv);
+  c.out_is_terminal = isatty(fileno(out)) == 1;
+  c.color = UseColor(c.inv, c.out_is_terminal) && !c.inv.json;
+
+  if (c.inv.command == "status") return RunStatus(c);
+  if (c.inv.command == "workers") return RunWorkers(c);
+  if (c.inv.command == "metrics") return RunMetrics(c);
+  if (c.inv.command == "set-mode") return RunSetMode(c);
+  if (c.inv.command == "reset") return RunReset(c);
+  if (c.inv.command == "check-config") return RunCheckConfig(c);
+  Print(err, "retryctl: unknown command '" + c.inv.command + "'\n");
+  return kExitError;
+}
+
+}  // namespace retryd::cli

@@ -1,0 +1,452 @@
+#include "cli/render.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "shm/policy.h"
+#include "shm/retry_budget.h"
+
+namespace retryd::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// ANSI styles; empty means plain.
+constexpr const char* kRed = "\033[1;31m";
+constexpr const char* kYellow = "\033[33m";
+constexpr const char* kGreen = "\033[32m";
+constexpr const char* kCyan = "\033[36m";
+constexpr const char* kDim = "\033[2m";
+constexpr const char* kBold = "\033[1m";
+constexpr const char* kAlarm = "\033[1;97;41m";  // bold white on red
+constexpr const char* kReset = "\033[0m";
+
+std::string Paint(const std::string& text, const char* style, bool color) {
+  if (!color || style == nullptr || style[0] == '\0') return text;
+  return std::string(style) + text + kReset;
+}
+
+std::string Printf(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+std::string Tokens(uint64_t milli) {
+  // Whole tenths, rounded down: never show a token that is not there.
+  return Printf("%.1f", double(milli / 100) / 10.0);
+}
+
+std::string Percent(double fraction) { return Printf("%.1f%%", fraction * 100.0); }
+
+std::string UnixMsToLocal(uint64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  const time_t t = time_t(unix_ms / 1000);
+  tm local;
+  if (localtime_r(&t, &local) == nullptr) return "-";
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &local);
+  return buf;
+}
+
+uint64_t NowUnixMs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
+}
+
+// A text table whose cells may carry a style; widths ignore the escapes.
+class Table {
+ public:
+  struct Cell {
+    std::string text;
+    const char* style = nullptr;
+  };
+  void AddRow(std::vector<Cell> row) { rows_.push_back(std::move(row)); }
+  std::string Render(bool color) const {
+    std::vector<size_t> width;
+    for (const auto& row : rows_) {
+      if (width.size() < row.size()) width.resize(row.size(), 0);
+      for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].text.size());
+    }
+    std::string out;
+    for (const auto& row : rows_) {
+      std::string line;
+      for (size_t i = 0; i < row.size(); ++i) {
+        std::string text = row[i].text;
+        if (i + 1 < row.size()) text.resize(width[i], ' ');
+        // Pad before painting so that escapes do not count toward the width.
+        const size_t pad = text.size() - row[i].text.size();
+        line += Paint(row[i].text, row[i].style, color) + std::string(pad, ' ');
+        if (i + 1 < row.size()) line += "  ";
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out += line + "\n";
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<Cell>> rows_;
+};
+
+const char* ModeStyle(shm::Mode m) {
+  switch (m) {
+    case shm::Mode::kEnforce:
+      return nullptr;
+    case shm::Mode::kShadow:
+      return kCyan;
+    case shm::Mode::kDisabled:
+      return kDim;
+    case shm::Mode::kForcedOpen:
+      return kRed;
+  }
+  return nullptr;
+}
+
+Table::Cell BreakerCell(const DependencyStatus& d) {
+  switch (d.breaker) {
+    case shm::BreakerState::kClosed:
+      return {"closed", kGreen};
+    case shm::BreakerState::kOpen:
+      if (d.half_open_in_ms <= 0) return {"OPEN (half-open due)", kRed};
+      return {"OPEN (half-open in " + FormatDurationMs(uint64_t(d.half_open_in_ms)) + ")", kRed};
+    case shm::BreakerState::kHalfOpen:
+      return {"half-open (probes " + std::to_string(d.probes_in_flight) + "/" +
+                  std::to_string(d.policy.half_open_probes) + ")",
+              kYellow};
+  }
+  return {"?", nullptr};
+}
+
+std::string RejectionsText(const DependencyStatus& d) {
+  std::string out;
+  auto add = [&](const char* label, shm::Counter c) {
+    if (d.counter(c) == 0) return;
+    if (!out.empty()) out += " ";
+    out += std::string(label) + "=" + std::to_string(d.counter(c));
+  };
+  add("open", shm::kRejectedOpen);
+  add("half-open-busy", shm::kRejectedHalfOpenBusy);
+  add("bulkhead-full", shm::kRejectedBulkheadFull);
+  add("shadow-would-reject", shm::kShadowWouldReject);
+  return out.empty() ? "-" : out;
+}
+
+json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+}  // namespace
+
+const char* CounterName(shm::Counter c) {
+  switch (c) {
+    case shm::kFirstAttempts:
+      return "first_attempts";
+    case shm::kRetriesGranted:
+      return "retries_granted";
+    case shm::kRetriesDenied:
+      return "retries_denied";
+    case shm::kRejectedOpen:
+      return "rejected_open";
+    case shm::kRejectedHalfOpenBusy:
+      return "rejected_half_open_busy";
+    case shm::kRejectedBulkheadFull:
+      return "rejected_bulkhead_full";
+    case shm::kShadowWouldReject:
+      return "shadow_would_reject";
+    case shm::kProbesGranted:
+      return "probes_granted";
+    case shm::kSuccesses:
+      return "successes";
+    case shm::kFailures:
+      return "failures";
+    case shm::kIgnored:
+      return "ignored";
+    case shm::kSlowCalls:
+      return "slow_calls";
+    case shm::kOpened:
+      return "opened";
+    case shm::kHalfOpened:
+      return "half_opened";
+    case shm::kClosed:
+      return "closed";
+    case shm::kProbeTimeouts:
+      return "probe_timeouts";
+    case shm::kLeasesReclaimedDead:
+      return "leases_reclaimed_dead";
+    case shm::kLeasesReclaimedExpired:
+      return "leases_reclaimed_expired";
+    case shm::kCounterCount:
+      break;
+  }
+  return "unknown";
+}
+
+std::string FormatDurationMs(uint64_t ms) {
+  char buf[32];
+  if (ms < 1000) {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "ms", ms);
+  } else if (ms < 10'000) {
+    std::snprintf(buf, sizeof buf, "%.1fs", double(ms / 100) / 10.0);
+  } else if (ms < 120'000) {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "s", ms / 1000);
+  } else if (ms < 7'200'000) {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "m%02" PRIu64 "s", ms / 60'000, ms / 1000 % 60);
+  } else if (ms < 172'800'000) {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "h%02" PRIu64 "m", ms / 3'600'000, ms / 60'000 % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "d%02" PRIu64 "h", ms / 86'400'000,
+                  ms / 3'600'000 % 24);
+  }
+  return buf;
+}
+
+std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) {
+  const bool color = opt.color;
+  const DaemonStatus& d = s.daemon;
+  std::string out;
+  out += Paint("segment", kBold, color) + " '" + s.name + "'  generation " +
+         std::to_string(s.generation) + "  daemon pid " +
+         (d.pid == 0 ? std::string("none") : std::to_string(d.pid)) + "  heartbeat " +
+         (d.heartbeat_age_ms ? FormatDurationMs(*d.heartbeat_age_ms) + " ago" : "never") +
+         "  attached processes " + std::to_string(s.processes_live);
+  if (s.processes_dead > 0) out += " (+" + std::to_string(s.processes_dead) + " dead)";
+  out += "\n";
+  if (d.state != DaemonState::kUp) {
+    std::string why;
+    if (d.pid == 0) {
+      why = "no daemon has run on this segment";
+    } else if (!d.pid_alive) {
+      why = "pid " + std::to_string(d.pid) + " is not running";
+    } else {
+      why = "pid " + std::to_string(d.pid) + " runs but has not beaten for " +
+            (d.heartbeat_age_ms ? FormatDurationMs(*d.heartbeat_age_ms) : std::string("ever")) +
+            " (threshold " + FormatDurationMs(opt.stale_after_ms) + ")";
+    }
+    const char* title = d.state == DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
+    out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
+    out +=
+        "    limits still hold in the segment; leases of dead workers are freed only when "
+        "they expire\n";
+  }
+  if (s.table_full_events + s.registry_full_events > 0) {
+    out += Paint("warning:", kRed, color) + " dependency table full " +
+           std::to_string(s.table_full_events) + " times, process registry full " +
+           std::to_string(s.registry_full_events) + " times\n";
+  }
+  out += "\n";
+  if (s.dependencies.empty()) {
+    out += "no active dependencies\n";
+    return out;
+  }
+
+  const std::string span =
+      opt.deltas ? "LAST " + FormatDurationMs(opt.interval_ms) : std::string("TOTAL");
+  Table t;
+  const char* hs = kBold;
+  t.AddRow({{"DEPENDENCY", hs},
+            {"MODE", hs},
+            {"BREAKER", hs},
+            {"WINDOW FAIL% OF CALLS", hs},
+            {"RETRY TOKENS", hs},
+            {"RETRIES OK/DENIED " + span, hs},
+            {"RETRY RATIO " + span, hs},
+            {"BULKHEAD", hs},
+            {"REJECTED " + span, hs}});
+  for (const DependencyStatus& dep : s.dependencies) {
+    std::string window = "-";
+    if (const auto rate = dep.FailureRate()) {
+      window = Percent(*rate) + " of " + std::to_string(dep.window.calls);
+    } else {
+      window = "0 calls";
+    }
+    const auto ratio = dep.RetryRatio();
+    t.AddRow({
+        {dep.name, nullptr},
+        {shm::ModeName(dep.mode), ModeStyle(dep.mode)},
+        BreakerCell(dep),
+        {window, nullptr},
+        {Tokens(dep.tokens_available_milli) + "/" + std::to_string(dep.policy.retry_burst),
+         dep.tokens_available_milli < shm::RetryBudget::kTokenScale ? kRed : nullptr},
+        {std::to_string(dep.counter(shm::kRetriesGranted)) + "/" +
+             std::to_string(dep.counter(shm::kRetriesDenied)),
+         dep.counter(shm::kRetriesDenied) > 0 ? kYellow : nullptr},
+        {ratio ? Printf("%.3f", *ratio) : std::string("-"), nullptr},
+        {dep.policy.bulkhead_limit == 0 && dep.bulkhead_in_use == 0
+             ? std::string("-")
+             : std::to_string(dep.bulkhead_in_use) + "/" +
+                   std::to_string(dep.policy.bulkhead_limit),
+         dep.policy.bulkhead_limit != 0 && dep.bulkhead_in_use >= dep.policy.bulkhead_limit
+             ? kYellow
+             : nullptr},
+        {RejectionsText(dep), nullptr},
+    });
+  }
+  out += t.Render(color);
+  out += "\n";
+  if (opt.deltas) {
+    out += "RETRIES, RETRY RATIO and REJECTED: change over the last " +
+           FormatDurationMs(opt.interval_ms) + "; BREAKER, WINDOW, TOKENS and BULKHEAD: now.\n";
+  } else {
+    out +=
+        "RETRIES, RETRY RATIO and REJECTED: totals since each dependency was created "
+        "(--watch shows changes per refresh).\n";
+  }
+  out += "RETRY RATIO = retries granted / first attempts; WINDOW is approximate at bucket edges.\n";
+  return out;
+}
+
+json StatusJson(const SegmentStatus& s, const RenderOptions& opt) {
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["kind"] = "status";
+  doc["counters_are"] = opt.deltas ? "delta" : "cumulative";
+  doc["interval_ms"] = opt.deltas ? json(opt.interval_ms) : json(nullptr);
+  doc["segment"] = {
+      {"name", s.name},
+      {"layout_version", s.layout_version},
+      {"generation", s.generation},
+      {"created_unix_ms", s.created_unix_ms},
+      {"max_dependencies", s.max_dependencies},
+      {"max_processes", s.max_processes},
+      {"auto_create", s.auto_create},
+      {"table_full_events", s.table_full_events},
+      {"registry_full_events", s.registry_full_events},
+      {"unknown_dependency_events", s.unknown_dependency_events},
+  };
+  const DaemonStatus& d = s.daemon;
+  doc["daemon"] = {
+      {"state", DaemonStateName(d.state)},
+      {"pid", d.pid == 0 ? json(nullptr) : json(d.pid)},
+      {"pid_alive", d.pid_alive},
+      {"heartbeat_age_ms", d.heartbeat_age_ms ? json(*d.heartbeat_age_ms) : json(nullptr)},
+      {"heartbeat_unix_ms", d.heartbeat_unix_ms == 0 ? json(nullptr) : json(d.heartbeat_unix_ms)},
+      {"stale_after_ms", opt.stale_after_ms},
+  };
+  doc["processes"] = {{"live", s.processes_live}, {"dead", s.processes_dead}};
+  doc["any_open"] = s.AnyOpen();
+  json deps = json::array();
+  for (const DependencyStatus& dep : s.dependencies) {
+    json counters = json::object();
+    for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
+      counters[CounterName(shm::Counter(c))] = dep.counters[c];
+    }
+    json breaker = {
+        {"state", shm::BreakerStateName(dep.breaker)},
+        {"reopens", dep.reopens},
+        {"half_open_in_ms", dep.breaker == shm::BreakerState::kOpen
+                                ? json(std::max<int64_t>(0, dep.half_open_in_ms))
+                                : json(nullptr)},
+        {"probes_in_flight", dep.probes_in_flight},
+        {"probes_allowed", dep.policy.half_open_probes},
+        {"probe_successes", dep.probe_successes},
+        {"close_after", dep.policy.close_after},
+    };
+    deps.push_back({
+        {"name", dep.name},
+        {"index", dep.index},
+        {"generation", dep.generation},
+        {"mode", shm::ModeName(dep.mode)},
+        {"open", dep.IsOpen()},
+        {"breaker", breaker},
+        {"window",
+         {{"length_ms", dep.policy.window_ms},
+          {"calls", dep.window.calls},
+          {"failures", dep.window.failures},
+          {"slow_calls", dep.window.slow},
+          {"failure_rate", OrNull(dep.FailureRate())}}},
+        {"retry_budget",
+         {{"tokens_available", double(dep.tokens_available_milli) / 1000.0},
+          {"burst", dep.policy.retry_burst},
+          {"ratio", double(dep.policy.retry_ratio_milli) / 1000.0},
+          {"min_retries_per_sec", dep.policy.min_retries_per_sec}}},
+        {"retries",
+         {{"first_attempts", dep.counter(shm::kFirstAttempts)},
+          {"granted", dep.counter(shm::kRetriesGranted)},
+          {"denied", dep.counter(shm::kRetriesDenied)},
+          {"ratio", OrNull(dep.RetryRatio())}}},
+        {"bulkhead", {{"in_use", dep.bulkhead_in_use}, {"limit", dep.policy.bulkhead_limit}}},
+        {"rejections",
+         {{"open", dep.counter(shm::kRejectedOpen)},
+          {"half_open_busy", dep.counter(shm::kRejectedHalfOpenBusy)},
+          {"bulkhead_full", dep.counter(shm::kRejectedBulkheadFull)},
+          {"budget_empty", dep.counter(shm::kRetriesDenied)},
+          {"shadow_would_reject", dep.counter(shm::kShadowWouldReject)}}},
+        {"counters", counters},
+    });
+  }
+  doc["dependencies"] = deps;
+  return doc;
+}
+
+std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerStatus>& workers,
+                               const RenderOptions& opt) {
+  std::string out = "segment '" + s.name + "'  " + std::to_string(s.processes_live) + " live, " +
+                    std::to_string(s.processes_dead) + " dead of " +
+                    std::to_string(s.max_processes) + " process slots\n\n";
+  if (workers.empty()) return out + "no attached processes\n";
+  const uint64_t now_unix_ms = NowUnixMs();
+  Table t;
+  const char* hs = kBold;
+  t.AddRow({{"SLOT", hs},
+            {"PID", hs},
+            {"COMMAND", hs},
+            {"ATTACHED", hs},
+            {"LEASES", hs},
+            {"STATE", hs}});
+  for (const WorkerStatus& w : workers) {
+    std::string attached = UnixMsToLocal(w.attach_unix_ms);
+    if (w.attach_unix_ms != 0 && now_unix_ms >= w.attach_unix_ms) {
+      attached += " (" + FormatDurationMs(now_unix_ms - w.attach_unix_ms) + " ago)";
+    }
+    const uint32_t leases = w.probe_leases + w.bulkhead_leases;
+    std::string lease_text = std::to_string(leases);
+    if (leases > 0) {
+      lease_text += " (" + std::to_string(w.probe_leases) + " probe, " +
+                    std::to_string(w.bulkhead_leases) + " bulkhead)";
+    }
+    Table::Cell state{WorkerStateName(w.state), nullptr};
+    if (w.state == WorkerState::kDead) state = {"DEAD", kRed};
+    if (w.state == WorkerState::kClaiming) state = {"claiming", kDim};
+    t.AddRow({{std::to_string(w.slot), nullptr},
+              {std::to_string(w.pid), nullptr},
+              {w.comm.empty() ? "-" : w.comm, nullptr},
+              {attached, nullptr},
+              {lease_text, nullptr},
+              state});
+  }
+  out += t.Render(opt.color);
+  if (s.processes_dead > 0) {
+    out +=
+        "\nDEAD: the process is gone (pid and start time no longer match); the daemon frees "
+        "its leases on its next tick, expiry does otherwise.\n";
+  }
+  return out;
+}
+
+json WorkersJson(const SegmentStatus& s, const std::vector<WorkerStatus>& workers) {
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["kind"] = "workers";
+  doc["segment"] = {{"name", s.name}, {"max_processes", s.max_processes}};
+  json list = json::array();
+  for (const WorkerStatus& w : workers) {
+    list.push_back({
+        {"slot", w.slot},
+        {"owner_id", w.slot + 1},
+        {"pid", w.pid},
+        {"comm", w.comm},
+        {"start_time_ticks", w.start_time},
+        {"attach_unix_ms", w.attach_unix_ms == 0 ? json(nullptr) : json(w.attach_unix_ms)},
+        {"probe_leases", w.probe_leases},
+        {"bulkhead_leases", w.bulkhead_leases},
+        {"state", WorkerStateName(w.state)},
+    });
+  }
+  doc["workers"] = list;
+  return doc;
+}
+
+}  // namespace retryd::cli

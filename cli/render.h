@@ -1,0 +1,45 @@
+// cli/render.h: turning snapshots (status_model.h) into what retryctl prints.
+//
+// Two forms of each view: a table for people (ANSI colour optional, plain text otherwise) and
+// a JSON document for programs, whose shape is the stable contract documented in
+// docs/retryctl-json-schema.json. Adding a field is compatible; renaming, removing or
+// retyping one bumps kJsonSchemaVersion (and the schema's `schema_version` const).
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/status_model.h"
+
+namespace retryd::cli {
+
+inline constexpr int kJsonSchemaVersion = 1;
+
+struct RenderOptions {
+  bool color = false;              // ANSI escapes
+  bool deltas = false;             // counters are changes over `interval_ms`, not totals
+  uint64_t interval_ms = 0;        // with `deltas`
+  uint64_t stale_after_ms = 3000;  // echoed in the header and the JSON
+};
+
+// CounterName: the snake_case name of a counter, as used in JSON ("retries_granted").
+const char* CounterName(shm::Counter c);
+
+// FormatDurationMs: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
+std::string FormatDurationMs(uint64_t ms);
+
+// RenderStatusTable: the header lines (segment, generation, daemon, processes; a daemon that
+// is down or stale is called out on a line of its own) and one row per dependency.
+std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt);
+nlohmann::ordered_json StatusJson(const SegmentStatus& s, const RenderOptions& opt);
+
+std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerStatus>& workers,
+                               const RenderOptions& opt);
+nlohmann::ordered_json WorkersJson(const SegmentStatus& s,
+                                   const std::vector<WorkerStatus>& workers);
+
+}  // namespace retryd::cli

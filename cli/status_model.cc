@@ -1,0 +1,251 @@
+#include "cli/status_model.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "shm/clock.h"
+#include "shm/leases.h"
+#include "shm/policy.h"
+#include "shm/registry.h"
+#include "shm/retry_budget.h"
+
+namespace retryd::cli {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+constexpr auto kAcquire = std::memory_order_acquire;
+
+uint32_t CountTaken(const std::atomic<uint64_t>* words, uint32_t count) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < count; ++i) n += words[i].load(kRelaxed) != 0 ? 1 : 0;
+  return n;
+}
+
+// SlotsInUse: the dependency slots ever used, never more than the table holds.
+uint32_t SlotsInUse(const shm::Segment& seg) {
+  return std::min(seg.header().dependency_high_water.load(kAcquire), seg.max_dependencies());
+}
+
+DependencyStatus ReadDependency(const shm::DependencySlot& slot, uint32_t index, uint64_t now_ns) {
+  DependencyStatus d;
+  d.index = index;
+  d.generation = slot.generation.load(kAcquire);
+  d.name = shm::ReadName(slot);
+  const uint32_t mode = slot.mode.load(kRelaxed);
+  d.mode = mode < shm::kModeCount ? shm::Mode(mode) : shm::Mode::kEnforce;
+  d.policy = shm::LoadPolicy(slot.policy);
+  d.policy.mode = d.mode;
+
+  const uint32_t now_ms = shm::NsToMs32(now_ns);
+  const shm::BreakerWord b = shm::BreakerWord::Decode(slot.breaker.load(kAcquire));
+  d.breaker = b.state;
+  d.reopens = b.reopens;
+  d.probe_successes = b.state == shm::BreakerState::kHalfOpen ? b.successes : 0;
+  d.half_open_in_ms =
+      b.state == shm::BreakerState::kOpen ? int64_t(int32_t(b.time_ms - now_ms)) : 0;
+  d.probes_in_flight = CountTaken(slot.probe_leases, shm::kMaxProbes);
+
+  d.window = shm::ReadWindow(slot, now_ns);
+  d.tokens_available_milli = shm::RetryBudget::Available(
+      slot.budget.load(kRelaxed), now_ms, d.policy.min_retries_per_sec, d.policy.retry_burst);
+  d.bulkhead_in_use = CountTaken(slot.bulkhead_leases, shm::kMaxBulkhead);
+  for (uint32_t c = 0; c < shm::kCounterCount; ++c) d.counters[c] = slot.counters[c].load(kRelaxed);
+  return d;
+}
+
+}  // namespace
+
+const char* DaemonStateName(DaemonState s) {
+  switch (s) {
+    case DaemonState::kUp:
+      return "up";
+    case DaemonState::kStale:
+      return "stale";
+    case DaemonState::kDown:
+      return "down";
+  }
+  return "down";
+}
+
+const char* WorkerStateName(WorkerState s) {
+  switch (s) {
+    case WorkerState::kLive:
+      return "live";
+    case WorkerState::kDead:
+      return "dead";
+    case WorkerState::kClaiming:
+      return "claiming";
+  }
+  return "dead";
+}
+
+bool PidAliveByKill(pid_t pid) {
+  if (pid <= 0) return false;
+  // EPERM: the process exists but belongs to someone else.
+  return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+bool DependencyStatus::IsOpen() const {
+  if (mode == shm::Mode::kForcedOpen) return true;
+  if (mode == shm::Mode::kDisabled) return false;
+  return breaker != shm::BreakerState::kClosed;
+}
+
+std::optional<double> DependencyStatus::FailureRate() const {
+  if (window.calls == 0) return std::nullopt;
+  return double(window.failures) / double(window.calls);
+}
+
+std::optional<double> DependencyStatus::RetryRatio() const {
+  const uint64_t first = counter(shm::kFirstAttempts);
+  if (first == 0) return std::nullopt;
+  return double(counter(shm::kRetriesGranted)) / double(first);
+}
+
+bool SegmentStatus::AnyOpen() const {
+  return std::any_of(dependencies.begin(), dependencies.end(),
+                     [](const DependencyStatus& d) { return d.IsOpen(); });
+}
+
+Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStatus* out) {
+  const shm::SegmentHeader& h = seg.header();
+  SegmentStatus s;
+  s.name = seg.name();
+  s.now_ns = opt.now_ns;
+  s.layout_version = h.layout_version.load(kRelaxed);
+  s.generation = h.generation.load(kAcquire);
+  s.created_unix_ms = h.created_unix_ms.load(kRelaxed);
+  s.max_dependencies = seg.max_dependencies();
+  s.max_processes = seg.max_processes();
+  s.auto_create = (h.flags.load(kRelaxed) & shm::kFlagAutoCreate) != 0;
+  s.table_full_events = h.table_full_events.load(kRelaxed);
+  s.registry_full_events = h.registry_full_events.load(kRelaxed);
+  s.unknown_dependency_events = h.unknown_dependency_events.load(kRelaxed);
+
+  DaemonStatus& d = s.daemon;
+  d.pid = h.daemon_pid.load(kAcquire);
+  d.pid_alive = d.pid != 0 && opt.pid_alive && opt.pid_alive(pid_t(d.pid));
+  const uint64_t beat_ns = h.heartbeat_ns.load(kAcquire);
+  d.heartbeat_unix_ms = h.heartbeat_unix_ms.load(kRelaxed);
+  if (beat_ns != 0)
+    d.heartbeat_age_ms = opt.now_ns > beat_ns ? (opt.now_ns - beat_ns) / 1'000'000 : 0;
+  if (d.pid == 0 || !d.pid_alive) {
+    d.state = DaemonState::kDown;
+  } else if (!d.heartbeat_age_ms || *d.heartbeat_age_ms > opt.stale_after_ms) {
+    d.state = DaemonState::kStale;
+  } else {
+    d.state = DaemonState::kUp;
+  }
+
+  const ProcessAliveFn alive = opt.process_alive ? opt.process_alive : shm::ProcessAliveByProc;
+  for (const WorkerStatus& w : BuildWorkers(seg, alive)) {
+    if (w.state == WorkerState::kLive) ++s.processes_live;
+    if (w.state == WorkerState::kDead) ++s.processes_dead;
+  }
+
+  const uint32_t used = SlotsInUse(seg);
+  for (uint32_t i = 0; i < used; ++i) {
+    const shm::DependencySlot& slot = *seg.dependency(i);
+    if (slot.state.load(kAcquire) != uint32_t(shm::SlotState::kActive)) continue;
+    s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns));
+  }
+  std::sort(s.dependencies.begin(), s.dependencies.end(),
+            [](const DependencyStatus& a, const DependencyStatus& b) { return a.name < b.name; });
+
+  if (!opt.only.empty()) {
+    std::vector<DependencyStatus> picked;
+    for (const std::string& want : opt.only) {
+      auto it = std::find_if(s.dependencies.begin(), s.dependencies.end(),
+                             [&](const DependencyStatus& x) { return x.name == want; });
+      if (it == s.dependencies.end()) {
+        std::string known;
+        for (const DependencyStatus& x : s.dependencies)
+          known += (known.empty() ? "" : ", ") + x.name;
+        return Status::NotFound("no dependency '" + want + "' in segment '" + s.name +
+                                "' (known: " + (known.empty() ? "none" : known) + ")");
+      }
+      if (std::none_of(picked.begin(), picked.end(),
+                       [&](const DependencyStatus& x) { return x.index == it->index; })) {
+        picked.push_back(*it);
+      }
+    }
+    s.dependencies = std::move(picked);
+  }
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before) {
+  SegmentStatus out = now;
+  for (DependencyStatus& d : out.dependencies) {
+    auto it = std::find_if(before.dependencies.begin(), before.dependencies.end(),
+                           [&](const DependencyStatus& b) {
+                             return b.index == d.index && b.generation == d.generation;
+                           });
+    if (it == before.dependencies.end()) continue;
+    for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
+      // A counter never goes down; if it does (slot reassigned in between), show it whole.
+      if (d.counters[c] >= it->counters[c]) d.counters[c] -= it->counters[c];
+    }
+  }
+  return out;
+}
+
+std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAliveFn& alive_in) {
+  const ProcessAliveFn alive = alive_in ? alive_in : shm::ProcessAliveByProc;
+  std::vector<WorkerStatus> workers;
+  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+    const shm::ProcessSlot& p = *seg.process(i);
+    const uint64_t owner = p.owner.load(kAcquire);
+    if (owner == 0) continue;
+    WorkerStatus w;
+    w.slot = i;
+    w.pid = uint32_t(owner);
+    w.start_time = p.start_time.load(kRelaxed);
+    w.attach_unix_ms = p.attach_unix_ms.load(kRelaxed);
+    char comm[17] = {};
+    for (int k = 0; k < 2; ++k) {
+      const uint64_t word = p.comm[k].load(kRelaxed);
+      for (int b = 0; b < 8; ++b) comm[k * 8 + b] = char(word >> (8 * b));
+    }
+    for (char& c : comm) {
+      if (c != '\0' && (c < 0x20 || c == 0x7f)) c = '?';  // never print control bytes
+    }
+    w.comm = comm;
+    const uint32_t state = uint32_t(owner >> 32);
+    if (state == uint32_t(shm::ProcessState::kLive)) {
+      w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
+    } else {
+      w.state = WorkerState::kClaiming;
+    }
+    workers.push_back(std::move(w));
+  }
+  if (workers.empty()) return workers;
+
+  // Lease words name their owner as slot index + 1: count them over every dependency slot.
+  std::vector<uint32_t> by_slot_probe(seg.max_processes() + 1, 0);
+  std::vector<uint32_t> by_slot_bulkhead(seg.max_processes() + 1, 0);
+  const uint32_t used = SlotsInUse(seg);
+  for (uint32_t i = 0; i < used; ++i) {
+    const shm::DependencySlot& slot = *seg.dependency(i);
+    for (const auto& word : slot.probe_leases) {
+      const uint64_t w = word.load(kRelaxed);
+      const uint16_t owner = shm::Lease::Owner(w);
+      if (w != 0 && owner != 0 && owner <= seg.max_processes()) ++by_slot_probe[owner];
+    }
+    for (const auto& word : slot.bulkhead_leases) {
+      const uint64_t w = word.load(kRelaxed);
+      const uint16_t owner = shm::Lease::Owner(w);
+      if (w != 0 && owner != 0 && owner <= seg.max_processes()) ++by_slot_bulkhead[owner];
+    }
+  }
+  for (WorkerStatus& w : workers) {
+    w.probe_leases = by_slot_probe[w.slot + 1];
+    w.bulkhead_leases = by_slot_bulkhead[w.slot + 1];
+  }
+  return workers;
+}
+
+}  // namespace retryd::cli

@@ -1,0 +1,237 @@
+#include "tests/cli/cli_test_util.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "shm/clock.h"
+#include "shm/registry.h"
+
+#ifndef RETRYCTL_PATH
+#error "RETRYCTL_PATH must name the retryctl binary"
+#endif
+#ifndef RETRYD_SOURCE_DIR
+#error "RETRYD_SOURCE_DIR must name the source tree"
+#endif
+#ifndef RETRYD_TEST_PYTHON
+#define RETRYD_TEST_PYTHON "/usr/bin/python3"
+#endif
+
+namespace retryd::cli_test {
+namespace {
+
+std::string ReadAll(int fd) {
+  std::string s;
+  lseek(fd, 0, SEEK_SET);
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    s.append(buf, size_t(n));
+  }
+  return s;
+}
+
+int TempFile() {
+  char path[] = "/tmp/retryctl-test-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd >= 0) unlink(path);
+  return fd;
+}
+
+}  // namespace
+
+RunResult Run(const std::vector<std::string>& argv, const RunOptions& opt) {
+  RunResult r;
+  const int out_fd = TempFile(), err_fd = TempFile(), in_fd = TempFile();
+  if (out_fd < 0 || err_fd < 0 || in_fd < 0) {
+    ADD_FAILURE() << "mkstemp: " << std::strerror(errno);
+    return r;
+  }
+  if (!opt.stdin_text.empty() && write(in_fd, opt.stdin_text.data(), opt.stdin_text.size()) !=
+                                     ssize_t(opt.stdin_text.size())) {
+    ADD_FAILURE() << "write stdin: " << std::strerror(errno);
+  }
+  lseek(in_fd, 0, SEEK_SET);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return r;
+  }
+  if (pid == 0) {
+    dup2(in_fd, 0);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    for (const std::string& k : opt.unset_env) unsetenv(k.c_str());
+    for (const auto& [k, v] : opt.set_env) setenv(k.c_str(), v.c_str(), 1);
+    if (opt.uid != uid_t(-1)) {
+      if (setgroups(0, nullptr) != 0 || setgid(opt.gid) != 0 || setuid(opt.uid) != 0) {
+        std::fprintf(stderr, "test child: cannot drop privileges: %s\n", std::strerror(errno));
+        _exit(99);
+      }
+    }
+    execv(args[0], args.data());
+    std::fprintf(stderr, "test child: exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(98);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadAll(out_fd);
+  r.err = ReadAll(err_fd);
+  close(out_fd);
+  close(err_fd);
+  close(in_fd);
+  return r;
+}
+
+// RetryctlFor returns a path to retryctl that user `uid` can execute: the built binary, or
+// for another user a copy in a world-readable temporary directory (the build tree may not be
+// reachable for `nobody`).
+std::string RetryctlFor(uid_t uid) {
+  if (uid == uid_t(-1)) return RETRYCTL_PATH;
+  struct Copy {
+    std::string dir, path;
+    Copy() {
+      char tmpl[] = "/tmp/retryctl-bin-XXXXXX";
+      if (mkdtemp(tmpl) == nullptr) return;
+      dir = tmpl;
+      const std::string target = dir + "/retryctl";
+      const std::string cmd = "cp '" RETRYCTL_PATH "' '" + target + "'";
+      if (chmod(tmpl, 0755) == 0 && std::system(cmd.c_str()) == 0 &&
+          chmod(target.c_str(), 0755) == 0) {
+        path = target;
+      }
+    }
+    ~Copy() {
+      unlink((dir + "/retryctl").c_str());
+      if (!dir.empty()) rmdir(dir.c_str());
+    }
+  };
+  static const Copy copy;
+  return copy.path.empty() ? std::string(RETRYCTL_PATH) : copy.path;
+}
+
+RunResult Retryctl(const std::vector<std::string>& args, const RunOptions& opt) {
+  std::vector<std::string> argv = {RetryctlFor(opt.uid)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  RunOptions o = opt;
+  // The tests decide about colour and the segment themselves (set_env applies after this).
+  o.unset_env.push_back("NO_COLOR");
+  o.unset_env.push_back("RETRYD_SEGMENT");
+  return Run(argv, o);
+}
+
+RunResult Python(const std::string& script, const std::vector<std::string>& args,
+                 const std::string& stdin_text) {
+  std::vector<std::string> argv = {RETRYD_TEST_PYTHON,
+                                   std::string(RETRYD_SOURCE_DIR) + "/tests/cli/" + script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  RunOptions o;
+  o.stdin_text = stdin_text;
+  // Debian's python3 with Debian's modules only: no user site, no virtualenv paths.
+  o.unset_env = {"PYTHONPATH", "PYTHONHOME"};
+  o.set_env = {{"PYTHONNOUSERSITE", "1"}};
+  return Run(argv, o);
+}
+
+std::string SchemaPath() {
+  return std::string(RETRYD_SOURCE_DIR) + "/docs/retryctl-json-schema.json";
+}
+
+std::string UniqueSegmentName(const char* tag) {
+  static std::atomic<int> n{0};
+  return "retryd-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++);
+}
+
+uint64_t NowNs() { return shm::PreciseNowNs(); }
+
+shm::Policy TestPolicy(uint32_t min_calls, uint32_t open_for_ms) {
+  shm::Policy p;
+  p.min_calls = min_calls;
+  p.failure_rate_pct = 50;
+  p.open_for_ms = open_for_ms;
+  p.open_for_max_ms = std::max(open_for_ms, p.open_for_max_ms);
+  p.open_jitter_ms = 0;
+  p.probe_timeout_ms = 60'000;
+  p.bulkhead_timeout_ms = 60'000;
+  return p;
+}
+
+TestSegment::TestSegment(uint32_t mode) : name_(UniqueSegmentName("seg")) {
+  shm::CreateOptions opt;
+  opt.name = name_;
+  opt.max_dependencies = 16;
+  opt.max_processes = 32;
+  opt.mode = mode;
+  bool adopted = false;
+  std::string note;
+  const Status s = shm::Segment::CreateOrAdopt(opt, &seg_, &adopted, &note);
+  if (!s.ok()) {
+    ADD_FAILURE() << "CreateOrAdopt " << name_ << ": " << s.ToString();
+    std::abort();
+  }
+  caller_.owner = shm::RegisterProcess(*seg_, getpid());
+  caller_.lease_tag = 0;
+  caller_.rng = 12345;
+  Heartbeat(uint32_t(getpid()), 0);
+}
+
+TestSegment::~TestSegment() {
+  for (shm::Permit& p : held_) {
+    shm::Complete(*seg_->dependency(p.dependency), &p, shm::Outcome::kIgnored, 0, NowNs(), caller_);
+  }
+  shm::Segment::Remove(name_);
+}
+
+uint32_t TestSegment::AddDependency(const std::string& name, const shm::Policy& policy) {
+  uint32_t index = 0;
+  const Status s = seg_->PutDependency(name, policy, &index);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return index;
+}
+
+void TestSegment::Heartbeat(uint32_t pid, uint64_t age_ms) {
+  shm::SegmentHeader& h = seg_->header();
+  h.daemon_pid.store(pid);
+  h.heartbeat_ns.store(pid == 0 && age_ms == 0 ? 0 : NowNs() - age_ms * 1'000'000);
+}
+
+shm::Decision TestSegment::Call(uint32_t index, uint32_t attempt, shm::Outcome outcome,
+                                uint64_t now_ns) {
+  shm::Permit p;
+  const shm::Decision d = shm::Admit(slot(index), index, attempt, now_ns, caller_, &p);
+  shm::Complete(slot(index), &p, outcome, 1'000'000, now_ns, caller_);
+  return d;
+}
+
+shm::Decision TestSegment::Hold(uint32_t index, uint32_t attempt, uint64_t now_ns) {
+  shm::Permit p;
+  const shm::Decision d = shm::Admit(slot(index), index, attempt, now_ns, caller_, &p);
+  if (shm::IsAdmitted(d)) {
+    held_.push_back(p);
+  } else {
+    shm::Complete(slot(index), &p, shm::Outcome::kIgnored, 0, now_ns, caller_);
+  }
+  return d;
+}
+
+void TestSegment::Trip(uint32_t index, uint32_t calls, uint64_t now_ns) {
+  for (uint32_t i = 0; i < calls; ++i) Call(index, 0, shm::Outcome::kFailure, now_ns);
+}
+
+}  // namespace retryd::cli_test
