@@ -1,0 +1,841 @@
+// The retry loop (call.h, retryd_call.h) against real segments, on virtual time: the loop's
+// clock and sleep are fakes, so no test sleeps through a backoff. (The breaker's own open
+// period runs on the segment's real coarse clock; one test waits a few milliseconds for it.)
+#include "retryd/call.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "retryd/retryd_call.h"
+#include "shm/breaker.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+class FakeClock final : public Clock {
+ public:
+  nanoseconds Now() const override { return now; }
+  void Advance(nanoseconds d) { now += d; }
+  nanoseconds now = seconds(1000);
+};
+
+// A segment holding one dependency "dep" with policy `p`, and a client on it.
+struct Fixture {
+  testing::NamedSegment seg;
+  uint32_t index;
+  std::unique_ptr<Client> client;
+  Dependency dep;
+  FakeClock clock;
+  std::vector<nanoseconds> sleeps;
+  std::vector<AttemptRecord> records;
+  uint64_t random_state = 42;
+
+  explicit Fixture(const shm::Policy& p = {}) : seg("call") {
+    index = testing::AddDependency(*seg.seg, "dep", p);
+    ClientOptions opt;
+    opt.segment = seg.name;
+    opt.fallback_to_local = false;
+    Status s = Client::Open(opt, &client);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+    s = client->Resolve("dep", &dep);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+
+  LoopEnv Env() {
+    LoopEnv env;
+    env.clock = &clock;
+    env.sleep = [this](nanoseconds d) {
+      sleeps.push_back(d);
+      clock.Advance(d);
+      return true;
+    };
+    env.random = [this] {
+      random_state = random_state * 6364136223846793005ull + 1442695040888963407ull;
+      return random_state;
+    };
+    return env;
+  }
+  RetryLoop Loop(const RetryPolicy& policy) {
+    return RetryLoop(*client, dep, policy, [this](const AttemptRecord& r) { records.push_back(r); },
+                     Env());
+  }
+  shm::BreakerState Breaker() const {
+    return shm::BreakerWord::Decode(seg.seg->dependency(index)->breaker.load()).state;
+  }
+};
+
+// An attempt function replaying `statuses`, each taking `latency` of virtual time.
+AttemptFn Replay(FakeClock& clock, std::vector<AttemptResult> results, nanoseconds latency,
+                 int* calls) {
+  return [&clock, results, latency, calls](const AttemptContext&) {
+    clock.Advance(latency);
+    const size_t i = size_t(*calls);
+    ++*calls;
+    return results[std::min(i, results.size() - 1)];
+  };
+}
+
+AttemptResult Http(int status) {
+  AttemptResult r;
+  r.status = status;
+  return r;
+}
+AttemptResult Err(ErrorKind e) {
+  AttemptResult r;
+  r.error = e;
+  return r;
+}
+
+TEST(RetryLoopTest, RetriesUntilSuccessAndTheObserverSeesEachAttempt) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.max_attempts = 5;
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(503), Http(502), Http(200)},
+                                           milliseconds(5), &calls));
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.stop, StopReason::kSuccess);
+  EXPECT_EQ(r.attempts, 3u);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(r.last_status, 200);
+  EXPECT_EQ(r.final_class, AttemptClass::kSuccess);
+  EXPECT_EQ(r.rejection, Decision::kAdmitted);
+  ASSERT_EQ(f.records.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(f.records[i].attempt, i);
+    EXPECT_EQ(f.records[i].admission, Decision::kAdmitted);
+    EXPECT_EQ(f.records[i].latency, milliseconds(5));
+    EXPECT_FALSE(f.records[i].retry_after);
+  }
+  EXPECT_EQ(f.records[0].status, 503);
+  EXPECT_EQ(f.records[0].attempt_class, AttemptClass::kRetryable);
+  EXPECT_EQ(f.records[0].breaker, BreakerOutcome::kFailure);
+  EXPECT_EQ(f.records[0].next, StopReason::kNone);
+  EXPECT_EQ(f.records[1].next, StopReason::kNone);
+  EXPECT_EQ(f.records[2].next, StopReason::kSuccess);
+  EXPECT_EQ(f.records[2].wait, nanoseconds(0));
+  // The waits the observer saw are the ones slept, within full jitter's bounds.
+  ASSERT_EQ(f.sleeps.size(), 2u);
+  EXPECT_EQ(f.sleeps[0], f.records[0].wait);
+  EXPECT_EQ(f.sleeps[1], f.records[1].wait);
+  EXPECT_LE(f.sleeps[0], milliseconds(100));
+  EXPECT_LE(f.sleeps[1], milliseconds(200));
+  EXPECT_EQ(r.elapsed, milliseconds(15) + f.sleeps[0] + f.sleeps[1]);
+}
+
+TEST(RetryLoopTest, StopsAfterMaxAttempts) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.max_attempts = 3;
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(503)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kAttemptsExhausted);
+  EXPECT_EQ(r.attempts, 3u);
+  EXPECT_EQ(r.final_class, AttemptClass::kRetryable);
+  EXPECT_EQ(f.sleeps.size(), 2u);
+  ASSERT_EQ(f.records.size(), 3u);
+  EXPECT_EQ(f.records[2].next, StopReason::kAttemptsExhausted);
+}
+
+// --- Rejections: each returns at once, with its reason, and sends nothing. ----------------
+
+void ExpectRejected(Fixture& f, Decision reason, uint32_t attempts_before = 0) {
+  int calls = 0;
+  RetryPolicy policy;
+  policy.max_attempts = 5;
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(503)}, milliseconds(1), &calls));
+  EXPECT_TRUE(r.rejected());
+  EXPECT_EQ(r.rejection, reason) << DecisionName(r.rejection);
+  EXPECT_EQ(r.attempts, attempts_before);
+  EXPECT_EQ(calls, int(attempts_before));
+  ASSERT_EQ(f.records.size(), attempts_before + 1);
+  EXPECT_EQ(f.records.back().admission, reason);
+  EXPECT_EQ(f.records.back().next, StopReason::kRejected);
+}
+
+TEST(RetryLoopTest, BreakerOpenRejectsAtOnce) {
+  shm::Policy p;
+  p.min_calls = 2;
+  p.open_for_ms = 60'000;
+  Fixture f(p);
+  for (int i = 0; i < 2; ++i) {
+    Permit permit;
+    ASSERT_TRUE(f.client->Admit(f.dep, 0, &permit));
+    f.client->Complete(&permit, Outcome::kFailure, milliseconds(1));
+  }
+  ASSERT_EQ(f.Breaker(), shm::BreakerState::kOpen);
+  ExpectRejected(f, Decision::kRejectedOpen);
+  EXPECT_TRUE(f.sleeps.empty());
+}
+
+TEST(RetryLoopTest, ForcedOpenRejectsAsOpen) {
+  shm::Policy p;
+  p.mode = shm::Mode::kForcedOpen;
+  Fixture f(p);
+  ExpectRejected(f, Decision::kRejectedOpen);
+}
+
+TEST(RetryLoopTest, HalfOpenBusyRejectsAtOnce) {
+  shm::Policy p;
+  p.min_calls = 1;
+  p.open_for_ms = 1;
+  p.open_for_max_ms = 1;
+  p.open_jitter_ms = 0;
+  p.probe_timeout_ms = 60'000;
+  Fixture f(p);
+  Permit permit;
+  ASSERT_TRUE(f.client->Admit(f.dep, 0, &permit));
+  f.client->Complete(&permit, Outcome::kFailure, milliseconds(1));
+  ASSERT_EQ(f.Breaker(), shm::BreakerState::kOpen);
+  // The open period is on the segment's real (coarse) clock: let it pass, then hold the probe.
+  Permit probe;
+  for (int i = 0; i < 200 && !probe.probe(); ++i) {
+    usleep(5'000);
+    f.client->Admit(f.dep, 0, &probe);
+  }
+  ASSERT_TRUE(probe.probe());
+  ExpectRejected(f, Decision::kRejectedHalfOpenBusy);
+  f.client->Complete(&probe, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(RetryLoopTest, BulkheadFullRejectsAtOnce) {
+  shm::Policy p;
+  p.bulkhead_limit = 1;
+  Fixture f(p);
+  Permit held;
+  ASSERT_TRUE(f.client->Admit(f.dep, 0, &held));
+  ExpectRejected(f, Decision::kRejectedBulkheadFull);
+  f.client->Complete(&held, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(RetryLoopTest, EmptyBudgetStopsRetries) {
+  shm::Policy p;
+  p.retry_ratio_milli = 0;
+  p.min_retries_per_sec = 0;
+  p.retry_burst = 1;
+  Fixture f(p);
+  // Spend the budget's only token.
+  for (int i = 0; i < 10; ++i) {
+    Permit permit;
+    const bool ok = f.client->Admit(f.dep, 1, &permit);
+    f.client->Complete(&permit, Outcome::kSuccess, milliseconds(1));
+    if (!ok) break;
+  }
+  // The first attempt goes out (it needs no token); the retry is refused at once.
+  ExpectRejected(f, Decision::kRejectedBudgetEmpty, /*attempts_before=*/1);
+  EXPECT_EQ(f.records[0].next, StopReason::kNone);
+  EXPECT_EQ(f.records[0].attempt_class, AttemptClass::kRetryable);
+}
+
+TEST(RetryLoopTest, EmptyBudgetResultKeepsTheLastAttempt) {
+  shm::Policy p;
+  p.retry_ratio_milli = 0;
+  p.min_retries_per_sec = 0;
+  p.retry_burst = 1;
+  Fixture f(p);
+  int calls = 0;
+  RetryPolicy policy;
+  policy.max_attempts = 10;
+  // One token: attempt 0 and attempt 1 go out, attempt 2 is refused.
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(503)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kRejected);
+  EXPECT_EQ(r.rejection, Decision::kRejectedBudgetEmpty);
+  EXPECT_EQ(r.attempts, 2u);
+  EXPECT_EQ(r.last_status, 503);
+  EXPECT_EQ(r.final_class, AttemptClass::kRetryable);
+}
+
+// --- Deadline ------------------------------------------------------------------------------
+
+TEST(RetryLoopTest, DeadlineIsNeverOverrun) {
+  // Many random schedules: attempts of random latency (respecting the time they were given),
+  // random failures, waits from every jitter kind. The loop must end within the deadline and
+  // never start an attempt, nor sleep before one, without `expected_attempt` left.
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    Fixture f;
+    RetryPolicy policy;
+    policy.max_attempts = 1 + uint32_t(rng() % 12);
+    policy.backoff.jitter = Jitter(rng() % 4);
+    policy.backoff.base = milliseconds(1 + rng() % 200);
+    policy.backoff.cap = milliseconds(1 + rng() % 2000);
+    policy.deadline = milliseconds(rng() % 3000);
+    policy.expected_attempt = milliseconds(rng() % 300);
+    if (rng() % 2) policy.attempt_timeout = milliseconds(1 + rng() % 500);
+    const nanoseconds start = f.clock.now;
+    nanoseconds last_sleep_end{0};
+    auto env = f.Env();
+    env.sleep = [&](nanoseconds d) {
+      f.clock.Advance(d);
+      last_sleep_end = f.clock.now;
+      // After the sleep, the expected attempt must still fit.
+      EXPECT_LE(f.clock.now - start + policy.expected_attempt, policy.deadline) << round;
+      return true;
+    };
+    RetryLoop loop(*f.client, f.dep, policy, {}, env);
+    CallResult r = loop.Run([&](const AttemptContext& ctx) {
+      EXPECT_LE(f.clock.now - start + policy.expected_attempt, policy.deadline) << round;
+      EXPECT_LE(ctx.remaining, policy.attempt_timeout);
+      EXPECT_LE(f.clock.now - start + ctx.remaining, policy.deadline) << round;
+      const nanoseconds want = milliseconds(rng() % 400);
+      if (want >= ctx.remaining) {
+        f.clock.Advance(ctx.remaining);
+        return Err(ErrorKind::kTimeout);
+      }
+      f.clock.Advance(want);
+      return Http(rng() % 4 == 0 ? 200 : 503);
+    });
+    EXPECT_LE(r.elapsed, policy.deadline) << round;
+    EXPECT_EQ(r.elapsed, f.clock.now - start);
+    if (r.stop == StopReason::kDeadline && r.attempts > 0) {
+      EXPECT_LE(last_sleep_end, f.clock.now);
+    }
+  }
+}
+
+TEST(RetryLoopTest, GivesUpInsteadOfSleepingIntoAnAttemptThatCannotFinish) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.max_attempts = 10;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = milliseconds(400);
+  policy.deadline = seconds(1);
+  // Each attempt takes 300 ms: 300 + 400 + 300 = 1000 fits, the next 800 + 300 does not.
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(503)}, milliseconds(300), &calls));
+  EXPECT_EQ(r.stop, StopReason::kDeadline);
+  EXPECT_EQ(r.attempts, 2u);
+  EXPECT_EQ(r.elapsed, seconds(1));
+  ASSERT_EQ(f.sleeps.size(), 1u);
+  ASSERT_EQ(f.records.size(), 2u);
+  EXPECT_EQ(f.records[1].next, StopReason::kDeadline);
+  EXPECT_EQ(f.records[1].wait, nanoseconds(0));
+}
+
+TEST(RetryLoopTest, ExpiredDeadlineStartsNothing) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.deadline = nanoseconds(0);
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kDeadline);
+  EXPECT_EQ(r.attempts, 0u);
+  EXPECT_EQ(calls, 0);
+  // And an attempt expected to take longer than the budget is not started either.
+  policy.deadline = milliseconds(100);
+  policy.expected_attempt = milliseconds(150);
+  r = f.Loop(policy).Run(Replay(f.clock, {Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kDeadline);
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(RetryLoopTest, PassesTheRemainingTimeDownstream) {
+  Fixture f;
+  RetryPolicy policy;
+  policy.max_attempts = 3;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = milliseconds(100);
+  policy.deadline = seconds(2);
+  policy.attempt_timeout = milliseconds(700);
+  policy.expected_attempt = milliseconds(100);
+  std::vector<nanoseconds> given;
+  std::vector<std::string> headers;
+  CallResult r = f.Loop(policy).Run([&](const AttemptContext& ctx) {
+    given.push_back(ctx.remaining);
+    headers.push_back(ctx.deadline_header());
+    f.clock.Advance(ctx.remaining);  // every attempt times out
+    return Err(ErrorKind::kTimeout);
+  });
+  // 700 (timeout), +100 wait, 700, +200 wait, then only 300 ms are left.
+  ASSERT_EQ(given.size(), 3u);
+  EXPECT_EQ(given[0], milliseconds(700));
+  EXPECT_EQ(given[1], milliseconds(700));
+  EXPECT_EQ(given[2], milliseconds(300));
+  EXPECT_EQ(headers[0], "700m");
+  EXPECT_EQ(headers[2], "300m");
+  EXPECT_EQ(r.stop, StopReason::kAttemptsExhausted);
+  EXPECT_EQ(r.elapsed, seconds(2));
+  // By default an attempt needs as long as the slowest so far (700 ms): 300 ms left is not
+  // worth the wait, and the call ends before it instead.
+  policy.expected_attempt = nanoseconds(0);
+  given.clear();
+  f.records.clear();
+  const nanoseconds start = f.clock.now;
+  r = f.Loop(policy).Run([&](const AttemptContext& ctx) {
+    given.push_back(ctx.remaining);
+    f.clock.Advance(ctx.remaining);
+    return Err(ErrorKind::kTimeout);
+  });
+  EXPECT_EQ(given.size(), 2u);
+  EXPECT_EQ(r.stop, StopReason::kDeadline);
+  EXPECT_EQ(f.clock.now - start, milliseconds(1500));
+}
+
+TEST(RetryLoopTest, PerCallDeadlineTightensThePolicy) {
+  Fixture f;
+  RetryPolicy policy;
+  policy.deadline = seconds(10);
+  nanoseconds given{0};
+  CallOptions options;
+  options.deadline = milliseconds(250);
+  f.Loop(policy).Run(
+      [&](const AttemptContext& ctx) {
+        given = ctx.remaining;
+        return Http(200);
+      },
+      options);
+  EXPECT_EQ(given, milliseconds(250));
+  // Unbounded when neither is set.
+  f.Loop(RetryPolicy{}).Run([&](const AttemptContext& ctx) {
+    EXPECT_FALSE(ctx.bounded());
+    EXPECT_EQ(ctx.deadline_header(), "");
+    return Http(200);
+  });
+}
+
+// --- Retry-After -----------------------------------------------------------------------------
+
+TEST(RetryLoopTest, RetryAfterIsAFloorOverTheBackoff) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = milliseconds(10);
+  policy.backoff.retry_after_jitter_max = milliseconds(50);
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "2";
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_TRUE(r.ok());
+  ASSERT_EQ(f.sleeps.size(), 1u);
+  EXPECT_GE(f.sleeps[0], seconds(2));
+  EXPECT_LE(f.sleeps[0], seconds(2) + milliseconds(50));
+  ASSERT_TRUE(f.records[0].retry_after);
+  EXPECT_EQ(*f.records[0].retry_after, seconds(2));
+  EXPECT_EQ(f.records[0].wait, f.sleeps[0]);
+}
+
+TEST(RetryLoopTest, BackoffLongerThanRetryAfterWins) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = seconds(5);
+  policy.backoff.retry_after_jitter_max = milliseconds(50);
+  AttemptResult busy = Http(429);
+  busy.retry_after = seconds(1);
+  f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  ASSERT_EQ(f.sleeps.size(), 1u);
+  EXPECT_EQ(f.sleeps[0], seconds(5));
+}
+
+TEST(RetryLoopTest, RetryAfterZeroStillGetsJitter) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = nanoseconds(0);
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "0";
+  f.Loop(policy).Run(Replay(f.clock, {busy, busy, Http(200)}, milliseconds(1), &calls));
+  ASSERT_EQ(f.sleeps.size(), 2u);
+  EXPECT_GT(f.sleeps[0] + f.sleeps[1], nanoseconds(0));
+  EXPECT_LE(f.sleeps[0], milliseconds(100));
+}
+
+TEST(RetryLoopTest, HttpDateRetryAfterUsesTheDateHeader) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.backoff.jitter = Jitter::kNone;
+  policy.backoff.base = milliseconds(1);
+  policy.backoff.retry_after_jitter_max = nanoseconds(0);
+  auto env = f.Env();
+  // The local clock is an hour behind the server's: the Date header rules.
+  env.wall_clock = [] { return std::chrono::system_clock::from_time_t(784111777 - 3600); };
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "Sun, 06 Nov 1994 08:49:40 GMT";
+  busy.date_header = "Sun, 06 Nov 1994 08:49:37 GMT";
+  RetryLoop loop(*f.client, f.dep, policy, {}, env);
+  EXPECT_TRUE(loop.Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls)).ok());
+  ASSERT_EQ(f.sleeps.size(), 1u);
+  EXPECT_EQ(f.sleeps[0], seconds(3));
+}
+
+TEST(RetryLoopTest, RetryAfterAboveTheCeilingEndsTheCall) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.retry_after_max = seconds(30);
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "120";
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kRetryAfterTooLong);
+  EXPECT_EQ(r.attempts, 1u);
+  EXPECT_TRUE(f.sleeps.empty());
+  // No ceiling at all: a server's absurd wait is clamped, still too long, never an overflow.
+  policy.retry_after_max = nanoseconds::max();
+  busy.retry_after_header = "99999999999999";
+  calls = 0;
+  r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kRetryAfterTooLong);
+  policy.retry_after_max = seconds(30);
+  busy.retry_after_header = "";
+  busy.retry_after = seconds(31);
+  calls = 0;
+  r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kRetryAfterTooLong);
+}
+
+TEST(RetryLoopTest, RetryAfterBeyondTheDeadlineGivesUpWithoutSleeping) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.deadline = seconds(5);
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "10";
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kDeadline);
+  EXPECT_TRUE(f.sleeps.empty());
+  EXPECT_EQ(r.elapsed, milliseconds(1));
+}
+
+TEST(RetryLoopTest, UnparsableRetryAfterIsIgnored) {
+  Fixture f;
+  int calls = 0;
+  RetryPolicy policy;
+  policy.backoff.cap = milliseconds(100);
+  AttemptResult busy = Http(503);
+  busy.retry_after_header = "soon";
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {busy, Http(200)}, milliseconds(1), &calls));
+  EXPECT_TRUE(r.ok());
+  EXPECT_FALSE(f.records[0].retry_after);
+  EXPECT_LE(f.sleeps[0], milliseconds(100));
+}
+
+// --- Classification --------------------------------------------------------------------------
+
+TEST(RetryLoopTest, NonIdempotentPostTimeoutFailsClosed) {
+  Fixture f;
+  int calls = 0;
+  CallOptions post;
+  post.method = "POST";
+  CallResult r = f.Loop(RetryPolicy{}).Run(
+      Replay(f.clock, {Err(ErrorKind::kTimeout), Http(200)}, milliseconds(1), &calls), post);
+  EXPECT_EQ(r.stop, StopReason::kTerminal);
+  EXPECT_EQ(r.attempts, 1u);
+  EXPECT_EQ(r.last_error, ErrorKind::kTimeout);
+  EXPECT_EQ(f.records[0].breaker, BreakerOutcome::kFailure);  // the dependency still failed
+  // With an idempotency key the same timeout is retried.
+  post.has_idempotency_key = true;
+  calls = 0;
+  r = f.Loop(RetryPolicy{}).Run(
+      Replay(f.clock, {Err(ErrorKind::kTimeout), Http(200)}, milliseconds(1), &calls), post);
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 2u);
+  // A refused connection proves nothing was sent: a POST retries it.
+  post.has_idempotency_key = false;
+  calls = 0;
+  r = f.Loop(RetryPolicy{}).Run(
+      Replay(f.clock, {Err(ErrorKind::kConnectRefused), Http(200)}, milliseconds(1), &calls),
+      post);
+  EXPECT_TRUE(r.ok());
+}
+
+TEST(RetryLoopTest, ClientErrorIsTerminalAndIgnoredByTheBreaker) {
+  shm::Policy p;
+  p.min_calls = 3;
+  p.open_for_ms = 60'000;
+  Fixture f(p);
+  for (int i = 0; i < 10; ++i) {
+    int calls = 0;
+    CallResult r = f.Loop(RetryPolicy{}).Run(Replay(f.clock, {Http(404)}, milliseconds(1), &calls));
+    EXPECT_EQ(r.stop, StopReason::kTerminal);
+    EXPECT_EQ(r.attempts, 1u);
+    EXPECT_EQ(r.final_class, AttemptClass::kTerminal);
+  }
+  EXPECT_EQ(f.records.back().breaker, BreakerOutcome::kIgnored);
+  EXPECT_EQ(f.Breaker(), shm::BreakerState::kClosed);
+  // The same number of 500s opens it.
+  for (int i = 0; i < 3; ++i) {
+    int calls = 0;
+    RetryPolicy once;
+    once.max_attempts = 1;
+    f.Loop(once).Run(Replay(f.clock, {Http(500)}, milliseconds(1), &calls));
+  }
+  EXPECT_EQ(f.Breaker(), shm::BreakerState::kOpen);
+}
+
+TEST(RetryLoopTest, CustomTableAndOverride) {
+  Fixture f;
+  ClassificationPolicy table;
+  table.SetStatus(409, {AttemptClass::kRetryable, BreakerOutcome::kIgnored, false});
+  RetryPolicy policy;
+  policy.classification = &table;
+  int calls = 0;
+  CallResult r = f.Loop(policy).Run(Replay(f.clock, {Http(409), Http(200)}, milliseconds(1), &calls));
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 2u);
+  // A non-HTTP call classifies itself.
+  AttemptResult busy;
+  busy.classification = Classification{AttemptClass::kRetryable, BreakerOutcome::kFailure};
+  AttemptResult done;
+  done.classification = Classification{AttemptClass::kSuccess, BreakerOutcome::kSuccess};
+  calls = 0;
+  r = f.Loop(RetryPolicy{}).Run(Replay(f.clock, {busy, done}, milliseconds(1), &calls));
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 2u);
+}
+
+// --- Failure paths -----------------------------------------------------------------------------
+
+TEST(RetryLoopTest, ThrowingAttemptIsCompletedAndPropagates) {
+  shm::Policy p;
+  p.bulkhead_limit = 1;
+  Fixture f(p);
+  EXPECT_THROW(f.Loop(RetryPolicy{}).Run([](const AttemptContext&) -> AttemptResult {
+    throw std::runtime_error("boom");
+  }),
+               std::runtime_error);
+  // The bulkhead lease was released: the next call gets in.
+  Permit permit;
+  EXPECT_TRUE(f.client->Admit(f.dep, 0, &permit));
+  f.client->Complete(&permit, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(RetryLoopTest, InterruptedSleepCancels) {
+  Fixture f;
+  int calls = 0;
+  auto env = f.Env();
+  env.sleep = [](nanoseconds) { return false; };
+  RetryLoop loop(*f.client, f.dep, RetryPolicy{}, {}, env);
+  CallResult r = loop.Run(Replay(f.clock, {Http(503)}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kCancelled);
+  EXPECT_EQ(r.attempts, 1u);
+}
+
+TEST(RetryLoopTest, AbortStopsWithoutRetrying) {
+  Fixture f;
+  AttemptResult abort = Http(503);
+  abort.abort = true;
+  int calls = 0;
+  CallResult r = f.Loop(RetryPolicy{}).Run(Replay(f.clock, {abort}, milliseconds(1), &calls));
+  EXPECT_EQ(r.stop, StopReason::kAborted);
+  EXPECT_EQ(r.attempts, 1u);
+  EXPECT_EQ(f.records[0].breaker, BreakerOutcome::kFailure);
+}
+
+TEST(RetryLoopTest, OneLoopServesManyThreads) {
+  shm::Policy p;
+  p.min_calls = 1'000'000;      // half the attempts fail: keep the breaker out of it
+  p.retry_ratio_milli = 2'000;  // and let every first attempt pay for its retry
+  Fixture f(p);
+  RetryPolicy policy;
+  policy.max_attempts = 3;
+  policy.backoff.base = std::chrono::microseconds(1);
+  policy.backoff.cap = std::chrono::microseconds(10);
+  const RetryLoop loop(*f.client, f.dep, policy);  // the real clock, sleep and randomness
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        CallResult r = loop.Run([](const AttemptContext& ctx) {
+          return Http(ctx.attempt == 0 ? 503 : 200);
+        });
+        if (r.ok() && r.attempts == 2) ok.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 800);
+}
+
+TEST(RetryLoopTest, StopReasonNames) {
+  EXPECT_STREQ(StopReasonName(StopReason::kRetryAfterTooLong), "retry_after_too_long");
+  EXPECT_STREQ(retryd_stop_name(RETRYD_STOP_REJECTED), "rejected");
+  EXPECT_STREQ(retryd_stop_name(99), "invalid");
+}
+
+// --- The C ABI -----------------------------------------------------------------------------
+
+struct CWorld {
+  int64_t now_ns = 1'000'000'000'000;
+  std::vector<int64_t> sleeps;
+  std::vector<retryd_attempt_info_t> infos;
+  std::vector<int> statuses;
+  std::vector<int64_t> remaining;
+  const char* retry_after = nullptr;
+  int abort_at = -1;
+  int override_class = -1;
+};
+
+int CAttempt(void* ctx, uint32_t attempt, int64_t remaining_ms, retryd_attempt_result_t* out) {
+  auto* w = static_cast<CWorld*>(ctx);
+  w->remaining.push_back(remaining_ms);
+  w->now_ns += 2'000'000;
+  out->status = w->statuses[std::min<size_t>(attempt, w->statuses.size() - 1)];
+  out->retry_after = w->retry_after;
+  if (w->override_class >= 0) {
+    out->attempt_class = w->override_class;
+    out->breaker_outcome = RETRYD_BREAKER_OUTCOME_IGNORED;
+  }
+  return int(attempt) == w->abort_at ? 1 : 0;
+}
+
+void CObserve(void* ctx, const retryd_attempt_info_t* info) {
+  static_cast<CWorld*>(ctx)->infos.push_back(*info);
+}
+
+retryd_call_env_t CEnv(CWorld* w) {
+  retryd_call_env_t env{};
+  env.ctx = w;
+  env.now_ns = [](void* c) { return static_cast<CWorld*>(c)->now_ns; };
+  env.sleep_ns = [](void* c, int64_t ns) {
+    auto* w = static_cast<CWorld*>(c);
+    w->sleeps.push_back(ns);
+    w->now_ns += ns;
+    return 0;
+  };
+  env.random = [](void*) { return uint64_t(0x8000000000000000ull); };
+  return env;
+}
+
+struct CFixture {
+  testing::NamedSegment seg{"ccall"};
+  retryd_client_t* client = nullptr;
+  retryd_dependency_t dep = -1;
+  explicit CFixture(const shm::Policy& p = {}) {
+    testing::AddDependency(*seg.seg, "dep", p);
+    retryd_options_t opt{seg.name.c_str(), 0};
+    if (retryd_open(&opt, &client) != RETRYD_OK) throw std::runtime_error(retryd_last_error());
+    if (retryd_resolve(client, "dep", &dep) != RETRYD_OK) throw std::runtime_error(retryd_last_error());
+  }
+  ~CFixture() { retryd_close(client); }
+};
+
+TEST(RetryCallCTest, RetriesWithVirtualTimeAndObserves) {
+  CFixture f;
+  CWorld w;
+  w.statuses = {503, 503, 200};
+  w.retry_after = "1";
+  retryd_call_policy_t policy;
+  retryd_call_policy_init(&policy);
+  policy.max_attempts = 4;
+  policy.deadline_ms = 5000;
+  policy.retry_after_jitter_max_ms = 0;
+  retryd_call_env_t env = CEnv(&w);
+  retryd_call_result_t res;
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, CObserve, &w, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_SUCCESS);
+  EXPECT_EQ(res.attempts, 3u);
+  EXPECT_EQ(res.last_status, 200);
+  EXPECT_EQ(res.final_class, RETRYD_ATTEMPT_SUCCESS);
+  EXPECT_EQ(res.rejection, RETRYD_ADMITTED);
+  ASSERT_EQ(w.sleeps.size(), 2u);
+  EXPECT_EQ(w.sleeps[0], 1'000'000'000);  // Retry-After 1 s beats a backoff of at most 100 ms
+  EXPECT_EQ(res.elapsed_ns, 6'000'000 + 2'000'000'000);
+  ASSERT_EQ(w.remaining.size(), 3u);
+  EXPECT_EQ(w.remaining[0], 5000);
+  EXPECT_EQ(w.remaining[1], 5000 - 1002);
+  ASSERT_EQ(w.infos.size(), 3u);
+  EXPECT_EQ(w.infos[0].status, 503);
+  EXPECT_EQ(w.infos[0].attempt_class, RETRYD_ATTEMPT_RETRYABLE);
+  EXPECT_EQ(w.infos[0].retry_after_ns, 1'000'000'000);
+  EXPECT_EQ(w.infos[0].wait_ns, 1'000'000'000);
+  EXPECT_EQ(w.infos[0].next, RETRYD_STOP_NONE);
+  EXPECT_EQ(w.infos[0].latency_ns, 2'000'000);
+  EXPECT_EQ(w.infos[2].next, RETRYD_STOP_SUCCESS);
+}
+
+TEST(RetryCallCTest, RejectionAndFallback) {
+  shm::Policy p;
+  p.mode = shm::Mode::kForcedOpen;
+  CFixture f(p);
+  CWorld w;
+  w.statuses = {200};
+  retryd_call_env_t env = CEnv(&w);
+  retryd_call_result_t res;
+  ASSERT_EQ(retryd_call(f.client, f.dep, nullptr, CAttempt, &w, CObserve, &w, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_REJECTED);
+  EXPECT_EQ(res.rejection, RETRYD_REJECTED_OPEN);
+  EXPECT_EQ(res.attempts, 0u);
+  EXPECT_TRUE(w.remaining.empty());
+  ASSERT_EQ(w.infos.size(), 1u);
+  EXPECT_EQ(w.infos[0].decision, RETRYD_REJECTED_OPEN);
+}
+
+TEST(RetryCallCTest, ClassifierOverrideAndAbort) {
+  CFixture f;
+  CWorld w;
+  w.statuses = {409, 200};
+  retryd_classifier* table = retryd_classifier_new();
+  ASSERT_NE(table, nullptr);
+  ASSERT_EQ(retryd_classifier_set_status(table, 409, RETRYD_ATTEMPT_RETRYABLE,
+                                         RETRYD_BREAKER_OUTCOME_IGNORED, 1),
+            RETRYD_POLICY_OK);
+  retryd_call_policy_t policy;
+  retryd_call_policy_init(&policy);
+  policy.classifier = table;
+  policy.method = "POST";
+  retryd_call_env_t env = CEnv(&w);
+  retryd_call_result_t res;
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, nullptr, nullptr, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_SUCCESS);
+  EXPECT_EQ(res.attempts, 2u);
+  // Without the classifier a 409 is terminal.
+  policy.classifier = nullptr;
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, nullptr, nullptr, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_TERMINAL);
+  // A per-attempt override wins over the table.
+  w.override_class = RETRYD_ATTEMPT_RETRYABLE;
+  w.statuses = {409};
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, nullptr, nullptr, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_ATTEMPTS_EXHAUSTED);
+  // A nonzero return aborts.
+  w.override_class = -1;
+  w.statuses = {503};
+  w.abort_at = 0;
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, nullptr, nullptr, &env, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_ABORTED);
+  EXPECT_EQ(res.attempts, 1u);
+  retryd_classifier_free(table);
+}
+
+TEST(RetryCallCTest, BadArguments) {
+  CFixture f;
+  CWorld w;
+  w.statuses = {200};
+  retryd_call_result_t res;
+  res.stop = -7;
+  EXPECT_EQ(retryd_call(nullptr, f.dep, nullptr, CAttempt, &w, nullptr, nullptr, nullptr, &res), RETRYD_EINVAL);
+  EXPECT_EQ(retryd_call(f.client, f.dep, nullptr, nullptr, &w, nullptr, nullptr, nullptr, &res), RETRYD_EINVAL);
+  EXPECT_EQ(retryd_call(f.client, f.dep, nullptr, CAttempt, &w, nullptr, nullptr, nullptr, nullptr), RETRYD_EINVAL);
+  retryd_call_policy_t policy;
+  retryd_call_policy_init(&policy);
+  policy.jitter = 9;
+  EXPECT_EQ(retryd_call(f.client, f.dep, &policy, CAttempt, &w, nullptr, nullptr, nullptr, &res), RETRYD_EINVAL);
+  EXPECT_EQ(res.stop, -7);
+  // An unknown dependency handle sends nothing.
+  EXPECT_EQ(retryd_call(f.client, 77, nullptr, CAttempt, &w, nullptr, nullptr, nullptr, &res), RETRYD_EINVAL);
+  EXPECT_EQ(res.stop, RETRYD_STOP_REJECTED);
+  EXPECT_TRUE(w.remaining.empty());
+  // With the real clock and no env, a success still works.
+  ASSERT_EQ(retryd_call(f.client, f.dep, nullptr, CAttempt, &w, nullptr, nullptr, nullptr, &res), RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_SUCCESS);
+  EXPECT_EQ(w.remaining.back(), RETRYD_NO_TIMEOUT);
+}
+
+}  // namespace
+}  // namespace retryd
