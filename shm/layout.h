@@ -147,7 +147,7 @@ struct alignas(kCacheLine) SegmentHeader {
   std::atomic<uint32_t> flags;                          // kFlag*
   std::atomic<uint64_t> generation;                     // bumped on every config (re)load
   std::atomic<uint32_t> dependency_high_water;          // slots [0, this) were ever used
-  std::atomic<uint32_t> reserved0;
+  std::atomic<uint32_t> process_high_water;             // process slots [0, this) were ever used
   // Line 2: the daemon's liveness, written every tick.
   alignas(kCacheLine) std::atomic<uint32_t> daemon_pid;
   std::atomic<uint32_t> reserved1;

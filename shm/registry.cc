@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +82,9 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
     p.comm[0].store(comm[0], kRelaxed);
     p.comm[1].store(comm[1], kRelaxed);
     p.owner.store(OwnerWord(pid, ProcessState::kLive), std::memory_order_release);
+    uint32_t high = seg.header().process_high_water.load(kRelaxed);
+    while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
+    }
     return uint16_t(i + 1);
   }
   seg.header().registry_full_events.fetch_add(1, kRelaxed);
@@ -124,7 +128,7 @@ uint64_t ReclaimOwner(Segment& seg, uint16_t owner, uint64_t owner_word) {
 
 uint64_t ReclaimDeadProcesses(Segment& seg, const AliveFn& alive) {
   uint64_t freed = 0;
-  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+  for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
     ProcessSlot& p = *seg.process(i);
     const uint64_t w = p.owner.load(std::memory_order_acquire);
     if (w == 0) continue;
@@ -147,7 +151,10 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   std::vector<uint32_t> dead;
   std::vector<pollfd> fds;
   std::vector<uint32_t> fd_slot;
-  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+  // Slots above the high-water mark were never used; those below it that the mark no longer
+  // covers (a client may have lowered it) are still watched through their open pidfds.
+  const uint32_t high = std::max<uint32_t>(seg.process_high_water(), watched_high_);
+  for (uint32_t i = 0; i < high; ++i) {
     const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
     Watched& watch = watched_[i];
     if (w != watch.owner_word) {  // a new owner (or none): verify it once, then watch it
@@ -175,6 +182,7 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
           continue;
         }
         watch.pidfd = fd;
+        watched_high_ = std::max(watched_high_, i + 1);
       }
     }
     if (watch.pidfd >= 0) {

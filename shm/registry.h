@@ -69,6 +69,7 @@ class DeadOwnerReaper {
     int pidfd = -1;
   };
   std::vector<Watched> watched_;
+  uint32_t watched_high_ = 0;  // highest slot + 1 ever watched
 };
 
 // ReclaimOwner frees every lease of owner id `owner` (counted as kLeasesReclaimedDead) and

@@ -65,6 +65,11 @@ class Segment {
   SegmentHeader& header() const { return *header_; }
   uint32_t max_dependencies() const { return max_dependencies_; }
   uint32_t max_processes() const { return max_processes_; }
+  // process_high_water: process slots at or above it were never used (scans stop there).
+  uint32_t process_high_water() const {
+    const uint32_t h = header_->process_high_water.load(std::memory_order_acquire);
+    return h < max_processes_ ? h : max_processes_;
+  }
   // dependency / process return nullptr for an index out of range.
   DependencySlot* dependency(uint32_t index) const {
     return index < max_dependencies_ ? &dependencies_[index] : nullptr;

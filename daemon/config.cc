@@ -1,0 +1,503 @@
+#include "daemon/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "shm/layout.h"
+#include "shm/segment.h"
+
+namespace retryd::daemon {
+namespace {
+
+constexpr const char kDurationHint[] = "use a number with ms, s, m or h, e.g. \"500ms\"";
+
+// --- Messages -------------------------------------------------------------------------------
+
+std::string Where(const std::string& source, const toml::source_region& r) {
+  if (r.begin.line == 0) return source;
+  return source + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+}
+
+const char* TypeName(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+// Render shows a scalar as the file spells it ("10 sec" quoted, 10 bare), others by type.
+std::string Render(const toml::node& n) {
+  if (auto s = n.as_string()) return "\"" + s->get() + "\"";
+  if (auto i = n.as_integer()) return std::to_string(i->get());
+  if (auto f = n.as_floating_point()) {
+    std::ostringstream os;
+    os << f->get();
+    return os.str();
+  }
+  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
+  return TypeName(n);
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0u : 1u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// UnknownKey names the key, the section, a close match if there is one, and every valid key.
+std::string UnknownKey(std::string_view key, const std::string& section,
+                       const std::vector<std::string>& valid) {
+  std::string msg = "unknown key '" + std::string(key) + "' in " + section;
+  std::string best;
+  size_t best_distance = 3;  // suggest only near misses
+  for (const std::string& v : valid) {
+    const size_t d = EditDistance(key, v);
+    if (d < best_distance) best_distance = d, best = v;
+  }
+  if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+  msg += "; valid keys: ";
+  for (size_t i = 0; i < valid.size(); ++i) msg += (i ? ", " : "") + valid[i];
+  return msg;
+}
+
+// --- Typed getters: each reports "WHERE: key 'PATH': problem" ------------------------------
+
+class Reader {
+ public:
+  explicit Reader(const std::string& source) : source_(source) {}
+
+  Status Error(const toml::node& n, const std::string& path, const std::string& what) const {
+    return Status::InvalidArgument(Where(source_, n.source()) + ": key '" + path + "': " + what);
+  }
+  Status WrongType(const toml::node& n, const std::string& path, const char* expected) const {
+    return Error(n, path, std::string("expected ") + expected + ", got " + TypeName(n) + " " +
+                              (n.is_string() || n.is_number() || n.is_boolean() ? Render(n) : ""));
+  }
+
+  Status String(const toml::node& n, const std::string& path, std::string* out) const {
+    auto s = n.as_string();
+    if (!s) return WrongType(n, path, "a string");
+    *out = s->get();
+    return Status::Ok();
+  }
+
+  Status Bool(const toml::node& n, const std::string& path, bool* out) const {
+    auto b = n.as_boolean();
+    if (!b) return WrongType(n, path, "a boolean (true or false)");
+    *out = b->get();
+    return Status::Ok();
+  }
+
+  // Uint32 accepts an integer in [lo, hi].
+  Status Uint32(const toml::node& n, const std::string& path, uint64_t lo, uint64_t hi,
+                uint32_t* out) const {
+    auto i = n.as_integer();
+    if (!i) return WrongType(n, path, "an integer");
+    const int64_t v = i->get();
+    if (v < 0 || uint64_t(v) < lo || uint64_t(v) > hi) {
+      return Error(n, path, "value " + std::to_string(v) + " out of range (valid: " +
+                                std::to_string(lo) + ".." + std::to_string(hi) + ")");
+    }
+    *out = uint32_t(v);
+    return Status::Ok();
+  }
+
+  Status Duration(const toml::node& n, const std::string& path, uint32_t* ms) const {
+    if (n.is_integer() || n.is_floating_point()) {
+      return Error(n, path, "bad duration " + Render(n) + " (a duration needs a unit: " +
+                                "use a string like \"500ms\")");
+    }
+    auto s = n.as_string();
+    if (!s) return WrongType(n, path, "a duration string like \"500ms\"");
+    if (!ParseDurationMs(s->get(), ms)) {
+      return Error(n, path, "bad duration " + Render(n) + " (" + kDurationHint + ")");
+    }
+    return Status::Ok();
+  }
+
+  // RangedDuration also bounds the value (for settings the segment does not bound itself).
+  Status RangedDuration(const toml::node& n, const std::string& path, uint32_t lo_ms,
+                        uint32_t hi_ms, uint32_t* ms) const {
+    uint32_t v;
+    if (Status st = Duration(n, path, &v); !st.ok()) return st;
+    if (v < lo_ms || v > hi_ms) {
+      return Error(n, path, "duration " + Render(n) + " out of range (valid: " +
+                                FormatDurationMs(lo_ms) + " to " + FormatDurationMs(hi_ms) + ")");
+    }
+    *ms = v;
+    return Status::Ok();
+  }
+
+  Status Ratio(const toml::node& n, const std::string& path, uint32_t* milli) const {
+    double v;
+    if (auto f = n.as_floating_point()) {
+      v = f->get();
+    } else if (auto i = n.as_integer()) {
+      v = double(i->get());
+    } else {
+      return WrongType(n, path, "a number like 0.2");
+    }
+    const double max = shm::Policy::kMaxRatioMilli / 1000.0;
+    if (!(v >= 0 && v <= max)) {  // also rejects NaN
+      return Error(n, path, "value " + Render(n) + " out of range (valid: 0.0 to " +
+                                std::to_string(int(max)) + ", tokens per first attempt)");
+    }
+    *milli = uint32_t(std::lround(v * 1000));
+    return Status::Ok();
+  }
+
+  Status Mode(const toml::node& n, const std::string& path, shm::Mode* out) const {
+    auto s = n.as_string();
+    if (!s) return WrongType(n, path, "a string (enforce, shadow, disabled or forced-open)");
+    if (!shm::ParseMode(s->get(), out)) {
+      return Error(n, path, "bad mode " + Render(n) +
+                                " (valid: enforce, shadow, disabled, forced-open)");
+    }
+    return Status::Ok();
+  }
+
+  Status FileMode(const toml::node& n, const std::string& path, uint32_t* out) const {
+    if (n.is_integer()) {
+      return Error(n, path, "bad mode " + Render(n) + " (use a string like \"0660\")");
+    }
+    auto s = n.as_string();
+    if (!s) return WrongType(n, path, "an octal string like \"0660\"");
+    const std::string& text = s->get();
+    uint32_t v = 0;
+    bool ok = !text.empty() && text.size() <= 4;
+    for (char c : text) {
+      if (c < '0' || c > '7') ok = false;
+      v = v * 8 + uint32_t(c - '0');
+    }
+    if (!ok || v > 0777) {
+      return Error(n, path, "bad mode " + Render(n) +
+                                " (use octal permission bits 0000..0777, e.g. \"0660\")");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+ private:
+  const std::string& source_;
+};
+
+// --- The policy keys, spelled as in the config ---------------------------------------------
+
+enum class Kind { kMode, kRatio, kCount, kPercent, kDuration };
+struct PolicyKey {
+  const char* key;
+  Kind kind;
+  uint32_t shm::Policy::*field;  // nullptr for kMode
+};
+constexpr PolicyKey kPolicyKeys[] = {
+    {"mode", Kind::kMode, nullptr},
+    {"retry_ratio", Kind::kRatio, &shm::Policy::retry_ratio_milli},
+    {"min_retries_per_sec", Kind::kCount, &shm::Policy::min_retries_per_sec},
+    {"retry_burst", Kind::kCount, &shm::Policy::retry_burst},
+    {"window", Kind::kDuration, &shm::Policy::window_ms},
+    {"window_buckets", Kind::kCount, &shm::Policy::window_buckets},
+    {"min_calls", Kind::kCount, &shm::Policy::min_calls},
+    {"failure_rate_threshold", Kind::kPercent, &shm::Policy::failure_rate_pct},
+    {"slow_call_rate_threshold", Kind::kPercent, &shm::Policy::slow_call_rate_pct},
+    {"slow_call_duration", Kind::kDuration, &shm::Policy::slow_call_ms},
+    {"open_for", Kind::kDuration, &shm::Policy::open_for_ms},
+    {"open_for_max", Kind::kDuration, &shm::Policy::open_for_max_ms},
+    {"open_jitter", Kind::kDuration, &shm::Policy::open_jitter_ms},
+    {"half_open_probes", Kind::kCount, &shm::Policy::half_open_probes},
+    {"probe_timeout", Kind::kDuration, &shm::Policy::probe_timeout_ms},
+    {"close_after", Kind::kCount, &shm::Policy::close_after},
+    {"bulkhead_limit", Kind::kCount, &shm::Policy::bulkhead_limit},
+    {"bulkhead_timeout", Kind::kDuration, &shm::Policy::bulkhead_timeout_ms},
+};
+
+const std::vector<std::string>& PolicyKeyNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const PolicyKey& k : kPolicyKeys) v.push_back(k.key);
+    return v;
+  }();
+  return names;
+}
+
+const std::vector<std::string> kDaemonKeys = {
+    "segment", "owner", "group", "mode", "max_dependencies", "max_processes", "tick",
+    "metrics_textfile", "metrics_interval", "auto_create"};
+
+// ApplyPolicyTable applies the keys of `tbl` (section `section`, key prefix `prefix`) to *p.
+Status ApplyPolicyTable(const Reader& r, const std::string& source, const toml::table& tbl,
+                        const std::string& section, const std::string& prefix,
+                        shm::Policy* p) {
+  for (auto&& [k, v] : tbl) {
+    const PolicyKey* key = nullptr;
+    for (const PolicyKey& candidate : kPolicyKeys) {
+      if (k.str() == candidate.key) key = &candidate;
+    }
+    if (key == nullptr) {
+      return Status::InvalidArgument(Where(source, k.source()) + ": " +
+                                     UnknownKey(k.str(), section, PolicyKeyNames()));
+    }
+    const std::string path = prefix + std::string(k.str());
+    Status st;
+    switch (key->kind) {
+      case Kind::kMode: st = r.Mode(v, path, &p->mode); break;
+      case Kind::kRatio: st = r.Ratio(v, path, &(p->*key->field)); break;
+      case Kind::kCount:
+      case Kind::kPercent:
+        // The range proper is Policy::Validate's; this only keeps the value in 32 bits.
+        st = r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), &(p->*key->field));
+        break;
+      case Kind::kDuration: st = r.Duration(v, path, &(p->*key->field)); break;
+    }
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+// ValidatePolicy runs Policy::Validate and points at the offending key if the section sets it.
+Status ValidatePolicy(const std::string& source, const toml::table* tbl,
+                      const std::string& section, const std::string& prefix,
+                      const shm::Policy& p) {
+  const std::string problem = p.Validate();
+  if (problem.empty()) return Status::Ok();
+  // Validate names the field first ("window (ms) must be ...", "window_buckets must be ...").
+  const std::string field = problem.substr(0, problem.find_first_of(" "));
+  if (tbl != nullptr) {
+    if (const toml::node* n = tbl->get(field)) {
+      return Status::InvalidArgument(Where(source, n->source()) + ": key '" + prefix + field +
+                                     "': " + problem);
+    }
+  }
+  const std::string where =
+      tbl != nullptr ? Where(source, tbl->source()) : source;
+  return Status::InvalidArgument(where + ": " + section + ": " + problem);
+}
+
+bool ValidSegmentName(std::string_view name) {
+  if (name.empty() || name.size() > 200) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return name != "." && name != "..";
+}
+
+Status ApplyDaemonTable(const Reader& r, const std::string& source, const toml::table& tbl,
+                        DaemonSettings* d) {
+  for (auto&& [k, v] : tbl) {
+    const std::string key(k.str());
+    const std::string path = "daemon." + key;
+    Status st;
+    if (key == "segment") {
+      st = r.String(v, path, &d->segment);
+      if (st.ok() && !ValidSegmentName(d->segment)) {
+        st = r.Error(v, path, "bad segment name " + Render(v) +
+                                  " (1..200 characters of A-Z a-z 0-9 _ - ., no '/')");
+      }
+    } else if (key == "owner") {
+      st = r.String(v, path, &d->owner);
+    } else if (key == "group") {
+      st = r.String(v, path, &d->group);
+    } else if (key == "mode") {
+      st = r.FileMode(v, path, &d->mode);
+    } else if (key == "max_dependencies") {
+      st = r.Uint32(v, path, 1, shm::kMaxDependencies, &d->max_dependencies);
+    } else if (key == "max_processes") {
+      st = r.Uint32(v, path, 1, shm::kMaxProcesses, &d->max_processes);
+    } else if (key == "tick") {
+      st = r.RangedDuration(v, path, kMinTickMs, kMaxTickMs, &d->tick_ms);
+    } else if (key == "metrics_textfile") {
+      st = r.String(v, path, &d->metrics_textfile);
+    } else if (key == "metrics_interval") {
+      st = r.RangedDuration(v, path, kMinMetricsIntervalMs, kMaxMetricsIntervalMs,
+                            &d->metrics_interval_ms);
+    } else if (key == "auto_create") {
+      st = r.Bool(v, path, &d->auto_create);
+    } else {
+      return Status::InvalidArgument(Where(source, k.source()) + ": " +
+                                     UnknownKey(key, "[daemon]", kDaemonKeys));
+    }
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+const toml::table* SectionTable(const Reader& r, const toml::node& n, const std::string& name,
+                                Status* st) {
+  const toml::table* t = n.as_table();
+  if (t == nullptr) *st = r.WrongType(n, name, ("a table [" + name + "]").c_str());
+  return t;
+}
+
+Status ParseTable(const toml::table& root, const std::string& source, Config* cfg) {
+  const Reader r(source);
+  const toml::table* defaults_tbl = nullptr;
+  const toml::table* deps_tbl = nullptr;
+  // [daemon] and [defaults] first: every dependency starts from the complete defaults,
+  // wherever [defaults] appears in the file.
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
+    Status st;
+    if (key == "daemon") {
+      const toml::table* t = SectionTable(r, v, key, &st);
+      if (t != nullptr) st = ApplyDaemonTable(r, source, *t, &cfg->daemon);
+    } else if (key == "defaults") {
+      defaults_tbl = SectionTable(r, v, key, &st);
+      if (defaults_tbl != nullptr) {
+        st = ApplyPolicyTable(r, source, *defaults_tbl, "[defaults]", "defaults.",
+                              &cfg->defaults);
+      }
+    } else if (key == "dependency") {
+      deps_tbl = SectionTable(r, v, key, &st);
+    } else {
+      return Status::InvalidArgument(
+          Where(source, k.source()) + ": unknown " + (v.is_table() ? "section [" : "key '") +
+          key + (v.is_table() ? "]" : "'") +
+          " at top level; valid sections: [daemon], [defaults], [dependency.NAME]");
+    }
+    if (!st.ok()) return st;
+  }
+  if (Status st = ValidatePolicy(source, defaults_tbl, "[defaults]", "defaults.", cfg->defaults);
+      !st.ok()) {
+    return st;
+  }
+  if (deps_tbl == nullptr) return Status::Ok();
+  for (auto&& [k, v] : *deps_tbl) {
+    const std::string name(k.str());
+    const std::string section = "[dependency." + name + "]";
+    const toml::table* t = v.as_table();
+    if (t == nullptr) {
+      return r.WrongType(v, "dependency." + name, "a table (a section [dependency.NAME])");
+    }
+    if (!shm::ValidDependencyName(name)) {
+      return Status::InvalidArgument(
+          Where(source, k.source()) + ": bad dependency name '" + name + "' in " + section +
+          " (1.." + std::to_string(shm::kMaxNameLen) +
+          " characters of A-Z a-z 0-9 _ . : -; quote it if needed: [dependency.\"a:b\"])");
+    }
+    shm::Policy p = cfg->defaults;
+    const std::string prefix = "dependency." + name + ".";
+    if (Status st = ApplyPolicyTable(r, source, *t, section, prefix, &p); !st.ok()) return st;
+    if (Status st = ValidatePolicy(source, t, section, prefix, p); !st.ok()) return st;
+    cfg->dependencies[name] = p;
+  }
+  if (cfg->dependencies.size() > cfg->daemon.max_dependencies) {
+    return Status::InvalidArgument(Where(source, deps_tbl->source()) + ": " +
+                                   std::to_string(cfg->dependencies.size()) +
+                                   " dependencies configured, more than daemon.max_dependencies (" +
+                                   std::to_string(cfg->daemon.max_dependencies) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool SamePolicy(const shm::Policy& a, const shm::Policy& b) {
+  if (a.mode != b.mode) return false;
+  for (const PolicyKey& k : kPolicyKeys) {
+    if (k.field != nullptr && a.*k.field != b.*k.field) return false;
+  }
+  return true;
+}
+
+bool SameSettings(const Config& a, const Config& b) {
+  if (!(a.daemon == b.daemon) || !SamePolicy(a.defaults, b.defaults)) return false;
+  if (a.dependencies.size() != b.dependencies.size()) return false;
+  for (auto ia = a.dependencies.begin(), ib = b.dependencies.begin(); ia != a.dependencies.end();
+       ++ia, ++ib) {
+    if (ia->first != ib->first || !SamePolicy(ia->second, ib->second)) return false;
+  }
+  return true;
+}
+
+Config BuiltinConfig() { return Config(); }
+
+bool ParseDurationMs(std::string_view text, uint32_t* ms) {
+  size_t i = 0;
+  uint64_t n = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+    n = n * 10 + uint64_t(text[i] - '0');
+    if (n > std::numeric_limits<uint32_t>::max()) return false;
+    ++i;
+  }
+  if (i == 0) return false;
+  const std::string_view unit = text.substr(i);
+  uint64_t scale;
+  if (unit == "ms") {
+    scale = 1;
+  } else if (unit == "s") {
+    scale = 1'000;
+  } else if (unit == "m") {
+    scale = 60'000;
+  } else if (unit == "h") {
+    scale = 3'600'000;
+  } else {
+    return false;
+  }
+  if (n * scale > std::numeric_limits<uint32_t>::max()) return false;
+  *ms = uint32_t(n * scale);
+  return true;
+}
+
+std::string FormatDurationMs(uint64_t ms) {
+  if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+  if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+  if (ms % 1'000 == 0) return std::to_string(ms / 1'000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
+Status ParseConfig(std::string_view text, const std::string& source_name, Config* out) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(Where(source_name, e.source()) + ": " +
+                                   std::string(e.description()));
+  }
+  Config cfg = BuiltinConfig();
+  if (Status st = ParseTable(root, source_name, &cfg); !st.ok()) return st;
+  cfg.source = source_name;
+  *out = std::move(cfg);
+  return Status::Ok();
+}
+
+Status LoadConfigFile(const std::string& path, Config* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    const std::string msg = path + ": cannot open config file: " + std::strerror(err);
+    return err == ENOENT ? Status::NotFound(msg) : Status::IoError(msg);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::IoError(path + ": cannot read config file");
+  return ParseConfig(text.str(), path, out);
+}
+
+}  // namespace retryd::daemon

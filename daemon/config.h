@@ -1,0 +1,83 @@
+// daemon/config.h: the daemon's configuration, parsed from TOML and validated.
+//
+// A config file has three kinds of sections (systemd/retryd.toml documents every key):
+//
+//   [daemon]            segment name, ownership, capacities, tick, metrics textfile
+//   [defaults]          the policy of every dependency (and of those workers create on the fly)
+//   [dependency.NAME]   any [defaults] key, overridden for dependency NAME
+//
+// Durations are strings with a unit ("500ms", "10s", "2m", "1h"); rates are percentages; the
+// permission mode is an octal string ("0660"). Parsing stops at the first problem and returns
+// it as "FILE:LINE:COL: what is wrong, the bad value, and what would be valid". Unknown keys
+// and sections are errors, so a typo never silently leaves a default in force.
+//
+// Thread safety: the functions are thread-safe; a Config is a plain value.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "retryd/status.h"
+#include "shm/policy.h"
+
+namespace retryd::daemon {
+
+// The [daemon] section. Defaults are those of BuiltinConfig().
+struct DaemonSettings {
+  std::string segment = "retryd";   // POSIX shm name, without the leading '/'
+  std::string owner;                // user name to chown the segment to; "" = leave as created
+  std::string group;                // group name to chgrp the segment to; "" = leave as created
+  uint32_t mode = 0660;             // permission bits of the segment
+  uint32_t max_dependencies = 1024; // dependency table capacity (a change needs a restart)
+  uint32_t max_processes = 4096;    // process registry capacity (a change needs a restart)
+  uint32_t tick_ms = 10;            // housekeeping period: heartbeat, dead-owner reclaim
+  std::string metrics_textfile;     // Prometheus textfile path; "" = none
+  uint32_t metrics_interval_ms = 15'000;  // how often the textfile is rewritten
+  bool auto_create = true;          // may workers create unconfigured dependencies (defaults)?
+
+  bool operator==(const DaemonSettings&) const = default;
+};
+
+// Limits of the [daemon] values that the segment itself does not bound.
+inline constexpr uint32_t kMinTickMs = 1;
+inline constexpr uint32_t kMaxTickMs = 1'000;
+inline constexpr uint32_t kMinMetricsIntervalMs = 100;
+inline constexpr uint32_t kMaxMetricsIntervalMs = 3'600'000;
+
+struct Config {
+  DaemonSettings daemon;
+  shm::Policy defaults;
+  // [dependency.NAME] sections, each the defaults with the section's overrides applied.
+  std::map<std::string, shm::Policy> dependencies;
+  // Where the config came from ("<builtin>" or a file path), for log lines.
+  std::string source = "<builtin>";
+};
+
+// SamePolicy compares every field of two policies.
+bool SamePolicy(const shm::Policy& a, const shm::Policy& b);
+// SameSettings compares everything but `source`.
+bool SameSettings(const Config& a, const Config& b);
+
+// BuiltinConfig returns what `retryd` runs with when given no --config: the defaults of
+// DaemonSettings and shm::Policy, no dependencies, auto_create on.
+Config BuiltinConfig();
+
+// ParseConfig parses TOML `text`; `source_name` prefixes every error location. On success
+// stores the config in *out (source = source_name); on error leaves *out unchanged and returns
+// kInvalidArgument with the first problem found.
+Status ParseConfig(std::string_view text, const std::string& source_name, Config* out);
+
+// LoadConfigFile reads and parses `path`, as ParseConfig. A file that cannot be read is
+// kNotFound or kIoError, with the path and the system error.
+Status LoadConfigFile(const std::string& path, Config* out);
+
+// ParseDurationMs parses "500ms", "10s", "2m", "1h" (a non-negative integer and a unit).
+// Returns false for anything else, or for more than 2^32-1 ms.
+bool ParseDurationMs(std::string_view text, uint32_t* ms);
+
+// FormatDurationMs renders a duration in the largest unit that divides it ("10s", "1500ms").
+std::string FormatDurationMs(uint64_t ms);
+
+}  // namespace retryd::daemon

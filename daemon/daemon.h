@@ -1,0 +1,138 @@
+// daemon/daemon.h: retryd, the control plane and janitor of one host's segment.
+//
+// The daemon creates or adopts the segment, publishes the configured dependencies and
+// defaults into it, and then ticks: it writes a heartbeat, takes back the leases of dead
+// workers and expired leases, watches for conditions that must never be silent (a full
+// table, a full registry, changes made by retryctl), tells systemd how it is doing, and
+// rewrites the metrics textfile. It is never on the data path: workers keep deciding from
+// the segment while it is stopped or restarting.
+//
+// Lifecycle:
+//   start    create, adopt (state kept: open breakers stay open) or retire-and-replace the
+//            segment; apply owner, group and mode; publish the config; READY=1
+//   tick     every `tick_ms` (see Tick)
+//   SIGHUP   reload the config file; a bad file is logged and the running config stays
+//   SIGTERM  exit 0, leaving the segment in place for workers and the next daemon
+//
+// Runtime changes by an operator (retryctl set-mode) last until the daemon restarts or the
+// dependency's section of the config changes; a reload does not undo them otherwise.
+//
+// Thread safety: not thread-safe. One thread owns a Daemon; signals arrive through a
+// signalfd that `Run` reads, never in a handler.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/config.h"
+#include "retryd/status.h"
+#include "shm/admission.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
+
+namespace retryd::daemon {
+
+struct DaemonOptions {
+  std::string config_path;  // "" runs BuiltinConfig(); SIGHUP then reloads nothing
+  std::string segment;      // overrides [daemon] segment when not empty
+  uint32_t tick_ms = 0;     // overrides [daemon] tick when not 0
+};
+
+// ResolveOwnership looks up `d.owner` and `d.group` (getpwnam, getgrnam); an empty name gives
+// -1 (leave as is). Errors name `source`, the key and the unknown name. Thread-compatible.
+Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_t* uid,
+                        gid_t* gid);
+
+// BlockDaemonSignals blocks SIGHUP, SIGTERM and SIGINT in the calling thread (and threads it
+// creates later), so that they wait for the signalfd instead of killing the process.
+void BlockDaemonSignals();
+
+class Daemon {
+ public:
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Start loads the config, creates or adopts the segment and publishes the config into it.
+  // Stores nullptr in *out and returns the problem (config, ownership, segment) on error.
+  static Status Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out);
+
+  // Run blocks SIGHUP, SIGTERM and SIGINT, notifies READY=1 and ticks until SIGTERM or
+  // SIGINT. Returns the process exit code (0 on a clean stop).
+  int Run();
+
+  // Tick does one housekeeping pass at CLOCK_MONOTONIC `now_ns`: heartbeat, reclaim of dead
+  // owners' leases and expired leases, change and event logging, watchdog, status line and,
+  // when due, the metrics textfile.
+  void Tick(uint64_t now_ns);
+
+  // Reload re-reads the config file. On error the running config stays unchanged and the
+  // error is returned (and logged). Capacity, segment, ownership and mode changes are logged
+  // and ignored until a restart.
+  Status Reload();
+
+  // StatusLine: "12 dependencies, 2 open, 37 processes attached".
+  std::string StatusLine() const;
+
+  const shm::Segment& segment() const { return *segment_; }
+  const Config& config() const { return config_; }
+
+ private:
+  // What the daemon last saw of a dependency slot, to log changes made by others.
+  struct SlotView {
+    uint32_t generation = 0;
+    uint32_t state = 0;
+    uint32_t mode = 0;
+    uint64_t breaker = 0;
+    uint64_t closed_count = 0;
+  };
+
+  Daemon() = default;
+  Status ApplyOwnership(const DaemonSettings& d);
+  // Publish writes `cfg` into the segment; `previous` is null at start.
+  void Publish(const Config& cfg, const Config* previous);
+  void Observe(uint32_t index, bool log_changes);
+  void ObserveAll(bool log_changes);
+  void CheckEvents(uint64_t now_ns);
+  void WriteMetrics(uint64_t now_ns);
+  void Notify(const std::string& message);
+  void ArmTimer();
+
+  DaemonOptions options_;
+  Config config_;
+  std::unique_ptr<shm::Segment> segment_;
+  std::vector<SlotView> seen_;
+  shm::Caller caller_{};
+  shm::DeadOwnerReaper reaper_;
+  uint32_t sweep_next_ = 0;  // next slot of the expired-lease sweep
+
+  int signal_fd_ = -1;
+  int timer_fd_ = -1;
+  uint64_t watchdog_interval_ns_ = 0;  // 0: no watchdog
+  uint64_t last_watchdog_ns_ = 0;
+  uint64_t next_status_ns_ = 0;
+  uint64_t next_metrics_ns_ = 0;
+  uint64_t metrics_error_logged_ns_ = 0;
+  std::string last_status_;
+  std::string last_reload_error_;
+
+  // Header event counters as last reported, and when (rate limit of the warnings).
+  uint64_t seen_table_full_ = 0;
+  uint64_t seen_registry_full_ = 0;
+  uint64_t seen_unknown_dependency_ = 0;
+  uint64_t next_event_report_ns_ = 0;
+
+  // Rate limit of per-dependency change lines: at most kChangeLinesPerSecond per second.
+  uint64_t change_window_start_ns_ = 0;
+  uint32_t change_lines_ = 0;
+  uint32_t change_lines_suppressed_ = 0;
+  bool LogAllowed(uint64_t now_ns);
+  uint64_t now_ns_ = 0;  // time of the current tick, for the rate limit
+};
+
+}  // namespace retryd::daemon

@@ -1,0 +1,70 @@
+// retryd: the host daemon. See daemon/daemon.h for what it does and systemd/retryd.service
+// for how it runs. Logs go to stderr (the journal under systemd) unless --log_dir is given.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+
+DEFINE_string(config, "",
+              "TOML config file (e.g. /etc/retryd/retryd.toml); empty runs the built-in defaults");
+DEFINE_string(segment, "", "shared-memory segment name; overrides [daemon] segment");
+DEFINE_int32(tick_ms, 0, "housekeeping period in ms (1..1000); overrides [daemon] tick");
+DEFINE_string(check_config, "",
+              "validate this config file, print 'FILE: OK' or the error, and exit 0 or 1");
+
+namespace {
+
+int CheckConfig(const std::string& path) {
+  using namespace retryd::daemon;
+  Config cfg;
+  retryd::Status st = LoadConfigFile(path, &cfg);
+  if (st.ok()) {
+    uid_t uid;
+    gid_t gid;
+    st = ResolveOwnership(cfg.daemon, path, &uid, &gid);
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.message().c_str());
+    return 1;
+  }
+  std::printf("%s: OK\n", path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "retryd [--config=FILE] [--segment=NAME] [--tick_ms=N] | --check_config=FILE\n"
+      "Host daemon of retry budgets and circuit breakers in shared memory.");
+  gflags::SetVersionString(RETRYD_VERSION);
+  FLAGS_logtostderr = true;
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::fprintf(stderr, "retryd: unexpected argument '%s' (see --help)\n", argv[1]);
+    return 2;
+  }
+  if (!FLAGS_check_config.empty()) return CheckConfig(FLAGS_check_config);
+  if (FLAGS_tick_ms < 0 || FLAGS_tick_ms > int(retryd::daemon::kMaxTickMs)) {
+    std::fprintf(stderr, "retryd: --tick_ms=%d out of range (valid: %u..%u, or 0 for the config)\n",
+                 FLAGS_tick_ms, retryd::daemon::kMinTickMs, retryd::daemon::kMaxTickMs);
+    return 2;
+  }
+  google::InitGoogleLogging(argv[0]);
+
+  retryd::daemon::DaemonOptions options;
+  options.config_path = FLAGS_config;
+  options.segment = FLAGS_segment;
+  options.tick_ms = uint32_t(FLAGS_tick_ms);
+  std::unique_ptr<retryd::daemon::Daemon> daemon;
+  if (retryd::Status st = retryd::daemon::Daemon::Start(options, &daemon); !st.ok()) {
+    LOG(ERROR) << "daemon: cannot start: " << st.message();
+    return 1;
+  }
+  return daemon->Run();
+}

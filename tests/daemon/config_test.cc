@@ -1,0 +1,313 @@
+// Tests of daemon/config: every error path names file, line, column, key and bad value; the
+// shipped default config is exactly the built-in one.
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace retryd::daemon {
+namespace {
+
+Config MustParse(const std::string& text) {
+  Config cfg;
+  Status st = ParseConfig(text, "test.toml", &cfg);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return cfg;
+}
+
+TEST(ConfigTest, EmptyTextIsTheBuiltinConfig) {
+  Config cfg = MustParse("");
+  EXPECT_TRUE(SameSettings(cfg, BuiltinConfig()));
+  EXPECT_EQ(cfg.source, "test.toml");
+  EXPECT_TRUE(cfg.daemon.auto_create);
+  EXPECT_TRUE(cfg.dependencies.empty());
+}
+
+TEST(ConfigTest, ShippedDefaultFileEqualsBuiltinConfig) {
+  Config cfg;
+  Status st = LoadConfigFile(RETRYD_DEFAULT_CONFIG, &cfg);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(SameSettings(cfg, BuiltinConfig()))
+      << "systemd/retryd.toml must spell out exactly the built-in defaults";
+}
+
+TEST(ConfigTest, ShippedDefaultFileSetsEveryKey) {
+  // Every policy key and every [daemon] key appears (uncommented) in the shipped file, so it
+  // documents all of them.
+  std::ifstream in(RETRYD_DEFAULT_CONFIG);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* key :
+       {"segment", "owner", "group", "mode", "max_dependencies", "max_processes", "tick",
+        "metrics_textfile", "metrics_interval", "auto_create", "retry_ratio",
+        "min_retries_per_sec", "retry_burst", "window", "window_buckets", "min_calls",
+        "failure_rate_threshold", "slow_call_rate_threshold", "slow_call_duration", "open_for",
+        "open_for_max", "open_jitter", "half_open_probes", "probe_timeout", "close_after",
+        "bulkhead_limit", "bulkhead_timeout"}) {
+    EXPECT_NE(text.find("\n" + std::string(key) + " = "), std::string::npos) << key;
+  }
+}
+
+TEST(ConfigTest, EveryKeyParses) {
+  Config cfg = MustParse(R"(
+[daemon]
+segment = "retryd-alt"
+owner = "root"
+group = "root"
+mode = "0640"
+max_dependencies = 64
+max_processes = 128
+tick = "20ms"
+metrics_textfile = "/tmp/x.prom"
+metrics_interval = "1m"
+auto_create = false
+
+[defaults]
+mode = "shadow"
+retry_ratio = 0.1
+min_retries_per_sec = 5
+retry_burst = 50
+window = "30s"
+window_buckets = 15
+min_calls = 10
+failure_rate_threshold = 40
+slow_call_rate_threshold = 80
+slow_call_duration = "750ms"
+open_for = "2s"
+open_for_max = "1h"
+open_jitter = "0s"
+half_open_probes = 2
+probe_timeout = "3s"
+close_after = 4
+bulkhead_limit = 32
+bulkhead_timeout = "90s"
+)");
+  EXPECT_EQ(cfg.daemon.segment, "retryd-alt");
+  EXPECT_EQ(cfg.daemon.owner, "root");
+  EXPECT_EQ(cfg.daemon.group, "root");
+  EXPECT_EQ(cfg.daemon.mode, 0640u);
+  EXPECT_EQ(cfg.daemon.max_dependencies, 64u);
+  EXPECT_EQ(cfg.daemon.max_processes, 128u);
+  EXPECT_EQ(cfg.daemon.tick_ms, 20u);
+  EXPECT_EQ(cfg.daemon.metrics_textfile, "/tmp/x.prom");
+  EXPECT_EQ(cfg.daemon.metrics_interval_ms, 60'000u);
+  EXPECT_FALSE(cfg.daemon.auto_create);
+  const shm::Policy& p = cfg.defaults;
+  EXPECT_EQ(p.mode, shm::Mode::kShadow);
+  EXPECT_EQ(p.retry_ratio_milli, 100u);
+  EXPECT_EQ(p.min_retries_per_sec, 5u);
+  EXPECT_EQ(p.retry_burst, 50u);
+  EXPECT_EQ(p.window_ms, 30'000u);
+  EXPECT_EQ(p.window_buckets, 15u);
+  EXPECT_EQ(p.min_calls, 10u);
+  EXPECT_EQ(p.failure_rate_pct, 40u);
+  EXPECT_EQ(p.slow_call_rate_pct, 80u);
+  EXPECT_EQ(p.slow_call_ms, 750u);
+  EXPECT_EQ(p.open_for_ms, 2'000u);
+  EXPECT_EQ(p.open_for_max_ms, 3'600'000u);
+  EXPECT_EQ(p.open_jitter_ms, 0u);
+  EXPECT_EQ(p.half_open_probes, 2u);
+  EXPECT_EQ(p.probe_timeout_ms, 3'000u);
+  EXPECT_EQ(p.close_after, 4u);
+  EXPECT_EQ(p.bulkhead_limit, 32u);
+  EXPECT_EQ(p.bulkhead_timeout_ms, 90'000u);
+}
+
+TEST(ConfigTest, DependencyStartsFromTheDefaultsWhereverTheyAppear) {
+  // [defaults] after the dependency: the dependency still inherits it.
+  Config cfg = MustParse(R"(
+[dependency.payments-api]
+retry_ratio = 0.05
+bulkhead_limit = 8
+
+[dependency."db.primary:5432"]
+
+[defaults]
+retry_burst = 7
+mode = "shadow"
+)");
+  ASSERT_EQ(cfg.dependencies.size(), 2u);
+  const shm::Policy& api = cfg.dependencies.at("payments-api");
+  EXPECT_EQ(api.retry_ratio_milli, 50u);
+  EXPECT_EQ(api.bulkhead_limit, 8u);
+  EXPECT_EQ(api.retry_burst, 7u);
+  EXPECT_EQ(api.mode, shm::Mode::kShadow);
+  const shm::Policy& db = cfg.dependencies.at("db.primary:5432");
+  EXPECT_TRUE(SamePolicy(db, cfg.defaults));
+  EXPECT_EQ(cfg.defaults.retry_ratio_milli, 200u);
+}
+
+TEST(ConfigTest, IntegerRetryRatioIsAccepted) {
+  EXPECT_EQ(MustParse("[defaults]\nretry_ratio = 1\n").defaults.retry_ratio_milli, 1000u);
+}
+
+TEST(ConfigTest, ErrorLeavesOutputUnchanged) {
+  Config cfg = BuiltinConfig();
+  cfg.daemon.segment = "sentinel";
+  EXPECT_FALSE(ParseConfig("[daemon]\ntick = \"x\"\n", "t.toml", &cfg).ok());
+  EXPECT_EQ(cfg.daemon.segment, "sentinel");
+}
+
+struct BadCase {
+  const char* name;
+  const char* text;
+  std::vector<const char*> expected;  // every one must appear in the message
+};
+
+class ConfigErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ConfigErrorTest, NamesLocationKeyAndValue) {
+  const BadCase& c = GetParam();
+  Config cfg;
+  Status st = ParseConfig(c.text, "bad.toml", &cfg);
+  ASSERT_FALSE(st.ok()) << c.name;
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  for (const char* want : c.expected) {
+    EXPECT_NE(st.message().find(want), std::string::npos)
+        << c.name << ": expected \"" << want << "\" in: " << st.message();
+  }
+}
+
+const BadCase kBadCases[] = {
+    {"toml_syntax", "[daemon\nsegment = 1\n", {"bad.toml:1:"}},
+    {"bad_duration_unit",
+     "[defaults]\nwindow = \"10 sec\"\n",
+     {"bad.toml:2:10: key 'defaults.window': bad duration \"10 sec\" "
+      "(use a number with ms, s, m or h, e.g. \"500ms\")"}},
+    {"duration_as_integer",
+     "[defaults]\nopen_for = 500\n",
+     {"bad.toml:2:", "key 'defaults.open_for'", "bad duration 500", "use a string like \"500ms\""}},
+    {"duration_as_float", "[defaults]\nopen_for = 1.5\n", {"key 'defaults.open_for'", "1.5"}},
+    {"duration_negative", "[defaults]\nprobe_timeout = \"-1s\"\n",
+     {"key 'defaults.probe_timeout'", "\"-1s\""}},
+    {"duration_overflow", "[defaults]\nopen_for = \"9999999h\"\n",
+     {"key 'defaults.open_for'", "\"9999999h\""}},
+    {"duration_out_of_policy_range", "[defaults]\nopen_for = \"48h\"\n",
+     {"bad.toml:2:", "key 'defaults.open_for'", "open_for (ms) must be 1..86400000, got 172800000"}},
+    {"unknown_default_key",
+     "[defaults]\nretry_ration = 0.3\n",
+     {"bad.toml:2:1: unknown key 'retry_ration' in [defaults]", "did you mean 'retry_ratio'?",
+      "valid keys: mode, retry_ratio, min_retries_per_sec"}},
+    {"unknown_daemon_key", "[daemon]\nsegmnet = \"x\"\n",
+     {"bad.toml:2:1: unknown key 'segmnet' in [daemon]", "did you mean 'segment'?",
+      "valid keys: segment, owner"}},
+    {"unknown_dependency_key", "[dependency.db]\nburst = 3\n",
+     {"bad.toml:2:1: unknown key 'burst' in [dependency.db]", "valid keys:"}},
+    {"unknown_section", "[deamon]\nsegment = \"x\"\n",
+     {"bad.toml:1:", "unknown section [deamon]", "valid sections: [daemon], [defaults], [dependency.NAME]"}},
+    {"unknown_top_level_key", "segment = \"x\"\n",
+     {"bad.toml:1:1: unknown key 'segment' at top level"}},
+    {"section_not_a_table", "daemon = 3\n", {"bad.toml:1:", "key 'daemon'", "expected a table", "3"}},
+    {"dependency_not_a_table", "[dependency]\ndb = 3\n",
+     {"bad.toml:2:", "key 'dependency.db'", "expected a table"}},
+    {"bad_dependency_name", "[dependency.\"bad name!\"]\n",
+     {"bad.toml:1:", "bad dependency name 'bad name!'", "A-Z a-z 0-9 _ . : -"}},
+    {"dependency_name_too_long",
+     "[dependency.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]\n",
+     {"bad dependency name", "1..47 characters"}},
+    {"wrong_type_integer", "[daemon]\nmax_processes = \"many\"\n",
+     {"bad.toml:2:", "key 'daemon.max_processes': expected an integer, got a string \"many\""}},
+    {"wrong_type_bool", "[daemon]\nauto_create = \"yes\"\n",
+     {"key 'daemon.auto_create': expected a boolean (true or false), got a string \"yes\""}},
+    {"wrong_type_string", "[daemon]\nsegment = 5\n", {"key 'daemon.segment': expected a string, got an integer 5"}},
+    {"bad_segment_name", "[daemon]\nsegment = \"a/b\"\n",
+     {"key 'daemon.segment': bad segment name \"a/b\"", "no '/'"}},
+    {"mode_as_integer", "[daemon]\nmode = 660\n", {"key 'daemon.mode': bad mode 660", "use a string like \"0660\""}},
+    {"mode_not_octal", "[daemon]\nmode = \"0980\"\n", {"key 'daemon.mode': bad mode \"0980\"", "0000..0777"}},
+    {"mode_too_wide", "[daemon]\nmode = \"4755\"\n", {"bad mode \"4755\""}},
+    {"max_processes_zero", "[daemon]\nmax_processes = 0\n",
+     {"key 'daemon.max_processes': value 0 out of range (valid: 1..65534)"}},
+    {"max_dependencies_too_many", "[daemon]\nmax_dependencies = 70000\n",
+     {"key 'daemon.max_dependencies': value 70000 out of range (valid: 1..65535)"}},
+    {"tick_too_long", "[daemon]\ntick = \"2s\"\n",
+     {"key 'daemon.tick': duration \"2s\" out of range (valid: 1ms to 1s)"}},
+    {"tick_zero", "[daemon]\ntick = \"0ms\"\n", {"key 'daemon.tick'", "out of range"}},
+    {"metrics_interval_too_short", "[daemon]\nmetrics_interval = \"10ms\"\n",
+     {"key 'daemon.metrics_interval'", "valid: 100ms to 1h"}},
+    {"bad_policy_mode", "[defaults]\nmode = \"enforcing\"\n",
+     {"key 'defaults.mode': bad mode \"enforcing\" (valid: enforce, shadow, disabled, forced-open)"}},
+    {"policy_mode_not_string", "[defaults]\nmode = 1\n", {"key 'defaults.mode': expected a string"}},
+    {"ratio_negative", "[defaults]\nretry_ratio = -0.5\n",
+     {"key 'defaults.retry_ratio': value -0.5 out of range (valid: 0.0 to 100"}},
+    {"ratio_too_big", "[defaults]\nretry_ratio = 150.0\n", {"key 'defaults.retry_ratio'", "150"}},
+    {"ratio_nan", "[defaults]\nretry_ratio = nan\n", {"key 'defaults.retry_ratio'", "out of range"}},
+    {"ratio_string", "[defaults]\nretry_ratio = \"20%\"\n",
+     {"key 'defaults.retry_ratio': expected a number like 0.2, got a string \"20%\""}},
+    {"negative_count", "[defaults]\nmin_calls = -1\n", {"key 'defaults.min_calls': value -1 out of range"}},
+    {"count_over_32_bits", "[defaults]\nretry_burst = 5000000000\n",
+     {"key 'defaults.retry_burst': value 5000000000 out of range"}},
+    {"buckets_out_of_range", "[defaults]\nwindow_buckets = 40\n",
+     {"bad.toml:2:", "key 'defaults.window_buckets': window_buckets must be 1..16, got 40"}},
+    {"failure_rate_zero", "[defaults]\nfailure_rate_threshold = 0\n",
+     {"key 'defaults.failure_rate_threshold': failure_rate_threshold (%) must be 1..100, got 0"}},
+    {"slow_rate_over_100", "[defaults]\nslow_call_rate_threshold = 101\n",
+     {"key 'defaults.slow_call_rate_threshold'", "must be 1..100, got 101"}},
+    {"probes_over_max", "[dependency.db]\nhalf_open_probes = 9\n",
+     {"bad.toml:2:", "key 'dependency.db.half_open_probes': half_open_probes must be 1..8, got 9"}},
+    {"bulkhead_over_max", "[defaults]\nbulkhead_limit = 129\n", {"bulkhead_limit must be 0..128, got 129"}},
+    {"close_after_zero", "[defaults]\nclose_after = 0\n", {"close_after must be 1..255, got 0"}},
+    {"window_too_short", "[defaults]\nwindow = \"50ms\"\n", {"key 'defaults.window'", "window (ms) must be 100..3600000, got 50"}},
+    {"open_for_max_below_open_for", "[dependency.db]\nopen_for = \"1m\"\n",
+     {"[dependency.db]", "open_for_max (ms) must be 60000..86400000, got 30000"}},
+    {"bucket_too_short", "[defaults]\nwindow = \"200ms\"\nwindow_buckets = 16\n",
+     {"bad.toml:2:10: key 'defaults.window'", "window / window_buckets must be at least 50ms, got 12ms"}},
+    {"too_many_dependencies", "[daemon]\nmax_dependencies = 1\n[dependency.a]\n[dependency.b]\n",
+     {"2 dependencies configured, more than daemon.max_dependencies (1)"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(AllErrors, ConfigErrorTest, ::testing::ValuesIn(kBadCases),
+                         [](const ::testing::TestParamInfo<BadCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(ConfigTest, MissingFileIsNotFoundNamingThePath) {
+  Config cfg;
+  Status st = LoadConfigFile("/nonexistent/retryd.toml", &cfg);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_NE(st.message().find("/nonexistent/retryd.toml"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("No such file"), std::string::npos) << st.message();
+}
+
+TEST(ConfigTest, FileErrorsCarryThePath) {
+  const std::string path = ::testing::TempDir() + "/config_test_bad.toml";
+  {
+    std::ofstream out(path);
+    out << "[defaults]\n\nwindow = \"forever\"\n";
+  }
+  Config cfg;
+  Status st = LoadConfigFile(path, &cfg);
+  std::remove(path.c_str());
+  EXPECT_NE(st.message().find(path + ":3:10: key 'defaults.window': bad duration \"forever\""),
+            std::string::npos)
+      << st.message();
+}
+
+TEST(DurationTest, ParsesUnits) {
+  struct { const char* text; uint32_t ms; } good[] = {
+      {"0s", 0}, {"500ms", 500}, {"10s", 10'000}, {"2m", 120'000}, {"1h", 3'600'000},
+      {"4294967295ms", 4'294'967'295u}, {"1193h", 4'294'800'000u}};
+  for (const auto& g : good) {
+    uint32_t ms = 1;
+    EXPECT_TRUE(ParseDurationMs(g.text, &ms)) << g.text;
+    EXPECT_EQ(ms, g.ms) << g.text;
+  }
+  for (const char* bad : {"", "s", "10", "10 s", " 10s", "10S", "1.5s", "-1s", "+1s", "10sec",
+                          "1d", "4294967296ms", "1194h", "99999999999999999999s"}) {
+    uint32_t ms = 0;
+    EXPECT_FALSE(ParseDurationMs(bad, &ms)) << bad;
+  }
+}
+
+TEST(DurationTest, FormatsInTheLargestUnit) {
+  EXPECT_EQ(FormatDurationMs(0), "0s");
+  EXPECT_EQ(FormatDurationMs(1500), "1500ms");
+  EXPECT_EQ(FormatDurationMs(10'000), "10s");
+  EXPECT_EQ(FormatDurationMs(120'000), "2m");
+  EXPECT_EQ(FormatDurationMs(3'600'000), "1h");
+}
+
+}  // namespace
+}  // namespace retryd::daemon

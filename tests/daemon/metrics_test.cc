@@ -1,0 +1,134 @@
+// Tests of daemon/metrics: RenderPrometheus on a process-private segment driven through the
+// real admission code, checked by a strict reader of the exposition format.
+#include "daemon/metrics.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <map>
+
+#include "shm/admission.h"
+#include "shm/registry.h"
+#include "tests/daemon/prometheus_check.h"
+
+namespace retryd::daemon {
+namespace {
+
+constexpr uint64_t kSec = 1'000'000'000;
+
+TEST(MetricsTest, RendersStateAndCountersOfActiveDependencies) {
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(16, 16, shm::Policy{});
+  shm::Policy p;
+  p.min_calls = 2;
+  p.open_for_ms = 3'600'000;
+  p.open_for_max_ms = 3'600'000;
+  p.bulkhead_limit = 4;
+  uint32_t db = 0, gone = 0, idle = 0;
+  ASSERT_TRUE(seg->PutDependency("db", p, &db).ok());
+  ASSERT_TRUE(seg->PutDependency("gone", p, &gone).ok());
+  ASSERT_TRUE(seg->PutDependency("idle:443", shm::Policy{}, &idle).ok());
+  seg->Retire(gone);
+
+  shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 12345};
+  ASSERT_NE(caller.owner, shm::kUnknownOwner);
+  const uint64_t now = 100 * kSec;
+  shm::DependencySlot& slot = *seg->dependency(db);
+  shm::Permit a, b, held, retry;
+  ASSERT_EQ(shm::Admit(slot, db, 0, now, caller, &a), shm::Decision::kAdmitted);
+  ASSERT_EQ(shm::Admit(slot, db, 0, now, caller, &b), shm::Decision::kAdmitted);
+  ASSERT_EQ(shm::Admit(slot, db, 0, now, caller, &held), shm::Decision::kAdmitted);
+  shm::Complete(slot, &a, shm::Outcome::kFailure, 1'000'000, now, caller);
+  shm::Complete(slot, &b, shm::Outcome::kFailure, 1'000'000, now, caller);
+  EXPECT_EQ(shm::Admit(slot, db, 1, now, caller, &retry), shm::Decision::kRejectedOpen);
+  shm::Complete(slot, &retry, shm::Outcome::kSuccess, 0, now, caller);
+  seg->header().heartbeat_ns.store(now - 2 * kSec);
+  seg->header().daemon_pid.store(4242);
+
+  const std::string text = RenderPrometheus(*seg, now);
+  std::map<std::string, double> s;
+  ASSERT_EQ(testing::ParsePrometheus(text, &s), "") << text;
+
+  const std::string d = "{dependency=\"db\"}";
+  EXPECT_EQ(s.at("retryd_breaker_state" + d), 1);
+  EXPECT_EQ(s.at("retryd_first_attempts_total" + d), 3);
+  EXPECT_EQ(s.at("retryd_retries_granted_total" + d), 0);
+  EXPECT_EQ(s.at("retryd_calls_total{dependency=\"db\",outcome=\"failure\"}"), 2);
+  EXPECT_EQ(s.at("retryd_calls_total{dependency=\"db\",outcome=\"success\"}"), 0);
+  EXPECT_EQ(s.at("retryd_rejections_total{dependency=\"db\",reason=\"open\"}"), 1);
+  EXPECT_EQ(s.at("retryd_rejections_total{dependency=\"db\",reason=\"bulkhead_full\"}"), 0);
+  EXPECT_EQ(s.at("retryd_state_transitions_total{dependency=\"db\",to=\"open\"}"), 1);
+  EXPECT_EQ(s.at("retryd_leases_reclaimed_total{dependency=\"db\",why=\"dead\"}"), 0);
+  EXPECT_EQ(s.at("retryd_leases_reclaimed_total{dependency=\"db\",why=\"expired\"}"), 0);
+  EXPECT_EQ(s.at("retryd_bulkhead_in_flight" + d), 1);
+  EXPECT_EQ(s.at("retryd_bulkhead_limit" + d), 4);
+  EXPECT_EQ(s.at("retryd_probes_in_flight" + d), 0);
+  EXPECT_EQ(s.at("retryd_retry_tokens" + d), 100);
+  EXPECT_EQ(s.at("retryd_retry_burst" + d), 100);
+  EXPECT_EQ(s.at("retryd_window_calls" + d), 2);
+  EXPECT_EQ(s.at("retryd_window_failures" + d), 2);
+  EXPECT_EQ(s.at("retryd_mode{dependency=\"db\",mode=\"enforce\"}"), 1);
+  EXPECT_EQ(s.at("retryd_breaker_state{dependency=\"idle:443\"}"), 0);
+  EXPECT_EQ(s.at("retryd_dependencies"), 2);
+  EXPECT_EQ(s.at("retryd_dependency_slots"), 16);
+  EXPECT_EQ(s.at("retryd_attached_processes"), 1);
+  EXPECT_EQ(s.at("retryd_daemon_pid"), 4242);
+  EXPECT_EQ(s.at("retryd_daemon_heartbeat_age_seconds"), 2);
+  // A retired dependency is not exported.
+  EXPECT_EQ(text.find("gone"), std::string::npos);
+  shm::Complete(slot, &held, shm::Outcome::kSuccess, 0, now, caller);
+}
+
+TEST(MetricsTest, ModeAndTokensFollowTheSegment) {
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(4, 4, shm::Policy{});
+  shm::Policy p;
+  p.mode = shm::Mode::kShadow;
+  p.retry_burst = 5;
+  p.min_retries_per_sec = 0;
+  uint32_t i = 0;
+  ASSERT_TRUE(seg->PutDependency("api", p, &i).ok());
+  shm::Caller caller{shm::kUnknownOwner, 0, 7};
+  const uint64_t now = 50 * kSec;
+  for (int n = 0; n < 3; ++n) {
+    shm::Permit permit;
+    ASSERT_TRUE(shm::IsAdmitted(shm::Admit(*seg->dependency(i), i, 1, now, caller, &permit)));
+    shm::Complete(*seg->dependency(i), &permit, shm::Outcome::kSuccess, 0, now, caller);
+  }
+  std::map<std::string, double> s;
+  ASSERT_EQ(testing::ParsePrometheus(RenderPrometheus(*seg, now), &s), "");
+  EXPECT_EQ(s.at("retryd_mode{dependency=\"api\",mode=\"shadow\"}"), 1);
+  EXPECT_EQ(s.at("retryd_retries_granted_total{dependency=\"api\"}"), 3);
+  EXPECT_EQ(s.at("retryd_retry_tokens{dependency=\"api\"}"), 2);
+  EXPECT_EQ(s.at("retryd_daemon_pid"), 0);
+}
+
+TEST(MetricsTest, EmptySegmentIsWellFormed) {
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(1, 1, shm::Policy{});
+  std::map<std::string, double> s;
+  const std::string text = RenderPrometheus(*seg, kSec);
+  ASSERT_EQ(testing::ParsePrometheus(text, &s), "") << text;
+  EXPECT_EQ(s.at("retryd_dependencies"), 0);
+  EXPECT_EQ(s.at("retryd_daemon_heartbeat_age_seconds"), 0);
+}
+
+TEST(PrometheusCheckTest, RejectsMalformedText) {
+  std::map<std::string, double> s;
+  EXPECT_NE(testing::ParsePrometheus("x 1\n", &s), "");  // no HELP/TYPE
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a_total h\n# TYPE a_total counter\na_total 1", &s), "");
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a h\n# TYPE a counter\na 1\n", &s), "");
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a h\n# TYPE a gauge\na{x=\"1\"} 1\na{x=\"1\"} 2\n", &s), "");
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a h\n# TYPE a gauge\na{x=1} 1\n", &s), "");
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a h\n# TYPE a gauge\na{x=\"1\"} one\n", &s), "");
+  s.clear();
+  EXPECT_NE(testing::ParsePrometheus("# HELP a h\n# TYPE a summary\na 1\n", &s), "");
+  s.clear();
+  EXPECT_EQ(testing::ParsePrometheus("# HELP a h\n# TYPE a gauge\na{x=\"1\",y=\"q\\\"\"} 1.5\n", &s), "");
+  EXPECT_EQ(s.at("a{x=\"1\",y=\"q\\\"\"}"), 1.5);
+}
+
+}  // namespace
+}  // namespace retryd::daemon

@@ -1,0 +1,470 @@
+// Tests of the real `retryd` binary as a process: sd_notify on a test socket, SIGHUP reload,
+// SIGTERM, kill -9 and restart, dead workers killed with SIGKILL, the metrics textfile and
+// --check_config. Each test uses its own segment name and removes it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
+#include "tests/daemon/daemon_harness.h"
+#include "tests/daemon/prometheus_check.h"
+
+namespace retryd::daemon {
+namespace {
+
+using testing::DaemonProcess;
+using testing::NotifySocket;
+using testing::ReadFile;
+using testing::TempPath;
+using testing::UniqueName;
+using testing::WriteFile;
+
+constexpr int kReadyTimeoutMs = 10'000;
+
+// A dependency whose breaker opens after two failures and stays open for an hour.
+constexpr char kTrippy[] =
+    "min_calls = 2\nfailure_rate_threshold = 50\nopen_for = \"1h\"\nopen_for_max = \"1h\"\n";
+
+bool LogHas(const DaemonProcess& d, const std::string& text, int timeout_ms = 3'000) {
+  for (int waited = 0;; waited += 10) {
+    if (d.Log().find(text) != std::string::npos) return true;
+    if (waited >= timeout_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+shm::BreakerState StateOf(const shm::DependencySlot& slot) {
+  return shm::BreakerWord::Decode(slot.breaker.load()).state;
+}
+
+class DaemonProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    segment_ = UniqueName();
+    config_ = TempPath(".toml");
+  }
+  void TearDown() override {
+    shm::Segment::Remove(segment_);
+    unlink(config_.c_str());
+  }
+
+  std::string Config(const std::string& rest) const {
+    return "[daemon]\nsegment = \"" + segment_ + "\"\nmax_dependencies = 64\nmax_processes = 64\n" +
+           rest;
+  }
+
+  // StartDaemon writes `config_text` and starts retryd on it, waiting for READY=1.
+  std::unique_ptr<DaemonProcess> StartDaemon(const std::string& config_text,
+                                             std::vector<std::string> extra = {}) {
+    WriteFile(config_, config_text);
+    extra.insert(extra.begin(), "--config=" + config_);
+    auto d = std::make_unique<DaemonProcess>(extra, notify_.path());
+    ready_message_ = notify_.WaitFor("READY=1", kReadyTimeoutMs);
+    EXPECT_NE(ready_message_, "") << "no READY=1; log:\n" << d->Log();
+    return d;
+  }
+
+  std::unique_ptr<shm::Segment> Attach(const std::string& name = "") {
+    std::unique_ptr<shm::Segment> seg;
+    Status st = shm::Segment::Attach(name.empty() ? segment_ : name, shm::Access::kReadWrite, &seg);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return seg;
+  }
+
+  // OpenBreaker trips `name` (configured with kTrippy) with two failures, as a worker would.
+  void OpenBreaker(shm::Segment& seg, const std::string& name) {
+    const int32_t i = seg.Find(name);
+    ASSERT_GE(i, 0) << name;
+    shm::DependencySlot& slot = *seg.dependency(uint32_t(i));
+    shm::Caller caller{shm::RegisterProcess(seg, getpid()), 0, 99};
+    const uint64_t now = shm::PreciseNowNs();
+    shm::Permit a, b;
+    ASSERT_EQ(shm::Admit(slot, uint32_t(i), 0, now, caller, &a), shm::Decision::kAdmitted);
+    ASSERT_EQ(shm::Admit(slot, uint32_t(i), 0, now, caller, &b), shm::Decision::kAdmitted);
+    shm::Complete(slot, &a, shm::Outcome::kFailure, 1'000, now, caller);
+    shm::Complete(slot, &b, shm::Outcome::kFailure, 1'000, now, caller);
+    shm::UnregisterProcess(seg, caller.owner, getpid());
+    ASSERT_EQ(StateOf(slot), shm::BreakerState::kOpen);
+  }
+
+  std::string segment_;
+  std::string config_;
+  std::string ready_message_;
+  NotifySocket notify_;
+};
+
+TEST_F(DaemonProcessTest, NotifiesReadyWithStatusAndStopsCleanlyLeavingTheSegment) {
+  auto d = StartDaemon(Config("[dependency.db]\n"));
+  EXPECT_NE(ready_message_.find("STATUS=1 dependency, 0 open, 0 processes attached"),
+            std::string::npos)
+      << ready_message_;
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  EXPECT_GE(seg->Find("db"), 0);
+  EXPECT_EQ(seg->header().daemon_pid.load(), uint32_t(d->pid()));
+  EXPECT_GE(seg->header().generation.load(), 1u);
+  EXPECT_TRUE(seg->header().flags.load() & shm::kFlagAutoCreate);
+  const uint64_t beat = seg->header().heartbeat_ns.load();
+  EXPECT_NE(beat, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_GT(seg->header().heartbeat_ns.load(), beat) << "the tick (10ms) writes a heartbeat";
+  EXPECT_TRUE(LogHas(*d, "segment: created '" + segment_ + "'"));
+  // The status line follows the segment (refreshed every second).
+  const uint16_t owner = shm::RegisterProcess(*seg, getpid());
+  EXPECT_NE(notify_.WaitFor("STATUS=1 dependency, 0 open, 1 process attached", 3'000), "");
+  shm::UnregisterProcess(*seg, owner, getpid());
+
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(5'000), 0);
+  EXPECT_NE(notify_.WaitFor("STOPPING=1", 1'000), "");
+  std::unique_ptr<shm::Segment> again;
+  EXPECT_TRUE(shm::Segment::Attach(segment_, shm::Access::kReadOnly, &again).ok())
+      << "SIGTERM must leave the segment in place";
+  EXPECT_EQ(again->header().daemon_pid.load(), 0u);
+}
+
+TEST_F(DaemonProcessTest, SigintStopsCleanlyToo) {
+  auto d = StartDaemon(Config(""));
+  d->Signal(SIGINT);
+  EXPECT_EQ(d->Wait(5'000), 0);
+  EXPECT_TRUE(LogHas(*d, "Interrupt"));
+}
+
+TEST_F(DaemonProcessTest, SegmentFlagOverridesTheConfig) {
+  const std::string unused = segment_ + "-unused";
+  WriteFile(config_, "[daemon]\nsegment = \"" + unused + "\"\n");
+  DaemonProcess d({"--config=" + config_, "--segment=" + segment_, "--tick_ms=5"}, notify_.path());
+  ASSERT_NE(notify_.WaitFor("READY=1", kReadyTimeoutMs), "") << d.Log();
+  std::unique_ptr<shm::Segment> seg;
+  EXPECT_TRUE(shm::Segment::Attach(segment_, shm::Access::kReadOnly, &seg).ok());
+  EXPECT_EQ(shm::Segment::Attach(unused, shm::Access::kReadOnly, &seg).code(),
+            Status::Code::kNotFound);
+  EXPECT_TRUE(LogHas(d, "tick 5ms"));
+  shm::Segment::Remove(unused);
+}
+
+TEST_F(DaemonProcessTest, ReloadAddsChangesAndRetiresWithoutLosingState) {
+  auto d = StartDaemon(Config(std::string("[dependency.a]\n[dependency.b]\n") + kTrippy));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  OpenBreaker(*seg, "b");
+  uint32_t worker_dep = 0;
+  ASSERT_TRUE(seg->CreateOnTheFly("created-by-worker", &worker_dep).ok());
+  const int32_t a = seg->Find("a");
+  const int32_t b = seg->Find("b");
+  ASSERT_GE(a, 0);
+  const uint64_t generation = seg->header().generation.load();
+
+  WriteFile(config_, Config(std::string("[dependency.b]\n") + kTrippy +
+                            "retry_burst = 7\n[dependency.c]\nmode = \"shadow\"\n"));
+  d->Signal(SIGHUP);
+  const std::string reloading = notify_.WaitFor("RELOADING=1", 5'000);
+  ASSERT_NE(reloading, "") << d->Log();
+  EXPECT_NE(reloading.find("MONOTONIC_USEC="), std::string::npos) << reloading;
+  const std::string ready = notify_.WaitFor("READY=1", 5'000);
+  ASSERT_NE(ready, "") << d->Log();
+  EXPECT_EQ(ready.find("failed"), std::string::npos) << ready;
+
+  EXPECT_EQ(seg->Find("a"), -1) << "a left the config: retired";
+  EXPECT_EQ(seg->dependency(uint32_t(a))->state.load(), uint32_t(shm::SlotState::kRetired));
+  EXPECT_EQ(seg->Find("b"), b) << "b keeps its slot";
+  EXPECT_EQ(StateOf(*seg->dependency(uint32_t(b))), shm::BreakerState::kOpen)
+      << "b's breaker stays open under its new policy";
+  EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(b))->policy).retry_burst, 7u);
+  const int32_t c = seg->Find("c");
+  ASSERT_GE(c, 0);
+  EXPECT_EQ(seg->dependency(uint32_t(c))->mode.load(), uint32_t(shm::Mode::kShadow));
+  EXPECT_EQ(seg->Find("created-by-worker"), int32_t(worker_dep))
+      << "a dependency a worker created is not the config's to retire";
+  EXPECT_GT(seg->header().generation.load(), generation);
+  EXPECT_TRUE(LogHas(*d, "dependency a: retired"));
+  EXPECT_TRUE(LogHas(*d, "1 added, 1 changed, 1 retired"));
+}
+
+TEST_F(DaemonProcessTest, BadReloadKeepsTheRunningConfig) {
+  auto d = StartDaemon(Config("[dependency.db]\nretry_burst = 5\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const uint64_t generation = seg->header().generation.load();
+
+  WriteFile(config_, Config("[dependency.db]\nretry_burst = 6\nwindow = \"10 sec\"\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("RELOADING=1", 5'000), "");
+  const std::string ready = notify_.WaitFor("READY=1", 5'000);
+  EXPECT_NE(ready.find("last reload failed: " + config_ + ":7:10: key 'dependency.db.window': bad duration"),
+            std::string::npos)
+      << ready;
+  EXPECT_TRUE(LogHas(*d, "keeping the running config"));
+  EXPECT_EQ(kill(d->pid(), 0), 0) << "still running";
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).retry_burst, 5u);
+  EXPECT_EQ(seg->header().generation.load(), generation);
+
+  // Fixed: the next reload applies and clears the failure from the status.
+  WriteFile(config_, Config("[dependency.db]\nretry_burst = 6\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("RELOADING=1", 5'000), "");
+  const std::string fixed = notify_.WaitFor("READY=1", 5'000);
+  EXPECT_EQ(fixed.find("failed"), std::string::npos) << fixed;
+  EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).retry_burst, 6u);
+}
+
+TEST_F(DaemonProcessTest, RestartOnlySettingsAreKeptUntilRestart) {
+  auto d = StartDaemon(Config("[dependency.db]\n"));
+  std::string text = Config("[dependency.db]\n");
+  text.replace(text.find("max_processes = 64"), 18, "max_processes = 65");
+  WriteFile(config_, text);
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
+  EXPECT_TRUE(LogHas(*d, "daemon.max_processes changed (64 -> 65): takes effect at the next restart"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  EXPECT_EQ(seg->max_processes(), 64u);
+}
+
+TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload) {
+  auto d = StartDaemon(Config("[dependency.db]\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  // What `retryctl set-mode db shadow` does.
+  seg->dependency(uint32_t(db))->mode.store(uint32_t(shm::Mode::kShadow));
+  EXPECT_TRUE(LogHas(*d, "dependency db: mode enforce -> shadow"));
+  // And a reset.
+  shm::Reset(*seg->dependency(uint32_t(db)), shm::PreciseNowNs());
+  EXPECT_TRUE(LogHas(*d, "dependency db: breaker reset"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
+  EXPECT_EQ(seg->dependency(uint32_t(db))->mode.load(), uint32_t(shm::Mode::kShadow));
+}
+
+TEST_F(DaemonProcessTest, KillNineThenRestartAdoptsTheSegmentWithItsOpenBreaker) {
+  auto d = StartDaemon(Config(std::string("[dependency.db]\n") + kTrippy));
+  {
+    auto seg = Attach();
+    ASSERT_NE(seg, nullptr);
+    OpenBreaker(*seg, "db");
+  }
+  d->Signal(SIGKILL);
+  EXPECT_EQ(d->Wait(5'000), 128 + SIGKILL);
+
+  auto again = StartDaemon(Config(std::string("[dependency.db]\n") + kTrippy));
+  EXPECT_TRUE(LogHas(*again, "segment: adopted '" + segment_ + "'")) << again->Log();
+  EXPECT_NE(ready_message_.find("1 open"), std::string::npos) << ready_message_;
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  EXPECT_EQ(StateOf(*seg->dependency(uint32_t(db))), shm::BreakerState::kOpen);
+  EXPECT_EQ(seg->header().daemon_pid.load(), uint32_t(again->pid()));
+}
+
+TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSegmentRefusesToStart) {
+  auto first = StartDaemon(Config(""));
+  DaemonProcess second({"--config=" + config_}, "");
+  EXPECT_EQ(second.Wait(10'000), 1);
+  EXPECT_NE(second.Log().find("owned by a running retryd (pid " + std::to_string(first->pid())),
+            std::string::npos)
+      << second.Log();
+  EXPECT_EQ(kill(first->pid(), 0), 0);
+}
+
+TEST_F(DaemonProcessTest, DeadWorkersLeasesAreReclaimedWithinTwoTicks) {
+  constexpr int kTickMs = 100;
+  auto d = StartDaemon(Config("[dependency.bulk]\nbulkhead_limit = 4\n"
+                              "[dependency.probe]\nmin_calls = 2\nopen_for = \"100ms\"\n"
+                              "open_for_max = \"100ms\"\nopen_jitter = \"0s\"\n"
+                              "probe_timeout = \"1h\"\n"),
+                       {"--tick_ms=" + std::to_string(kTickMs)});
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t bulk = seg->Find("bulk");
+  const int32_t probe = seg->Find("probe");
+  ASSERT_GE(bulk, 0);
+  ASSERT_GE(probe, 0);
+  // Trip `probe` and let its open period pass: the worker's next admit is the half-open probe.
+  {
+    shm::DependencySlot& slot = *seg->dependency(uint32_t(probe));
+    shm::Caller caller{shm::kUnknownOwner, 0, 5};
+    const uint64_t now = shm::PreciseNowNs();
+    shm::Permit a, b;
+    shm::Admit(slot, uint32_t(probe), 0, now, caller, &a);
+    shm::Admit(slot, uint32_t(probe), 0, now, caller, &b);
+    shm::Complete(slot, &a, shm::Outcome::kFailure, 0, now, caller);
+    shm::Complete(slot, &b, shm::Outcome::kFailure, 0, now, caller);
+    ASSERT_EQ(StateOf(slot), shm::BreakerState::kOpen);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t worker = fork();
+  if (worker == 0) {
+    std::unique_ptr<shm::Segment> ws;
+    if (!shm::Segment::Attach(segment_, shm::Access::kReadWrite, &ws).ok()) _exit(1);
+    shm::Caller caller{shm::RegisterProcess(*ws, getpid()), 0, 77};
+    shm::Permit pb, pp;
+    const uint64_t now = shm::PreciseNowNs();
+    const char ok_bulk =
+        shm::Admit(*ws->dependency(uint32_t(bulk)), uint32_t(bulk), 0, now, caller, &pb) ==
+                shm::Decision::kAdmitted
+            ? 'b'
+            : 'x';
+    const char ok_probe =
+        shm::Admit(*ws->dependency(uint32_t(probe)), uint32_t(probe), 0, now, caller, &pp) ==
+                shm::Decision::kAdmittedProbe
+            ? 'p'
+            : 'x';
+    const char msg[2] = {ok_bulk, ok_probe};
+    if (write(ready[1], msg, 2) != 2) _exit(1);
+    for (;;) pause();  // holds both leases until killed
+  }
+  close(ready[1]);
+  char msg[2] = {};
+  ASSERT_EQ(read(ready[0], msg, 2), 2);
+  close(ready[0]);
+  EXPECT_EQ(msg[0], 'b') << "bulkhead lease taken";
+  EXPECT_EQ(msg[1], 'p') << "probe lease taken";
+  auto taken = [&] {
+    int n = 0;
+    for (auto& w : seg->dependency(uint32_t(bulk))->bulkhead_leases) n += w.load() != 0;
+    for (auto& w : seg->dependency(uint32_t(probe))->probe_leases) n += w.load() != 0;
+    return n;
+  };
+  ASSERT_EQ(taken(), 2);
+
+  kill(worker, SIGKILL);
+  waitpid(worker, nullptr, 0);
+  const auto died = std::chrono::steady_clock::now();
+  while (taken() != 0 && std::chrono::steady_clock::now() - died < std::chrono::seconds(3)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - died)
+                      .count();
+  EXPECT_EQ(taken(), 0) << "leases of the dead worker still held";
+  EXPECT_LE(ms, 2 * kTickMs) << "reclaimed " << ms << "ms after death";
+  RecordProperty("reclaim_ms", int(ms));
+  EXPECT_EQ(seg->dependency(uint32_t(bulk))->counters[shm::kLeasesReclaimedDead].load(), 1u);
+  EXPECT_EQ(seg->dependency(uint32_t(probe))->counters[shm::kLeasesReclaimedDead].load(), 1u);
+  for (uint32_t i = 0; i < seg->max_processes(); ++i) {
+    EXPECT_EQ(seg->process(i)->owner.load(), 0u) << "the dead worker's process slot is freed";
+  }
+}
+
+TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
+  const std::string prom = TempPath(".prom");
+  auto d = StartDaemon(Config("metrics_textfile = \"" + prom + "\"\nmetrics_interval = \"100ms\"\n"
+                              "[dependency.db]\n"));
+  std::string text;
+  for (int i = 0; i < 300 && text.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    text = ReadFile(prom);
+  }
+  ASSERT_FALSE(text.empty()) << d->Log();
+  std::map<std::string, double> s;
+  ASSERT_EQ(testing::ParsePrometheus(text, &s), "") << text;
+  EXPECT_EQ(s.at("retryd_breaker_state{dependency=\"db\"}"), 0);
+  EXPECT_EQ(s.at("retryd_daemon_pid"), d->pid());
+  EXPECT_LT(s.at("retryd_daemon_heartbeat_age_seconds"), 1.0);
+  EXPECT_EQ(s.at("retryd_dependencies"), 1);
+  EXPECT_EQ(access((prom + ".tmp." + std::to_string(d->pid())).c_str(), F_OK), -1)
+      << "the temporary file is renamed into place";
+  // Rewritten every interval: the heartbeat moves.
+  const double beat = s.at("retryd_daemon_heartbeat_timestamp_seconds");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::map<std::string, double> later;
+  ASSERT_EQ(testing::ParsePrometheus(ReadFile(prom), &later), "");
+  EXPECT_GT(later.at("retryd_daemon_heartbeat_timestamp_seconds"), beat);
+  unlink(prom.c_str());
+}
+
+TEST_F(DaemonProcessTest, AutoCreateOffIsPublishedAndUnknownNamesAreReported) {
+  auto d = StartDaemon(Config("auto_create = false\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  EXPECT_FALSE(seg->header().flags.load() & shm::kFlagAutoCreate);
+  uint32_t index = 0;
+  EXPECT_EQ(seg->CreateOnTheFly("unknown-dep", &index).code(), Status::Code::kNotFound);
+  EXPECT_TRUE(LogHas(*d, "workers named unconfigured dependencies 1 times"));
+}
+
+TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
+  WriteFile(config_, Config(""));
+  // systemd's WatchdogSec=200ms arrives as WATCHDOG_USEC: a ping at least every 100ms.
+  DaemonProcess d({"--config=" + config_}, notify_.path(), {"WATCHDOG_USEC=200000"});
+  ASSERT_NE(notify_.WaitFor("READY=1", kReadyTimeoutMs), "") << d.Log();
+  const auto start = std::chrono::steady_clock::now();
+  int pings = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1'000)) {
+    if (notify_.WaitFor("WATCHDOG=1", 300) == "") break;
+    ++pings;
+  }
+  EXPECT_GE(pings, 8) << "about 10 pings a second expected";
+  EXPECT_LE(pings, 12) << "no more often than half the interval";
+}
+
+TEST_F(DaemonProcessTest, StartFailsWithTheConfigError) {
+  WriteFile(config_, Config("[defaults]\nretry_ration = 0.3\n"));
+  DaemonProcess d({"--config=" + config_}, notify_.path());
+  EXPECT_EQ(d.Wait(10'000), 1);
+  EXPECT_NE(d.Log().find(config_ + ":6:1: unknown key 'retry_ration' in [defaults]"),
+            std::string::npos)
+      << d.Log();
+  EXPECT_EQ(notify_.WaitFor("READY=1", 200), "");
+}
+
+TEST_F(DaemonProcessTest, StartFailsOnAnUnknownOwner) {
+  WriteFile(config_, Config("owner = \"no-such-user-retryd-test\"\n"));
+  DaemonProcess d({"--config=" + config_}, "");
+  EXPECT_EQ(d.Wait(10'000), 1);
+  EXPECT_NE(d.Log().find("key 'daemon.owner': no such user \"no-such-user-retryd-test\""),
+            std::string::npos)
+      << d.Log();
+}
+
+TEST(CheckConfigTest, ExitCodesAndMessages) {
+  testing::RunResult ok = testing::RunToCompletion({"--check_config=" RETRYD_DEFAULT_CONFIG});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.out, std::string(RETRYD_DEFAULT_CONFIG) + ": OK\n");
+
+  const std::string bad = TempPath(".toml");
+  WriteFile(bad, "[dependency.db]\nwindow_buckets = 40\n");
+  testing::RunResult r = testing::RunToCompletion({"--check_config=" + bad});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, bad + ":2:18: key 'dependency.db.window_buckets': window_buckets must be 1..16, "
+                         "got 40\n");
+  EXPECT_EQ(r.out, "");
+
+  WriteFile(bad, "[daemon]\ngroup = \"no-such-group-retryd-test\"\n");
+  r = testing::RunToCompletion({"--check_config=" + bad});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("key 'daemon.group': no such group"), std::string::npos) << r.err;
+  unlink(bad.c_str());
+
+  r = testing::RunToCompletion({"--check_config=/nonexistent/retryd.toml"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/retryd.toml: cannot open config file: No such file"),
+            std::string::npos)
+      << r.err;
+
+  r = testing::RunToCompletion({"--tick_ms=5000"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--tick_ms=5000 out of range"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace retryd::daemon
