@@ -3,7 +3,7 @@
 //
 // The parent forks --workers processes. Each opens its own retryd::Client on --segment (a name
 // with no segment behind it makes every worker fall back to its own private limits: the
-// per-process case) and runs --threads threads that issue Poisson arrivals summing to
+// per-process case) and runs --threads threads that make Poisson arrivals summing to
 // --qps / --workers. A call is up to 1 + --max_retries attempts, each admitted by the client
 // library first, with full-jitter backoff (retryd::Backoff, base 200 ms, cap 5 s) between them.
 // An attempt that is a half-open probe carries `X-Retryd-Probe: 1` so the downstream can count

@@ -1,0 +1,64 @@
+// bench/stampede/report.h: the figures of a run, the CSV time series and the SVG plot.
+//
+// Definitions (docs/STAMPEDE.md explains them):
+//  - peak ratio: the largest arrival rate over a 100 ms bin (or a sliding 1 s window, stepped
+//    by one bin) divided by the scenario's baseline QPS; for requests read by the pods
+//    ("accepted", the downstream's own QPS metric) and for attempts the clients sent.
+//  - healthy window: over `health.window_ms`, attempts succeed at >= min_success_pct, their
+//    P99 (client-observed) is below max_p99_factor x the baseline P99 measured before the
+//    first stall, and user requests succeed at >= min_success_pct.
+//  - recovery: from the end of the last stall to the start of the first window after which
+//    every window is healthy; "not recovered" if the run ends unhealthy.
+// Thread safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/stampede/scenario.h"
+#include "bench/stampede/sim.h"
+
+namespace retryd::stampede {
+
+struct Summary {
+  std::string strategy;
+  double peak_accepted_100ms = 0;   // x baseline
+  double peak_accepted_1s = 0;
+  double peak_sent_100ms = 0;
+  double peak_sent_1s = 0;
+  double baseline_p99_ms = 0;
+  bool recovered = false;
+  double recovery_s = 0;            // from the end of the last stall
+  double unhealthy_s = 0;           // total time in unhealthy windows from the first stall on
+  uint64_t user_requests = 0;
+  uint64_t user_failed = 0;
+  double attempts_per_request = 0;  // attempts sent / user requests
+  uint64_t pod_kills = 0;
+  uint64_t breaker_opened = 0;
+  uint64_t half_opened = 0;
+  uint64_t probes = 0;
+  double probes_per_half_open = 0;  // per breaker (host-wide for retryd)
+  uint32_t max_probes_in_flight_per_host = 0;
+  uint32_t max_probes_per_bin = 0;  // fleet-wide, in the busiest bin
+  uint32_t breakers_per_host = 0;
+  uint64_t retries_denied = 0;
+  uint64_t rejected_open = 0;
+};
+
+Summary Summarize(const Scenario& sc, const Result& r);
+
+// SummaryTable renders the summaries side by side, one column per strategy.
+std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s);
+
+// SummaryCsv: one row per strategy, one column per figure (machine-readable).
+std::string SummaryCsv(const std::vector<Summary>& s);
+
+// TimeSeriesCsv: one row per bin: time, then per strategy accepted/s, sent/s, user failures/s
+// and pods up.
+std::string TimeSeriesCsv(const Scenario& sc, const std::vector<Result>& r);
+
+// Svg plots the requests the pods accepted per second, one line per strategy, with the
+// baseline and the stalls, above the attempts the clients sent.
+std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vector<Summary>& s);
+
+}  // namespace retryd::stampede

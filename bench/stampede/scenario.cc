@@ -1,0 +1,335 @@
+#include "bench/stampede/scenario.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace retryd::stampede {
+namespace {
+
+// Reader reads one TOML table, remembering which keys it consumed so that Finish can refuse
+// the ones nobody asked for.
+class Reader {
+ public:
+  Reader(const toml::table* t, std::string path, std::string source)
+      : t_(t), path_(std::move(path)), source_(std::move(source)) {}
+
+  const Status& status() const { return status_; }
+
+  void Double(const char* key, double* out, double lo, double hi) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    std::optional<double> v = n->value<double>();  // integers convert too
+    if (!v || !std::isfinite(*v)) return Fail(key, "must be a number");
+    if (*v < lo || *v > hi) return Fail(key, "must be in [" + Num(lo) + ", " + Num(hi) + "]");
+    *out = *v;
+  }
+  void Uint(const char* key, uint32_t* out, uint64_t lo, uint64_t hi) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    std::optional<int64_t> v = n->value_exact<int64_t>();
+    if (!v) return Fail(key, "must be an integer");
+    if (*v < int64_t(lo) || uint64_t(*v) > hi) {
+      return Fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    *out = uint32_t(*v);
+  }
+  void Uint64(const char* key, uint64_t* out) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    std::optional<int64_t> v = n->value_exact<int64_t>();
+    if (!v || *v < 0) return Fail(key, "must be a non-negative integer");
+    *out = uint64_t(*v);
+  }
+  void Bool(const char* key, bool* out) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    std::optional<bool> v = n->value_exact<bool>();
+    if (!v) return Fail(key, "must be true or false");
+    *out = *v;
+  }
+  void String(const char* key, std::string* out) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    std::optional<std::string> v = n->value_exact<std::string>();
+    if (!v) return Fail(key, "must be a string");
+    *out = *v;
+  }
+  // Duration reads "500ms", "10s", "2m" or a bare number of milliseconds.
+  void DurationMs(const char* key, uint32_t* out, uint32_t lo, uint32_t hi) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    double ms = -1;
+    if (std::optional<std::string> s = n->value_exact<std::string>()) {
+      ms = ParseDurationMs(*s);
+    } else if (std::optional<double> d = n->value<double>()) {
+      ms = *d;
+    }
+    if (!(ms >= 0)) return Fail(key, "must be a duration such as \"500ms\" or \"10s\"");
+    if (ms < lo || ms > hi) {
+      return Fail(key, "must be between " + std::to_string(lo) + " ms and " + std::to_string(hi) + " ms");
+    }
+    *out = uint32_t(std::llround(ms));
+  }
+  void UintList(const char* key, std::vector<uint32_t>* out) {
+    const toml::node* n = Get(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a) return Fail(key, "must be an array of integers");
+    out->clear();
+    for (const toml::node& e : *a) {
+      std::optional<int64_t> v = e.value_exact<int64_t>();
+      if (!v || *v < 0 || *v > 86'400'000) return Fail(key, "must hold integers in [0, 86400000]");
+      out->push_back(uint32_t(*v));
+    }
+  }
+  const toml::table* Table(const char* key) {
+    const toml::node* n = Get(key);
+    if (!n) return nullptr;
+    if (!n->as_table()) {
+      Fail(key, "must be a table");
+      return nullptr;
+    }
+    return n->as_table();
+  }
+  const toml::array* Array(const char* key) {
+    const toml::node* n = Get(key);
+    if (!n) return nullptr;
+    if (!n->as_array()) {
+      Fail(key, "must be an array of tables ([[" + std::string(key) + "]])");
+      return nullptr;
+    }
+    return n->as_array();
+  }
+  void Fail(const std::string& key, const std::string& what) {
+    if (status_.ok()) status_ = Status::InvalidArgument(source_ + ": " + Join(key) + " " + what);
+  }
+  // Finish refuses keys that were never read.
+  void Finish() {
+    if (!t_) return;
+    for (const auto& [k, v] : *t_) {
+      if (!seen_.count(std::string(k.str()))) Fail(std::string(k.str()), "is not a known key");
+    }
+  }
+  std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  static double ParseDurationMs(const std::string& s) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (end == s.c_str() || !(v >= 0)) return -1;
+    const std::string unit(end);
+    if (unit == "ms") return v;
+    if (unit == "s") return v * 1e3;
+    if (unit == "m") return v * 60e3;
+    if (unit == "h") return v * 3600e3;
+    if (unit == "us") return v / 1e3;
+    return -1;
+  }
+
+ private:
+  const toml::node* Get(const char* key) {
+    seen_.insert(key);
+    return t_ ? t_->get(key) : nullptr;
+  }
+  static std::string Num(double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  }
+  const toml::table* t_;
+  std::string path_;
+  std::string source_;
+  std::set<std::string> seen_;
+  Status status_;
+};
+
+Status Merge(Status a, const Status& b) { return a.ok() ? b : a; }
+
+Status ReadPolicy(const toml::table* t, const std::string& path, const std::string& source,
+                  shm::Policy* p) {
+  Reader r(t, path, source);
+  std::string mode;
+  r.String("mode", &mode);
+  if (!mode.empty() && !shm::ParseMode(mode, &p->mode)) {
+    r.Fail("mode", "must be enforce, shadow, disabled or forced-open");
+  }
+  double ratio = p->retry_ratio_milli / 1000.0;
+  r.Double("retry_ratio", &ratio, 0, shm::Policy::kMaxRatioMilli / 1000.0);
+  p->retry_ratio_milli = uint32_t(std::llround(ratio * 1000));
+  r.Uint("min_retries_per_sec", &p->min_retries_per_sec, 0, shm::Policy::kMaxRetriesPerSec);
+  r.Uint("retry_burst", &p->retry_burst, 0, shm::Policy::kMaxRetryBurst);
+  r.DurationMs("window", &p->window_ms, shm::Policy::kMinWindowMs, shm::Policy::kMaxWindowMs);
+  r.Uint("window_buckets", &p->window_buckets, 1, shm::kMaxBuckets);
+  r.Uint("min_calls", &p->min_calls, 1, 1'000'000);
+  r.Uint("failure_rate_threshold", &p->failure_rate_pct, 1, 100);
+  r.Uint("slow_call_rate_threshold", &p->slow_call_rate_pct, 1, 100);
+  r.DurationMs("slow_call_duration", &p->slow_call_ms, 0, shm::Policy::kMaxDurationMs);
+  r.DurationMs("open_for", &p->open_for_ms, 1, shm::Policy::kMaxDurationMs);
+  r.DurationMs("open_for_max", &p->open_for_max_ms, 1, shm::Policy::kMaxDurationMs);
+  r.DurationMs("open_jitter", &p->open_jitter_ms, 0, shm::Policy::kMaxDurationMs);
+  r.Uint("half_open_probes", &p->half_open_probes, 1, shm::kMaxProbes);
+  r.DurationMs("probe_timeout", &p->probe_timeout_ms, 1, shm::Policy::kMaxDurationMs);
+  r.Uint("close_after", &p->close_after, 1, 255);
+  r.Uint("bulkhead_limit", &p->bulkhead_limit, 0, shm::kMaxBulkhead);
+  r.DurationMs("bulkhead_timeout", &p->bulkhead_timeout_ms, 1, shm::Policy::kMaxDurationMs);
+  r.Finish();
+  if (!r.status().ok()) return r.status();
+  if (std::string problem = p->Validate(); !problem.empty()) {
+    return Status::InvalidArgument(source + ": " + path + ": " + problem);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* ScopeName(Scope s) { return s == Scope::kHost ? "host" : "process"; }
+
+Status ParseScenario(const std::string& text, const std::string& source, Scenario* out) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream o;
+    o << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+      << e.description();
+    return Status::InvalidArgument(o.str());
+  }
+  Scenario s;
+  Reader top(&root, "", source);
+  top.String("name", &s.name);
+  top.String("description", &s.description);
+
+  Reader run(top.Table("run"), "run", source);
+  run.Uint64("seed", &s.seed);
+  run.Double("duration_s", &s.duration_s, 1, 3'600);
+  run.Double("bin_ms", &s.bin_ms, 1, 10'000);
+  run.Finish();
+
+  Reader fleet(top.Table("fleet"), "fleet", source);
+  fleet.Uint("hosts", &s.hosts, 1, 10'000);
+  fleet.Uint("workers_per_host", &s.workers_per_host, 1, 1'000);
+  fleet.Double("baseline_qps", &s.baseline_qps, 1, 10'000'000);
+  fleet.Double("timeout_ms", &s.timeout_ms, 1, 600'000);
+  fleet.Finish();
+
+  Downstream& d = s.downstream;
+  Reader ds(top.Table("downstream"), "downstream", source);
+  ds.Uint("pods", &d.pods, 1, 10'000);
+  ds.Uint("threads_per_pod", &d.threads_per_pod, 1, 100'000);
+  ds.Uint("backlog_per_pod", &d.backlog_per_pod, 0, 10'000'000);
+  ds.Double("service_median_ms", &d.service_median_ms, 0.01, 600'000);
+  ds.Double("service_p99_ms", &d.service_p99_ms, 0.01, 600'000);
+  ds.Double("network_one_way_ms", &d.network_one_way_ms, 0, 10'000);
+  ds.Double("lb_reject_ms", &d.lb_reject_ms, 0, 10'000);
+  ds.Uint("overload_queue", &d.overload_queue, 1, 100'000'000);
+  ds.Double("overload_ms", &d.overload_ms, 0, 3'600'000);
+  ds.Uint("oom_queue", &d.oom_queue, 1, 100'000'000);
+  ds.Double("restart_ms", &d.restart_ms, 0, 3'600'000);
+  ds.Double("restart_jitter_ms", &d.restart_jitter_ms, 0, 3'600'000);
+  ds.Double("crash_backoff_ms", &d.crash_backoff_ms, 0, 3'600'000);
+  ds.Double("crash_backoff_max_ms", &d.crash_backoff_max_ms, 0, 3'600'000);
+  ds.Double("warmup_ms", &d.warmup_ms, 0, 3'600'000);
+  ds.Double("warmup_factor", &d.warmup_factor, 1, 100);
+  ds.Bool("process_abandoned", &d.process_abandoned);
+  ds.Finish();
+  if (ds.status().ok() && d.service_p99_ms < d.service_median_ms) {
+    ds.Fail("service_p99_ms", "must not be below service_median_ms");
+  }
+
+  Reader health(top.Table("health"), "health", source);
+  health.Double("window_ms", &s.health.window_ms, 1, 600'000);
+  health.Double("min_success_pct", &s.health.min_success_pct, 0, 100);
+  health.Double("max_p99_factor", &s.health.max_p99_factor, 1, 1'000);
+  health.Finish();
+
+  Status st = Merge(Merge(Merge(Merge(top.status(), run.status()), fleet.status()), ds.status()),
+                    health.status());
+
+  if (const toml::array* stalls = top.Array("stall")) {
+    for (size_t i = 0; i < stalls->size() && st.ok(); ++i) {
+      Stall stall;
+      Reader r((*stalls)[i].as_table(), "stall[" + std::to_string(i) + "]", source);
+      if (!(*stalls)[i].as_table()) r.Fail("", "must be a table ([[stall]])");
+      r.Double("start_s", &stall.start_s, 0, 3'600);
+      r.Double("duration_s", &stall.duration_s, 0, 3'600);
+      r.Finish();
+      st = Merge(st, r.status());
+      s.stalls.push_back(stall);
+    }
+  }
+
+  const toml::array* strategies = top.Array("strategy");
+  if (st.ok() && (!strategies || strategies->empty())) {
+    st = Status::InvalidArgument(source + ": no [[strategy]] to run");
+  }
+  for (size_t i = 0; strategies && i < strategies->size() && st.ok(); ++i) {
+    const toml::table* t = (*strategies)[i].as_table();
+    const std::string path = "strategy[" + std::to_string(i) + "]";
+    Strategy g;
+    Reader r(t, path, source);
+    if (!t) r.Fail("", "must be a table");
+    r.String("name", &g.name);
+    r.String("label", &g.label);
+    std::string scope = "process", backoff = "immediate", jitter = "full";
+    r.String("scope", &scope);
+    r.String("backoff", &backoff);
+    r.String("jitter", &jitter);
+    r.Uint("max_retries", &g.max_retries, 0, 100);
+    r.UintList("fixed_ms", &g.fixed_ms);
+    r.Uint("base_ms", &g.base_ms, 0, 86'400'000);
+    r.Uint("cap_ms", &g.cap_ms, 0, 86'400'000);
+    if (scope == "process") g.scope = Scope::kProcess;
+    else if (scope == "host") g.scope = Scope::kHost;
+    else r.Fail("scope", "must be \"process\" or \"host\"");
+    if (backoff == "immediate") g.backoff = BackoffKind::kImmediate;
+    else if (backoff == "fixed") g.backoff = BackoffKind::kFixed;
+    else if (backoff == "jitter") g.backoff = BackoffKind::kJitter;
+    else r.Fail("backoff", "must be \"immediate\", \"fixed\" or \"jitter\"");
+    if (jitter == "none") g.jitter = Jitter::kNone;
+    else if (jitter == "full") g.jitter = Jitter::kFull;
+    else if (jitter == "equal") g.jitter = Jitter::kEqual;
+    else if (jitter == "decorrelated") g.jitter = Jitter::kDecorrelated;
+    else r.Fail("jitter", "must be none, full, equal or decorrelated");
+    if (g.name.empty()) r.Fail("name", "must be given");
+    for (char c : g.name) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+        r.Fail("name", "must be letters, digits, '-' or '_'");
+        break;
+      }
+    }
+    if (g.backoff == BackoffKind::kFixed && g.fixed_ms.empty()) {
+      r.Fail("fixed_ms", "must list the waits of a fixed backoff");
+    }
+    if (g.label.empty()) g.label = g.name;
+    const toml::table* policy = r.Table("policy");
+    r.Finish();
+    st = Merge(st, r.status());
+    if (st.ok()) st = ReadPolicy(policy, path + ".policy", source, &g.policy);
+    for (const Strategy& other : s.strategies) {
+      if (st.ok() && other.name == g.name) {
+        st = Status::InvalidArgument(source + ": " + path + ".name \"" + g.name + "\" is used twice");
+      }
+    }
+    s.strategies.push_back(std::move(g));
+  }
+  top.Finish();
+  st = Merge(st, top.status());
+  if (!st.ok()) return st;
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status LoadScenario(const std::string& path, Scenario* out) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ParseScenario(text.str(), path, out);
+}
+
+}  // namespace retryd::stampede

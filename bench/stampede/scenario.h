@@ -1,0 +1,104 @@
+// bench/stampede/scenario.h: what one stampede simulation runs, read from a TOML file.
+//
+// A scenario describes the fleet (hosts x workers, Poisson arrivals), the downstream (pods with
+// finite threads, a listen backlog, a queue, lognormal service times, overload kills and
+// restarts), the stalls to inject, the client timeout, what "healthy" means, and the retry
+// strategies to compare. Every field has a default equal to the shipped seed000.toml, so a
+// user's file only needs to name what differs. docs/STAMPEDE.md lists every key.
+// Thread safety: value types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "retryd/backoff.h"
+#include "retryd/status.h"
+#include "shm/policy.h"
+
+namespace retryd::stampede {
+
+// Where a strategy keeps its breaker and retry budget.
+enum class Scope {
+  kProcess,  // one private segment per worker process (per-process libraries)
+  kHost,     // one segment per host, shared by its workers (retryd)
+};
+
+// How a strategy waits before retry number n (n = 0 before the first retry).
+enum class BackoffKind {
+  kImmediate,  // no wait
+  kFixed,      // fixed_ms[n] (the last value repeats)
+  kJitter,     // retryd::BackoffWait(jitter, base, cap, n, ...)
+};
+
+struct Strategy {
+  std::string name;    // short id: CSV columns, flags, the summary
+  std::string label;   // the legend of the plot
+  Scope scope = Scope::kProcess;
+  uint32_t max_retries = 3;
+  BackoffKind backoff = BackoffKind::kImmediate;
+  std::vector<uint32_t> fixed_ms;
+  Jitter jitter = Jitter::kFull;
+  uint32_t base_ms = 200;
+  uint32_t cap_ms = 5'000;
+  // The breaker and retry budget, as the daemon's config spells them ([strategy.policy]).
+  shm::Policy policy;
+};
+
+struct Stall {
+  double start_s = 5.0;
+  double duration_s = 1.4;
+};
+
+struct Downstream {
+  uint32_t pods = 8;
+  uint32_t threads_per_pod = 16;       // requests served at once per pod
+  uint32_t backlog_per_pod = 511;      // listen backlog: connections waiting during a stall
+  double service_median_ms = 15.0;     // lognormal service time, median and P99
+  double service_p99_ms = 45.0;
+  double network_one_way_ms = 0.5;
+  double lb_reject_ms = 1.0;           // no pod ready: the balancer answers 503 this fast
+  uint32_t overload_queue = 256;       // a queue this deep ...
+  double overload_ms = 1'000.0;        // ... for this long kills the pod (memory, GC thrash)
+  uint32_t oom_queue = 2'048;          // a queue this deep kills it at once
+  double restart_ms = 15'000.0;        // a killed pod is back after restart + U[0, jitter]
+  double restart_jitter_ms = 10'000.0;
+  double crash_backoff_ms = 10'000.0;  // plus, from its second kill on, the kubelet's
+  double crash_backoff_max_ms = 300'000.0;  // CrashLoopBackOff: 10 s doubling, capped at 5 min
+  double warmup_ms = 10'000.0;         // a restarted pod starts this much slower (x factor),
+  double warmup_factor = 2.0;          // linearly back to normal over warmup_ms
+  bool process_abandoned = true;       // serve requests whose client already gave up
+};
+
+struct Health {
+  double window_ms = 1'000.0;          // judged over windows this long, stepped by one bin
+  double min_success_pct = 99.0;       // attempts and user requests
+  double max_p99_factor = 2.0;         // attempt P99 below this x the measured baseline P99
+};
+
+struct Scenario {
+  std::string name = "seed000";
+  std::string description;
+  uint64_t seed = 1;
+  double duration_s = 90.0;
+  double bin_ms = 100.0;
+  uint32_t hosts = 50;
+  uint32_t workers_per_host = 8;
+  double baseline_qps = 3'200.0;
+  double timeout_ms = 500.0;
+  Downstream downstream;
+  std::vector<Stall> stalls;
+  Health health;
+  std::vector<Strategy> strategies;
+};
+
+// LoadScenario parses the TOML file at `path` into *out. Unknown keys are errors (a typo must
+// not silently run the default). Returns a non-OK status naming the file, key and problem.
+Status LoadScenario(const std::string& path, Scenario* out);
+
+// ParseScenario is LoadScenario on text (`source` names it in errors).
+Status ParseScenario(const std::string& text, const std::string& source, Scenario* out);
+
+const char* ScopeName(Scope s);
+
+}  // namespace retryd::stampede

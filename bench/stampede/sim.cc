@@ -1,0 +1,526 @@
+#include "bench/stampede/sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <numbers>
+#include <queue>
+
+#include "shm/admission.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
+
+namespace retryd::stampede {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+// Virtual time 0 is passed to the shm algorithms as this many ns, so that no stored
+// millisecond stamp is ever 0 or near a wrap.
+constexpr uint64_t kEpochNs = 1'000'000'000'000ull;
+constexpr const char* kDependency = "downstream";
+
+int64_t MsToNs(double ms) { return int64_t(std::llround(ms * 1e6)); }
+
+// Rng: xoshiro256** seeded by splitmix64. Our own, so that the numbers do not depend on the
+// standard library's distributions.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    for (uint64_t& w : s_) {
+      seed += 0x9E3779B97F4A7C15ull;
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      w = z ^ (z >> 31);
+    }
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  double Uniform() { return double(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  uint32_t Below(uint32_t n) { return uint32_t((unsigned __int128)Next() * n >> 64); }
+  double Exponential(double rate) { return -std::log1p(-Uniform()) / rate; }
+  double Normal() {
+    const double u1 = 1.0 - Uniform();  // (0, 1]
+    const double u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+enum class Ev : uint8_t {
+  kArrival,        // a: worker
+  kAttempt,        // a: call, b: attempt number
+  kPodReceive,     // a: attempt
+  kServiceDone,    // a: attempt, b: pod generation
+  kResponse,       // a: attempt
+  kTimeout,        // a: attempt
+  kFastFail,       // a: attempt
+  kStallStart,
+  kStallEnd,
+  kPodRestart,     // a: pod
+  kOverloadCheck,  // a: pod, b: pod generation
+  kBinEnd,         // a: bin
+};
+
+struct Event {
+  int64_t t;
+  uint64_t seq;
+  uint32_t a;
+  uint32_t b;
+  Ev type;
+};
+struct Later {
+  bool operator()(const Event& x, const Event& y) const {
+    return x.t != y.t ? x.t > y.t : x.seq > y.seq;
+  }
+};
+
+struct Call {
+  int64_t start;
+  uint32_t worker;
+  int64_t prev_wait_ns;
+};
+
+struct Attempt {
+  uint32_t call;
+  uint32_t number;   // 0: first attempt
+  int64_t sent;
+  int32_t pod;       // -1: not routed to a pod
+  bool done;
+  bool probe;
+  shm::Permit permit;
+};
+
+struct Pod {
+  bool up = true;
+  uint32_t gen = 0;
+  uint32_t kills = 0;
+  int64_t up_since = INT64_MIN / 2;  // warm from the start
+  uint32_t busy = 0;
+  std::deque<uint32_t> queue;        // accepted, waiting for a thread
+  std::deque<uint32_t> backlog;      // connections not yet accepted (stall)
+  std::vector<uint32_t> in_service;
+  int64_t above_since = -1;          // queue at or over overload_queue since
+};
+
+struct Worker {
+  uint32_t host;
+  uint32_t segment;
+  shm::Caller caller;
+};
+
+class Sim {
+ public:
+  Sim(const Scenario& sc, const Strategy& st, uint64_t seed)
+      : sc_(sc), st_(st), ds_(sc.downstream), rng_(seed) {}
+
+  Result Run();
+
+ private:
+  void Push(int64_t t, Ev type, uint32_t a = 0, uint32_t b = 0) {
+    events_.push(Event{t, seq_++, a, b, type});
+  }
+  Bin& BinAt(int64_t t) {
+    const size_t i = size_t(std::max<int64_t>(t, 0) / bin_ns_);
+    return result_.bins[std::min(i, result_.bins.size() - 1)];
+  }
+  uint64_t ShmNow() const { return kEpochNs + uint64_t(now_); }
+  shm::DependencySlot& SlotOf(uint32_t worker) {
+    return *segments_[workers_[worker].segment]->dependency(slot_index_);
+  }
+
+  void Setup();
+  void OnArrival(uint32_t worker);
+  void OnAttempt(uint32_t call, uint32_t number);
+  void OnPodReceive(uint32_t attempt);
+  void Accept(uint32_t pod, uint32_t attempt);
+  void StartService(uint32_t pod, uint32_t attempt);
+  void OnServiceDone(uint32_t attempt, uint32_t gen);
+  void FillThreads(uint32_t pod);
+  void Finish(uint32_t attempt, bool ok);
+  void Kill(uint32_t pod);
+  void OnRestart(uint32_t pod);
+  void OnStallEnd();
+  void CheckQueue(uint32_t pod);
+  int64_t ServiceTime(const Pod& p);
+  int64_t WithStalls(int64_t start, int64_t finish) const;
+
+  const Scenario& sc_;
+  const Strategy& st_;
+  const Downstream& ds_;
+  Rng rng_;
+  Result result_;
+  std::priority_queue<Event, std::vector<Event>, Later> events_;
+  uint64_t seq_ = 0;
+  int64_t now_ = 0;
+  int64_t horizon_ = 0;
+  int64_t bin_ns_ = 0;
+  int64_t timeout_ns_ = 0;
+  int64_t net_ns_ = 0;
+  bool stalled_ = false;
+  std::vector<std::pair<int64_t, int64_t>> stalls_;
+  double per_worker_qps_ = 0;
+  double sigma_ = 0, mu_ = 0;  // lognormal service time, ln ms
+  std::vector<std::unique_ptr<shm::Segment>> segments_;
+  uint32_t slot_index_ = 0;
+  std::vector<Worker> workers_;
+  std::vector<uint32_t> host_probes_;
+  std::vector<Call> calls_;
+  std::vector<Attempt> attempts_;
+  std::vector<Pod> pods_;
+  std::vector<uint32_t> ready_;
+};
+
+void Sim::Setup() {
+  horizon_ = MsToNs(sc_.duration_s * 1e3);
+  bin_ns_ = std::max<int64_t>(MsToNs(sc_.bin_ms), 1);
+  timeout_ns_ = MsToNs(sc_.timeout_ms);
+  net_ns_ = MsToNs(ds_.network_one_way_ms);
+  result_.strategy = st_.name;
+  result_.bins.resize(size_t((horizon_ + bin_ns_ - 1) / bin_ns_));
+  result_.latency_buckets = uint32_t(std::ceil(sc_.timeout_ms)) + 2;
+  result_.latency_ms.assign(result_.bins.size(), std::vector<uint32_t>(result_.latency_buckets, 0));
+
+  // Lognormal: median = e^mu, P99 = e^(mu + 2.326 sigma).
+  mu_ = std::log(ds_.service_median_ms);
+  sigma_ = std::log(ds_.service_p99_ms / ds_.service_median_ms) / 2.3263478740408408;
+
+  const uint32_t n_workers = sc_.hosts * sc_.workers_per_host;
+  const uint32_t n_segments = st_.scope == Scope::kHost ? sc_.hosts : n_workers;
+  for (uint32_t i = 0; i < n_segments; ++i) {
+    segments_.push_back(shm::Segment::CreatePrivate(1, 1, st_.policy));
+    uint32_t index = 0;
+    Status s = segments_.back()->PutDependency(kDependency, st_.policy, &index);
+    if (!s.ok()) std::abort();  // a private segment with one free slot cannot refuse
+    slot_index_ = index;
+    // The slot was stamped with the real clock; restart it in virtual time.
+    shm::Reset(*segments_.back()->dependency(index), kEpochNs);
+  }
+  result_.breakers_per_host = st_.scope == Scope::kHost ? 1 : sc_.workers_per_host;
+  for (uint32_t w = 0; w < n_workers; ++w) {
+    Worker wk;
+    wk.host = w / sc_.workers_per_host;
+    wk.segment = st_.scope == Scope::kHost ? wk.host : w;
+    wk.caller = shm::Caller{shm::kUnknownOwner, 0, uint32_t(rng_.Next() | 1)};
+    workers_.push_back(wk);
+  }
+  host_probes_.assign(sc_.hosts, 0);
+  pods_.resize(ds_.pods);
+  for (uint32_t p = 0; p < ds_.pods; ++p) ready_.push_back(p);
+
+  per_worker_qps_ = sc_.baseline_qps / n_workers;
+  for (uint32_t w = 0; w < n_workers; ++w) {
+    Push(int64_t(rng_.Exponential(per_worker_qps_) * 1e9), Ev::kArrival, w);
+  }
+  for (const Stall& s : sc_.stalls) {
+    const int64_t a = MsToNs(s.start_s * 1e3), b = a + MsToNs(s.duration_s * 1e3);
+    if (b <= a) continue;
+    stalls_.emplace_back(a, b);
+    Push(a, Ev::kStallStart);
+    Push(b, Ev::kStallEnd);
+  }
+  std::sort(stalls_.begin(), stalls_.end());
+  for (size_t i = 0; i < result_.bins.size(); ++i) {
+    Push(std::min<int64_t>(int64_t(i + 1) * bin_ns_, horizon_) - 1, Ev::kBinEnd, uint32_t(i));
+  }
+  attempts_.reserve(size_t(sc_.baseline_qps * sc_.duration_s * 1.5));
+  calls_.reserve(size_t(sc_.baseline_qps * sc_.duration_s * 1.1));
+}
+
+Result Sim::Run() {
+  Setup();
+  while (!events_.empty()) {
+    const Event e = events_.top();
+    if (e.t >= horizon_) break;
+    events_.pop();
+    now_ = e.t;
+    ++result_.events;
+    switch (e.type) {
+      case Ev::kArrival: OnArrival(e.a); break;
+      case Ev::kAttempt: OnAttempt(e.a, e.b); break;
+      case Ev::kPodReceive: OnPodReceive(e.a); break;
+      case Ev::kServiceDone: OnServiceDone(e.a, e.b); break;
+      case Ev::kResponse: Finish(e.a, true); break;
+      case Ev::kTimeout:
+      case Ev::kFastFail: Finish(e.a, false); break;
+      case Ev::kStallStart: stalled_ = true; break;
+      case Ev::kStallEnd: OnStallEnd(); break;
+      case Ev::kPodRestart: OnRestart(e.a); break;
+      case Ev::kOverloadCheck: {
+        Pod& p = pods_[e.a];
+        if (p.up && p.gen == e.b && p.above_since >= 0 &&
+            now_ - p.above_since >= MsToNs(ds_.overload_ms)) {
+          Kill(e.a);
+        }
+        break;
+      }
+      case Ev::kBinEnd: result_.bins[e.a].pods_up = uint32_t(ready_.size()); break;
+    }
+  }
+  // The breakers' own counters, summed over every segment.
+  for (const auto& seg : segments_) {
+    const shm::DependencySlot& slot = *seg->dependency(slot_index_);
+    auto c = [&](shm::Counter k) { return slot.counters[k].load(std::memory_order_relaxed); };
+    result_.breaker_opened += c(shm::kOpened);
+    result_.half_opened += c(shm::kHalfOpened);
+    result_.retries_denied += c(shm::kRetriesDenied);
+    result_.rejected_open += c(shm::kRejectedOpen) + c(shm::kRejectedHalfOpenBusy);
+  }
+  return std::move(result_);
+}
+
+void Sim::OnArrival(uint32_t worker) {
+  Push(now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(per_worker_qps_) * 1e9)),
+       Ev::kArrival, worker);
+  calls_.push_back(Call{now_, worker, 0});
+  ++result_.user_requests;
+  OnAttempt(uint32_t(calls_.size() - 1), 0);
+}
+
+void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
+  const Call& call = calls_[call_id];
+  Worker& wk = workers_[call.worker];
+  shm::DependencySlot& slot = SlotOf(call.worker);
+  shm::Permit permit;
+  const shm::Decision d = shm::Admit(slot, slot_index_, number, ShmNow(), wk.caller, &permit);
+  if (!shm::IsAdmitted(d)) {
+    shm::Complete(slot, &permit, shm::Outcome::kFailure, 0, ShmNow(), wk.caller);  // a no-op
+    Bin& bin = BinAt(now_);
+    ++bin.rejected;
+    ++bin.user_fail;
+    ++result_.user_failed;
+    return;
+  }
+  attempts_.push_back(Attempt{call_id, number, now_, -1, false, d == shm::Decision::kAdmittedProbe, permit});
+  const uint32_t id = uint32_t(attempts_.size() - 1);
+  Attempt& a = attempts_.back();
+  ++BinAt(now_).sent;
+  ++result_.attempts_sent;
+  if (number == 0) ++result_.first_attempts_sent;
+  else ++BinAt(now_).retries;
+  if (a.probe) {
+    ++result_.probes;
+    ++BinAt(now_).probes;
+    const uint32_t in_flight = ++host_probes_[wk.host];
+    result_.max_probes_in_flight_per_host = std::max(result_.max_probes_in_flight_per_host, in_flight);
+  }
+  if (ready_.empty()) {
+    Push(now_ + MsToNs(ds_.lb_reject_ms), Ev::kFastFail, id);
+    return;
+  }
+  a.pod = int32_t(ready_[rng_.Below(uint32_t(ready_.size()))]);
+  Push(now_ + net_ns_, Ev::kPodReceive, id);
+  Push(now_ + timeout_ns_, Ev::kTimeout, id);
+}
+
+void Sim::OnPodReceive(uint32_t id) {
+  Attempt& a = attempts_[id];
+  Pod& p = pods_[a.pod];
+  if (!p.up) {  // killed while the request was on the wire: connection refused
+    Finish(id, false);
+    return;
+  }
+  if (stalled_) {
+    // The application is not accepting: the connection waits in the listen backlog, or is
+    // dropped when the backlog is full (the client then times out).
+    if (p.backlog.size() < ds_.backlog_per_pod) p.backlog.push_back(id);
+    return;
+  }
+  Accept(uint32_t(a.pod), id);
+}
+
+void Sim::Accept(uint32_t pod, uint32_t id) {
+  Pod& p = pods_[pod];
+  if (!p.up) {
+    Finish(id, false);
+    return;
+  }
+  ++BinAt(now_).accepted;
+  if (!ds_.process_abandoned && attempts_[id].done) return;
+  if (p.busy < ds_.threads_per_pod && !stalled_) {
+    StartService(pod, id);
+    return;
+  }
+  p.queue.push_back(id);
+  CheckQueue(pod);
+}
+
+void Sim::CheckQueue(uint32_t pod) {
+  Pod& p = pods_[pod];
+  if (p.queue.size() >= ds_.oom_queue) {
+    Kill(pod);
+    return;
+  }
+  if (p.queue.size() >= ds_.overload_queue) {
+    if (p.above_since < 0) {
+      p.above_since = now_;
+      Push(now_ + MsToNs(ds_.overload_ms), Ev::kOverloadCheck, pod, p.gen);
+    }
+  } else {
+    p.above_since = -1;
+  }
+}
+
+int64_t Sim::ServiceTime(const Pod& p) {
+  double ms = std::exp(mu_ + sigma_ * rng_.Normal());
+  const int64_t since = now_ - p.up_since;
+  const int64_t warmup = MsToNs(ds_.warmup_ms);
+  if (since < warmup && warmup > 0) {
+    ms *= 1.0 + (ds_.warmup_factor - 1.0) * (1.0 - double(since) / double(warmup));
+  }
+  return std::max<int64_t>(MsToNs(ms), 1);
+}
+
+int64_t Sim::WithStalls(int64_t start, int64_t finish) const {
+  for (const auto& [a, b] : stalls_) {
+    if (start < b && finish > a) finish += b - std::max(start, a);
+  }
+  return finish;
+}
+
+void Sim::StartService(uint32_t pod, uint32_t id) {
+  Pod& p = pods_[pod];
+  ++p.busy;
+  p.in_service.push_back(id);
+  Push(WithStalls(now_, now_ + ServiceTime(p)), Ev::kServiceDone, id, p.gen);
+}
+
+void Sim::OnServiceDone(uint32_t id, uint32_t gen) {
+  Attempt& a = attempts_[id];
+  Pod& p = pods_[a.pod];
+  if (!p.up || p.gen != gen) return;  // the pod died meanwhile; the client already heard
+  --p.busy;
+  auto it = std::find(p.in_service.begin(), p.in_service.end(), id);
+  if (it != p.in_service.end()) {
+    *it = p.in_service.back();
+    p.in_service.pop_back();
+  }
+  if (!a.done) Push(now_ + net_ns_, Ev::kResponse, id);
+  FillThreads(uint32_t(a.pod));
+}
+
+void Sim::FillThreads(uint32_t pod) {
+  Pod& p = pods_[pod];
+  while (!stalled_ && p.busy < ds_.threads_per_pod && !p.queue.empty()) {
+    const uint32_t next = p.queue.front();
+    p.queue.pop_front();
+    if (!ds_.process_abandoned && attempts_[next].done) continue;
+    StartService(pod, next);
+  }
+  CheckQueue(pod);
+}
+
+void Sim::OnStallEnd() {
+  stalled_ = false;
+  for (uint32_t i = 0; i < pods_.size(); ++i) {
+    // The application wakes up and accepts everything the kernel queued for it at once.
+    std::deque<uint32_t> backlog;
+    backlog.swap(pods_[i].backlog);
+    for (uint32_t id : backlog) Accept(i, id);
+    if (pods_[i].up) FillThreads(i);
+  }
+}
+
+void Sim::Kill(uint32_t pod) {
+  Pod& p = pods_[pod];
+  if (!p.up) return;
+  p.up = false;
+  ++p.gen;
+  ++result_.pod_kills;
+  ready_.erase(std::find(ready_.begin(), ready_.end(), pod));
+  // Every connection to the pod is reset.
+  std::vector<uint32_t> lost(p.in_service.begin(), p.in_service.end());
+  lost.insert(lost.end(), p.queue.begin(), p.queue.end());
+  lost.insert(lost.end(), p.backlog.begin(), p.backlog.end());
+  p.in_service.clear();
+  p.queue.clear();
+  p.backlog.clear();
+  p.busy = 0;
+  p.above_since = -1;
+  for (uint32_t id : lost) Finish(id, false);
+  // Back after its start-up time, and from the second kill on after the kubelet's crash-loop
+  // back-off too: base x 2^(kills - 2), capped.
+  double down_ms = ds_.restart_ms + ds_.restart_jitter_ms * rng_.Uniform();
+  if (++p.kills >= 2 && ds_.crash_backoff_ms > 0) {
+    down_ms += std::min(ds_.crash_backoff_max_ms,
+                        ds_.crash_backoff_ms * std::pow(2.0, std::min<uint32_t>(p.kills - 2, 30)));
+  }
+  Push(now_ + MsToNs(down_ms), Ev::kPodRestart, pod);
+}
+
+void Sim::OnRestart(uint32_t pod) {
+  Pod& p = pods_[pod];
+  p.up = true;
+  p.up_since = now_;
+  ready_.push_back(pod);
+  std::sort(ready_.begin(), ready_.end());
+}
+
+void Sim::Finish(uint32_t id, bool ok) {
+  Attempt& a = attempts_[id];
+  if (a.done) return;
+  a.done = true;
+  const Call& call = calls_[a.call];
+  Worker& wk = workers_[call.worker];
+  const int64_t latency = now_ - a.sent;
+  shm::Complete(SlotOf(call.worker), &a.permit, ok ? shm::Outcome::kSuccess : shm::Outcome::kFailure,
+                uint64_t(latency), ShmNow(), wk.caller);
+  if (a.probe) --host_probes_[wk.host];
+
+  Bin& bin = BinAt(now_);
+  const uint32_t last = result_.latency_buckets - 1;
+  const size_t bin_index = size_t(&bin - result_.bins.data());
+  if (ok) {
+    ++bin.attempt_ok;
+    ++result_.latency_ms[bin_index][std::min<uint32_t>(uint32_t(latency / kMs), last - 1)];
+    ++bin.user_ok;
+    return;
+  }
+  ++bin.attempt_fail;
+  ++result_.latency_ms[bin_index][last];
+  if (a.number >= st_.max_retries) {
+    ++bin.user_fail;
+    ++result_.user_failed;
+    return;
+  }
+  // Schedule the retry; the breaker and the budget decide at that time whether it goes out.
+  Call& c = calls_[a.call];
+  int64_t wait = 0;
+  switch (st_.backoff) {
+    case BackoffKind::kImmediate: break;
+    case BackoffKind::kFixed:
+      wait = MsToNs(st_.fixed_ms[std::min<size_t>(a.number, st_.fixed_ms.size() - 1)]);
+      break;
+    case BackoffKind::kJitter: {
+      const auto w = BackoffWait(st_.jitter, std::chrono::milliseconds(st_.base_ms),
+                                 std::chrono::milliseconds(st_.cap_ms), a.number,
+                                 std::chrono::nanoseconds(c.prev_wait_ns), rng_.Next());
+      wait = int64_t(w.count());
+      c.prev_wait_ns = wait;
+      break;
+    }
+  }
+  Push(now_ + wait, Ev::kAttempt, a.call, a.number + 1);
+}
+
+}  // namespace
+
+Result Run(const Scenario& scenario, const Strategy& strategy, uint64_t seed) {
+  Sim sim(scenario, strategy, seed);
+  return sim.Run();
+}
+
+}  // namespace retryd::stampede
