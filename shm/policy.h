@@ -18,7 +18,7 @@ struct Policy {
   // withdraws one; `min_retries_per_sec` refills it regardless of traffic; `retry_burst` caps it.
   uint32_t retry_ratio_milli = 200;       // 0.2
   uint32_t min_retries_per_sec = 10;
-  uint32_t retry_burst = 100;
+  uint32_t retry_burst = 10;
   // Breaker window: `window_ms` long, in `window_buckets` buckets.
   uint32_t window_ms = 10'000;
   uint32_t window_buckets = 10;
