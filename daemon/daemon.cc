@@ -413,7 +413,7 @@ std::string Daemon::StatusLine() const {
     open += state != shm::BreakerState::kClosed ||
             d.mode.load(kRelaxed) == uint32_t(shm::Mode::kForcedOpen);
   }
-  for (uint32_t i = 0; i < segment_->max_processes(); ++i) {
+  for (uint32_t i = 0; i < segment_->process_high_water(); ++i) {
     attached += (segment_->process(i)->owner.load(kRelaxed) >> 32) ==
                 uint64_t(shm::ProcessState::kLive);
   }

@@ -101,7 +101,7 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
     deps.push_back({"dependency=\"" + Escape(shm::ReadName(*d)) + "\"", d});
   }
   uint64_t attached = 0;
-  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+  for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
     const uint64_t w = seg.process(i)->owner.load(kRelaxed);
     attached += (w >> 32) == uint64_t(shm::ProcessState::kLive);
   }

@@ -70,20 +70,22 @@ struct PolicyWords {
 };
 
 // Per-dependency counters, cumulative since the slot was created. Indices into
-// DependencySlot::counters; one name per concept, shared by retryctl and the metrics.
+// DependencySlot::counters; one name per concept, shared by retryctl and the metrics. The
+// first eight, which the common path writes, share one cache line: a first attempt and its
+// completion write two lines of the slot (this one and a window bucket), not three.
 enum Counter : uint32_t {
   kFirstAttempts = 0,       // first attempts admitted
-  kRetriesGranted,          // retries admitted (a budget token withdrawn)
-  kRetriesDenied,           // retries rejected: retry budget empty
-  kRejectedOpen,            // rejected: breaker open or mode forced-open
-  kRejectedHalfOpenBusy,    // rejected: half-open and every probe lease taken
-  kRejectedBulkheadFull,    // rejected: bulkhead full
-  kShadowWouldReject,       // shadow mode: would have rejected, admitted instead
-  kProbesGranted,           // half-open probe leases handed out
   kSuccesses,               // completions by outcome
   kFailures,
   kIgnored,
+  kRetriesGranted,          // retries admitted (a budget token withdrawn)
+  kRetriesDenied,           // retries rejected: retry budget empty
   kSlowCalls,
+  kShadowWouldReject,       // shadow mode: would have rejected, admitted instead
+  kRejectedOpen,            // rejected: breaker open or mode forced-open
+  kRejectedHalfOpenBusy,    // rejected: half-open and every probe lease taken
+  kRejectedBulkheadFull,    // rejected: bulkhead full
+  kProbesGranted,           // half-open probe leases handed out
   kOpened,                  // state transitions
   kHalfOpened,
   kClosed,

@@ -62,7 +62,7 @@ TEST(MetricsTest, RendersStateAndCountersOfActiveDependencies) {
   EXPECT_EQ(s.at("retryd_bulkhead_in_flight" + d), 1);
   EXPECT_EQ(s.at("retryd_bulkhead_limit" + d), 4);
   EXPECT_EQ(s.at("retryd_probes_in_flight" + d), 0);
-  EXPECT_EQ(s.at("retryd_retry_tokens" + d), 100);
+  EXPECT_EQ(s.at("retryd_retry_tokens" + d), 10);
   EXPECT_EQ(s.at("retryd_retry_burst" + d), 10);
   EXPECT_EQ(s.at("retryd_window_calls" + d), 2);
   EXPECT_EQ(s.at("retryd_window_failures" + d), 2);

@@ -263,7 +263,7 @@ TEST_F(AdmissionTest, ResetClosesAndRefills) {
   Reset(*slot_, now_);
   EXPECT_EQ(State(), BreakerState::kClosed);
   EXPECT_EQ(ReadWindow(*slot_, now_).calls, 0u);
-  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 100 * RetryBudget::kTokenScale);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), uint64_t{Policy{}.retry_burst} * RetryBudget::kTokenScale);
 }
 
 TEST_F(AdmissionTest, PermitOfAReassignedSlotIsHarmless) {
