@@ -175,10 +175,13 @@ TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
   const bool with_reaper = GetParam();
   testing::NamedSegment seg(with_reaper ? "crash-reaper" : "crash-expiry");
   Policy p;
+  // With the reaper, leases must come back long before they could expire; without it, by
+  // expiry, which must not come before every worker holds leases and is killed.
+  const uint32_t lease_timeout_ms = with_reaper ? 60'000 : 1'000;
   p.bulkhead_limit = 4;
-  p.bulkhead_timeout_ms = 300;
+  p.bulkhead_timeout_ms = lease_timeout_ms;
   p.half_open_probes = 1;
-  p.probe_timeout_ms = 300;
+  p.probe_timeout_ms = lease_timeout_ms;
   p.close_after = 255;
   p.min_calls = 1'000'000;
   const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
@@ -235,7 +238,7 @@ TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
     EXPECT_EQ(taken(), 0);
     EXPECT_EQ(slot.counters[kLeasesReclaimedDead].load(), freed);
   } else {
-    usleep(350'000);  // past both lease timeouts
+    usleep((lease_timeout_ms + 50) * 1000);  // past both lease timeouts
     const uint32_t freed = ReclaimExpired(slot, CoarseNowNs(), janitor, Sweep::kAllWords);
     EXPECT_GT(freed, 0u);
     EXPECT_EQ(taken(), 0);
