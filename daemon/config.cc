@@ -1,5 +1,7 @@
 #include "daemon/config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -488,6 +490,10 @@ Status ParseConfig(std::string_view text, const std::string& source_name, Config
 }
 
 Status LoadConfigFile(const std::string& path, Config* out) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::IoError(path + ": cannot read config file: it is a directory");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;

@@ -52,10 +52,10 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid) {
   if (!p) return std::nullopt;
   // Field 3 (state) follows; start time is field 22, i.e. 19 fields further.
   int field = 2;
-  for (++p; *p && field < 21; ++p) {
+  for (++p; *p && field < 22; ++p) {
     if (*p == ' ') ++field;
   }
-  if (field != 21) return std::nullopt;
+  if (field != 22) return std::nullopt;
   return std::strtoull(p, nullptr, 10);
 }
 

@@ -76,8 +76,11 @@ class CreateLock {
     for (int spins = 0;; ++spins) {
       const uint64_t now_ms = PreciseNowNs() / 1'000'000u;
       uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
-      const bool stale = cur != 0 && now_ms - (cur >> 32) > kCreateLockStaleMs &&
-                         int64_t(now_ms) - int64_t(cur >> 32) > 0;
+      // Stale: taken too long ago, or stamped in the future (a clock from another boot, or
+      // a client's scribble), which would otherwise stall every creator for the give-up.
+      const int64_t age_ms = int64_t(now_ms) - int64_t(cur >> 32);
+      const bool stale = cur != 0 && (age_ms > int64_t(kCreateLockStaleMs) ||
+                                      age_ms < -int64_t(kCreateLockStaleMs));
       if ((cur == 0 || stale) &&
           h_.create_lock.compare_exchange_strong(cur, pid | (now_ms << 32),
                                                  std::memory_order_acquire)) {
@@ -284,7 +287,22 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
       bip::shared_memory_object obj(bip::open_only, opt.name.c_str(), bip::read_write);
       bip::offset_t size = 0;
       obj.get_size(size);
-      if (uint64_t(size) >= sizeof(SegmentHeader)) {
+      if (uint64_t(size) < sizeof(SegmentHeader)) {
+        // Too short for a header: ours only if empty, all zeros (a creator that died before
+        // truncating) or starting with our magic; never someone else's small file.
+        unsigned char head[sizeof(SegmentHeader)] = {};
+        const ssize_t n =
+            size > 0 ? pread(obj.get_mapping_handle().handle, head, std::size_t(size), 0) : 0;
+        const bool zeros = std::all_of(head, head + std::max<ssize_t>(n, 0),
+                                       [](unsigned char c) { return c == 0; });
+        const bool ours =
+            n >= ssize_t(sizeof(kMagic)) && std::memcmp(head, &kMagic, sizeof(kMagic)) == 0;
+        if (!zeros && !ours) {
+          return Status::Incompatible(Quoted(opt.name) +
+                                      " holds something that is not a retryd segment; remove "
+                                      "/dev/shm/" + opt.name + " by hand if it is unused");
+        }
+      } else {
         bip::mapped_region region(obj, bip::read_write, 0, sizeof(SegmentHeader));
         auto* h = static_cast<SegmentHeader*>(region.get_address());
         const uint64_t magic = h->magic.load(std::memory_order_acquire);
@@ -357,7 +375,9 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
   CreateLock lock(*header_);
-  const uint32_t high = std::min(header_->dependency_high_water.load(kRelaxed), max_dependencies_);
+  // Every slot, not only those under the shared high-water mark: a client may have lowered
+  // it, and a live dependency's slot must never be re-initialized or given another name.
+  const uint32_t high = max_dependencies_;
   // The same name, active or retired, keeps its slot and its live state.
   int32_t found = -1, free_slot = -1, retired_slot = -1;
   for (uint32_t i = 0; i < high; ++i) {
@@ -377,7 +397,6 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
     *index = uint32_t(found);
     return Status::Ok();
   }
-  if (free_slot < 0 && high < max_dependencies_) free_slot = int32_t(high);
   if (free_slot < 0) free_slot = retired_slot;
   if (free_slot < 0) {
     return Status::Full("dependency table full (" + std::to_string(max_dependencies_) +
@@ -403,7 +422,7 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
   d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
-  if (uint32_t(free_slot) >= high) {
+  if (uint32_t(free_slot) >= header_->dependency_high_water.load(kRelaxed)) {
     header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);
   }
   *index = uint32_t(free_slot);

@@ -1,0 +1,33 @@
+// config_fuzzer: daemon::ParseConfig on arbitrary text. It must return OK or a located error,
+// never crash, throw or hang; an accepted config must hold only in-range values.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "daemon/config.h"
+#include "shm/segment.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace retryd;
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  daemon::Config cfg;
+  const Status s = daemon::ParseConfig(text, "fuzz.toml", &cfg);
+  if (!s.ok()) {
+    // Every error names where it comes from.
+    if (s.message().rfind("fuzz.toml", 0) != 0) std::abort();
+    return 0;
+  }
+  // What the parser accepts, the policy validator accepts too.
+  if (!cfg.defaults.Validate().empty()) std::abort();
+  for (const auto& [name, policy] : cfg.dependencies) {
+    if (!shm::ValidDependencyName(name)) std::abort();
+    if (!policy.Validate().empty()) std::abort();
+  }
+  const daemon::DaemonSettings& d = cfg.daemon;
+  if (d.tick_ms < daemon::kMinTickMs || d.tick_ms > daemon::kMaxTickMs) std::abort();
+  if (d.max_dependencies == 0 || d.max_dependencies > shm::kMaxDependencies) std::abort();
+  if (d.max_processes == 0 || d.max_processes > shm::kMaxProcesses) std::abort();
+  if (d.mode > 07777) std::abort();
+  return 0;
+}

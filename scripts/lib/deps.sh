@@ -1,0 +1,29 @@
+# scripts/lib/deps.sh: the Debian packages retryd builds, tests and demos with, installed only
+# when missing. Sourced by scripts/test and scripts/demo.
+
+# The packages every build needs.
+RETRYD_DEPS=(
+  cmake ninja-build g++ pkg-config
+  libboost-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libtomlplusplus-dev nlohmann-json3-dev libsystemd-dev libcurl4-openssl-dev libhiredis-dev
+  python3 python3-pytest
+)
+
+# retryd_install_deps [extra packages...]: installs whatever of RETRYD_DEPS and the extras is
+# missing, quietly, as root or through sudo. Runs `apt-get update` only if something is missing.
+retryd_install_deps() {
+  local want=("${RETRYD_DEPS[@]}" "$@") missing=() pkg
+  for pkg in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "need root or sudo to install: ${missing[*]}" >&2; return 1; }
+    sudo=(sudo)
+  fi
+  echo "installing: ${missing[*]}"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
