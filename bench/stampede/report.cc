@@ -287,7 +287,7 @@ std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vec
       {"Attempts sent by the clients per second (log scale)", [](const Bin& b) { return b.sent; }, true},
       {"User requests failed per second", [](const Bin& b) { return b.user_fail; }, false},
   };
-  const double top = 50 + 17 * double((r.size() + 1) / 2);
+  const double top = 50 + 17 * double(r.size());
   const double H = top + double(panels.size()) * (panel_h + gap) + 20;
   const double plot_w = W - left - right;
   const size_t n = r.empty() ? 0 : r[0].bins.size();
@@ -303,7 +303,7 @@ std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vec
               std::to_string(sc.workers_per_host) + " workers, " + Thousands(sc.baseline_qps) +
               " QPS baseline, " + std::to_string(sc.downstream.pods) + " pods)")
     << "</text>\n";
-  // Legend: two columns under the title.
+  // Legend: one line per strategy under the title.
   for (size_t i = 0; i < r.size(); ++i) {
     const char* color = kColors[i % kNumColors];
     std::string label = r[i].strategy;
@@ -313,7 +313,7 @@ std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vec
     if (i < s.size()) {
       label += Fmt(" (peak %.1fx", s[i].peak_accepted_100ms) + Fmt(" / %.1fx)", s[i].peak_accepted_1s);
     }
-    const double lx = left + double(i % 2) * (plot_w / 2), ly = 46 + double(i / 2) * 17;
+    const double lx = left, ly = 46 + double(i) * 17;
     o << "<line x1=\"" << lx << "\" y1=\"" << ly - 4 << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly - 4
       << "\" stroke=\"" << color << "\" stroke-width=\"2.5\"/>\n";
     o << "<text x=\"" << lx + 27 << "\" y=\"" << ly << "\">" << Escape(label) << "</text>\n";
