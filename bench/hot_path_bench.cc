@@ -14,7 +14,7 @@
 //                            directly, at a fixed time (no Client, no clock read)
 // Baselines:
 //   BM_BareCas               one CAS on a word in a shared mapping: the floor (also 1-8 threads)
-//   BM_CoarseClockRead       one CLOCK_MONOTONIC_COARSE read (retryd reads it twice per call)
+//   BM_CoarseClockRead       one CLOCK_MONOTONIC_COARSE read (a first attempt reads it once)
 //   BM_MutexTokenBucket      token bucket under a robust process-shared mutex (also 1-8 threads)
 //   BM_SysvSemaphore         SysV semaphore acquire + release with SEM_UNDO (Semian)
 //   BM_UnixSocketTokenServer 1-byte round trip to a forked token server
@@ -253,8 +253,8 @@ void BM_Retryd_Bulkhead(benchmark::State& state) {
 BENCHMARK(BM_Retryd_Bulkhead);
 
 // The same first attempt on the shm algorithms directly, at a fixed time: what admit+complete
-// costs without the Client around it (dependency lookup, fork check) and without its two clock
-// reads. A breakdown, not a path a worker takes.
+// costs without the Client around it (dependency lookup, fork check) and without its clock
+// read. A breakdown, not a path a worker takes.
 void BM_Shm_AdmitCompleteFixedClock(benchmark::State& state) {
   RetrydFixture& f = Retryd();
   const uint64_t now_ns = shm::CoarseNowNs();
@@ -279,7 +279,7 @@ void BM_BareCas(benchmark::State& state) {
 }
 BENCHMARK(BM_BareCas)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
 
-// What one read of the clock retryd uses costs (admit+complete reads it twice).
+// What one read of the clock retryd uses costs (a first attempt reads it once, in complete).
 void BM_CoarseClockRead(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(shm::CoarseNowNs());
 }

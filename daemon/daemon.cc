@@ -38,6 +38,8 @@ constexpr uint64_t kSecondNs = 1'000'000'000;
 // backstop: Admit reclaims expired leases itself when it finds them all taken. Dead owners'
 // leases do not wait for it: the reaper runs every tick.
 constexpr uint64_t kSweepPeriodMs = 1'000;
+// How often the STATUS= line for systemd is recomputed (it reads every dependency slot).
+constexpr uint64_t kStatusPeriodNs = 5'000'000'000;
 constexpr uint32_t kChangeLinesPerSecond = 20;
 constexpr uint64_t kEventReportPeriodNs = 10 * kSecondNs;
 constexpr uint64_t kMetricsErrorPeriodNs = 60 * kSecondNs;
@@ -491,7 +493,7 @@ void Daemon::Tick(uint64_t now_ns) {
     sd_notify(0, "WATCHDOG=1");
   }
   if (now_ns >= next_status_ns_) {
-    next_status_ns_ = now_ns + kSecondNs;
+    next_status_ns_ = now_ns + kStatusPeriodNs;
     std::string line = StatusLine();
     if (line != last_status_) {
       Notify("STATUS=" + line);
