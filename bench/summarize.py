@@ -114,7 +114,7 @@ def main():
         ("BM_Retryd_HalfOpenProbe", "half-open probe acquire+release", None),
         ("BM_Retryd_Bulkhead", "bulkhead acquire+release", None),
         ("BM_Shm_AdmitCompleteFixedClock", "(breakdown: shm::Admit+Complete, no Client, no clock)", None),
-        ("BM_CoarseClockRead", "(breakdown: one CLOCK_MONOTONIC_COARSE read; 2 per call)", None),
+        ("BM_CoarseClockRead", "(breakdown: one CLOCK_MONOTONIC_COARSE read; 1 per first attempt)", None),
     ]
     for name, label, limit in paths:
         v = hot.get(name, cpu=True)
