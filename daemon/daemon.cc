@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
@@ -18,8 +19,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-
-#include <glog/logging.h>
 
 #include "daemon/metrics.h"
 #include "shm/breaker.h"
@@ -46,26 +45,11 @@ constexpr uint32_t kChangeLinesPerSecond = 20;
 constexpr uint64_t kEventReportPeriodNs = 10 * kSecondNs;
 constexpr uint64_t kMetricsErrorPeriodNs = 60 * kSecondNs;
 
-uint64_t UnixNowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / kMsNs;
-}
-
 std::string ReadComm(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
   std::string comm;
   std::getline(in, comm);
   return comm;
-}
-
-const char* BreakerName(shm::BreakerState s) {
-  switch (s) {
-    case shm::BreakerState::kClosed: return "closed";
-    case shm::BreakerState::kOpen: return "open";
-    case shm::BreakerState::kHalfOpen: return "half-open";
-  }
-  return "invalid";
 }
 
 const char* ModeNameOf(uint32_t m) {
@@ -99,16 +83,16 @@ Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_
   if (!d.owner.empty()) {
     const passwd* pw = getpwnam(d.owner.c_str());
     if (pw == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.owner': no such user \"" +
-                                     d.owner + "\" on this host");
+      return Status::InvalidArgument(source + ": key 'daemon.owner': no such user \"" + d.owner +
+                                     "\" on this host");
     }
     *uid = pw->pw_uid;
   }
   if (!d.group.empty()) {
     const group* gr = getgrnam(d.group.c_str());
     if (gr == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.group': no such group \"" +
-                                     d.group + "\" on this host");
+      return Status::InvalidArgument(source + ": key 'daemon.group': no such group \"" + d.group +
+                                     "\" on this host");
     }
     *gid = gr->gr_gid;
   }
@@ -357,7 +341,7 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
           LOG(INFO) << "dependency " << shm::ReadName(slot) << ": breaker reset";
         } else if (was.state != is.state) {
           LOG(INFO) << "dependency " << shm::ReadName(slot) << ": breaker "
-                    << BreakerName(was.state) << " -> " << BreakerName(is.state)
+                    << shm::BreakerStateName(was.state) << " -> " << shm::BreakerStateName(is.state)
                     << (is.state == shm::BreakerState::kOpen
                             ? " (reopens " + std::to_string(is.reopens) + ")"
                             : std::string());
@@ -418,8 +402,8 @@ std::string Daemon::StatusLine() const {
             d.mode.load(kRelaxed) == uint32_t(shm::Mode::kForcedOpen);
   }
   for (uint32_t i = 0; i < segment_->process_high_water(); ++i) {
-    attached += (segment_->process(i)->owner.load(kRelaxed) >> 32) ==
-                uint64_t(shm::ProcessState::kLive);
+    attached +=
+        (segment_->process(i)->owner.load(kRelaxed) >> 32) == uint64_t(shm::ProcessState::kLive);
   }
   std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
                      std::to_string(open) + " open, " + std::to_string(attached) +
@@ -451,8 +435,8 @@ void Daemon::WriteMetrics(uint64_t now_ns) {
     if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) failed = "rename to " + path;
     if (!failed.empty()) unlink(tmp.c_str());
   }
-  if (!failed.empty() &&
-      (metrics_error_logged_ns_ == 0 || now_ns - metrics_error_logged_ns_ >= kMetricsErrorPeriodNs)) {
+  if (!failed.empty() && (metrics_error_logged_ns_ == 0 ||
+                          now_ns - metrics_error_logged_ns_ >= kMetricsErrorPeriodNs)) {
     metrics_error_logged_ns_ = now_ns;
     LOG(WARNING) << "metrics: " << failed << ": " << std::strerror(errno);
   }
@@ -463,7 +447,7 @@ void Daemon::Tick(uint64_t now_ns) {
   shm::Segment& seg = *segment_;
   shm::SegmentHeader& h = seg.header();
   h.heartbeat_ns.store(now_ns, kRelaxed);
-  h.heartbeat_unix_ms.store(UnixNowMs(), kRelaxed);
+  h.heartbeat_unix_ms.store(shm::UnixNowMs(), kRelaxed);
 
   uint32_t dead = 0;
   const uint64_t reclaimed = reaper_.Tick(seg, &dead);
@@ -472,8 +456,8 @@ void Daemon::Tick(uint64_t now_ns) {
   }
 
   // A slice of the table: every slot once per kSweepPeriodMs.
-  const uint32_t high = std::min(h.dependency_high_water.load(std::memory_order_acquire),
-                                 seg.max_dependencies());
+  const uint32_t high =
+      std::min(h.dependency_high_water.load(std::memory_order_acquire), seg.max_dependencies());
   if (high > 0) {
     const uint64_t ticks_per_sweep =
         std::max<uint64_t>(1, kSweepPeriodMs / std::max<uint32_t>(config_.daemon.tick_ms, 1));
@@ -508,7 +492,9 @@ void Daemon::Tick(uint64_t now_ns) {
   }
 }
 
-void Daemon::Notify(const std::string& message) { sd_notify(0, message.c_str()); }
+void Daemon::Notify(const std::string& message) {
+  sd_notify(0, message.c_str());
+}
 
 void Daemon::ArmTimer() {
   const uint64_t ns = uint64_t{config_.daemon.tick_ms} * kMsNs;

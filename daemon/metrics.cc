@@ -113,7 +113,8 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
            "segment=\"" + Escape(seg.name()) + "\",layout_version=\"" +
                std::to_string(h.layout_version.load(kRelaxed)) + "\"",
            uint64_t{1});
-  w.Family("retryd_daemon_pid", "gauge", "Process id of the daemon that owns the segment, 0 if stopped.");
+  w.Family("retryd_daemon_pid", "gauge",
+           "Process id of the daemon that owns the segment, 0 if stopped.");
   w.Sample("retryd_daemon_pid", "", uint64_t{h.daemon_pid.load(kRelaxed)});
   const uint64_t beat_ns = h.heartbeat_ns.load(kRelaxed);
   w.Family("retryd_daemon_heartbeat_age_seconds", "gauge",
@@ -138,20 +139,24 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
            "Times a worker found no free dependency slot.");
   w.Sample("retryd_table_full_events_total", "", h.table_full_events.load(kRelaxed));
   w.Family("retryd_registry_full_events_total", "counter",
-           "Times a worker found no free process slot (its leases expire but are not reclaimed at death).");
+           "Times a worker found no free process slot (its leases expire but are not reclaimed at "
+           "death).");
   w.Sample("retryd_registry_full_events_total", "", h.registry_full_events.load(kRelaxed));
   w.Family("retryd_unknown_dependency_events_total", "counter",
            "Times a worker named an unconfigured dependency while auto_create is off.");
-  w.Sample("retryd_unknown_dependency_events_total", "", h.unknown_dependency_events.load(kRelaxed));
+  w.Sample("retryd_unknown_dependency_events_total", "",
+           h.unknown_dependency_events.load(kRelaxed));
 
   // --- Per dependency: state -------------------------------------------------------------
-  w.Family("retryd_breaker_state", "gauge", "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
+  w.Family("retryd_breaker_state", "gauge",
+           "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
   for (const Dep& d : deps) {
     const auto b = shm::BreakerWord::Decode(d.slot->breaker.load(kRelaxed));
     w.Sample("retryd_breaker_state", d.label, uint64_t(b.state));
   }
   w.Family("retryd_mode", "gauge",
-           "Operating mode of the dependency (1 for the current mode: enforce, shadow, disabled, forced-open).");
+           "Operating mode of the dependency (1 for the current mode: enforce, shadow, disabled, "
+           "forced-open).");
   for (const Dep& d : deps) {
     const uint32_t m = d.slot->mode.load(kRelaxed);
     const char* name = m < shm::kModeCount ? shm::ModeName(shm::Mode(m)) : "invalid";
@@ -174,11 +179,13 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
   }
   w.Family("retryd_bulkhead_in_flight", "gauge", "Bulkhead leases taken now (calls in flight).");
   for (const Dep& d : deps) {
-    w.Sample("retryd_bulkhead_in_flight", d.label, Taken(d.slot->bulkhead_leases, shm::kMaxBulkhead));
+    w.Sample("retryd_bulkhead_in_flight", d.label,
+             Taken(d.slot->bulkhead_leases, shm::kMaxBulkhead));
   }
   w.Family("retryd_bulkhead_limit", "gauge", "Bulkhead limit, 0 if there is no bulkhead.");
   for (const Dep& d : deps) {
-    w.Sample("retryd_bulkhead_limit", d.label, uint64_t{shm::LoadPolicy(d.slot->policy).bulkhead_limit});
+    w.Sample("retryd_bulkhead_limit", d.label,
+             uint64_t{shm::LoadPolicy(d.slot->policy).bulkhead_limit});
   }
   w.Family("retryd_window_calls", "gauge",
            "Calls in the breaker's sliding window (approximate at bucket edges).");
@@ -197,22 +204,32 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
   }
 
   // --- Per dependency: counters ----------------------------------------------------------
-  struct Simple { const char* name; shm::Counter counter; const char* help; };
+  struct Simple {
+    const char* name;
+    shm::Counter counter;
+    const char* help;
+  };
   const Simple simple[] = {
       {"retryd_first_attempts_total", shm::kFirstAttempts, "First attempts admitted."},
-      {"retryd_retries_granted_total", shm::kRetriesGranted, "Retries admitted (a budget token withdrawn)."},
-      {"retryd_retries_denied_total", shm::kRetriesDenied, "Retries rejected because the retry budget was empty."},
+      {"retryd_retries_granted_total", shm::kRetriesGranted,
+       "Retries admitted (a budget token withdrawn)."},
+      {"retryd_retries_denied_total", shm::kRetriesDenied,
+       "Retries rejected because the retry budget was empty."},
       {"retryd_shadow_would_reject_total", shm::kShadowWouldReject,
        "Shadow mode: attempts that would have been rejected, admitted instead."},
       {"retryd_probes_total", shm::kProbesGranted, "Half-open probe leases granted."},
-      {"retryd_probe_timeouts_total", shm::kProbeTimeouts, "Probe leases that expired (failed probes)."},
+      {"retryd_probe_timeouts_total", shm::kProbeTimeouts,
+       "Probe leases that expired (failed probes)."},
       {"retryd_slow_calls_total", shm::kSlowCalls, "Calls at or over slow_call_duration."},
   };
   for (const Simple& s : simple) {
     w.Family(s.name, "counter", s.help);
     for (const Dep& d : deps) w.Sample(s.name, d.label, Counter(*d.slot, s.counter));
   }
-  struct Labeled { const char* value; shm::Counter counter; };
+  struct Labeled {
+    const char* value;
+    shm::Counter counter;
+  };
   auto labeled = [&](const char* name, const char* help, const char* key,
                      std::initializer_list<Labeled> values) {
     w.Family(name, "counter", help);

@@ -23,7 +23,9 @@ uint32_t NextRandom(Caller& c) {
   return x;
 }
 
-void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
+void Count(DependencySlot& slot, Counter c) {
+  slot.counters[c].fetch_add(1, kRelaxed);
+}
 
 uint32_t ProbeLimit(const DependencySlot& slot) {
   return std::clamp<uint32_t>(slot.policy.half_open_probes.load(kRelaxed), 1, kMaxProbes);
@@ -70,8 +72,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
       continue;  // whoever won, look again
     }
     // Half-open: a probe lease, or nothing.
-    const uint64_t lease =
-        MakeLease(caller, now_ms, slot.policy.probe_timeout_ms.load(kRelaxed));
+    const uint64_t lease = MakeLease(caller, now_ms, slot.policy.probe_timeout_ms.load(kRelaxed));
     const int i = Lease::TryAcquire(slot.probe_leases, ProbeLimit(slot), 0, lease);
     if (i < 0) {
       if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
@@ -168,7 +169,8 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
   // offset so that processes do not all contend on word 0.
   if (const uint32_t limit = BulkheadLimit(slot); limit > 0) {
     const uint32_t now_ms = NsToMs32(now_ns());
-    const uint64_t lease = MakeLease(caller, now_ms, slot.policy.bulkhead_timeout_ms.load(kRelaxed));
+    const uint64_t lease =
+        MakeLease(caller, now_ms, slot.policy.bulkhead_timeout_ms.load(kRelaxed));
     const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
     int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
     if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
@@ -201,7 +203,8 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
 
 Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
                Caller& caller, Permit* p) {
-  return AdmitImpl(slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
+  return AdmitImpl(
+      slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
 }
 
 Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t (*now_ns)(),
@@ -219,8 +222,8 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
     return;
   }
   const uint32_t slow_ms = slot.policy.slow_call_ms.load(kRelaxed);
-  const bool slow = slow_ms != 0 && outcome != Outcome::kIgnored &&
-                    latency_ns >= uint64_t{slow_ms} * 1'000'000u;
+  const bool slow =
+      slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
   Count(slot, outcome == Outcome::kSuccess   ? kSuccesses
               : outcome == Outcome::kFailure ? kFailures
                                              : kIgnored);
@@ -245,8 +248,8 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
           // The window restarts: clear the bucket that may hold calls from before the trip.
           const uint32_t buckets =
               std::clamp<uint32_t>(slot.policy.window_buckets.load(kRelaxed), 1, kMaxBuckets);
-          const uint64_t bucket_ns =
-              std::max<uint64_t>(uint64_t{slot.policy.window_ms.load(kRelaxed)} * 1'000'000u / buckets, 1'000'000u);
+          const uint64_t bucket_ns = std::max<uint64_t>(
+              uint64_t{slot.policy.window_ms.load(kRelaxed)} * 1'000'000u / buckets, 1'000'000u);
           const uint64_t period = now_ns / bucket_ns;
           slot.buckets[period % buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
           break;
@@ -255,15 +258,18 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
       }
       BreakerWord next = b;
       next.successes = successes;  // same seq: the other probes of this half-open stay valid
-      if (slot.breaker.compare_exchange_weak(word, next.Encode(), std::memory_order_acq_rel, kRelaxed)) break;
+      if (slot.breaker.compare_exchange_weak(word, next.Encode(), std::memory_order_acq_rel,
+                                             kRelaxed))
+        break;
     }
   } else if (outcome != Outcome::kIgnored) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
     if (BreakerWord::Decode(word).state == BreakerState::kClosed) {
       RecordCall(slot, now_ns, outcome == Outcome::kFailure, slow);
       if (failed && ShouldTrip(slot, ReadWindow(slot, now_ns))) {
-        TryTransition(slot, word,
-                      {BreakerState::kOpen, 0, 0, 0, now_ms + OpenPeriodMs(slot, 0, NextRandom(caller))});
+        TryTransition(
+            slot, word,
+            {BreakerState::kOpen, 0, 0, 0, now_ms + OpenPeriodMs(slot, 0, NextRandom(caller))});
       }
     }
   }
@@ -288,11 +294,13 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
     }
   };
   sweep_words(slot.probe_leases, kMaxProbes, true);
-  sweep_words(slot.bulkhead_leases, sweep == Sweep::kAllWords ? kMaxBulkhead : BulkheadLimit(slot), false);
+  sweep_words(slot.bulkhead_leases, sweep == Sweep::kAllWords ? kMaxBulkhead : BulkheadLimit(slot),
+              false);
   if (probe_expired) {
     // A probe that outlived its timeout failed: a half-open breaker reopens.
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    if (BreakerWord::Decode(word).state == BreakerState::kHalfOpen) Reopen(slot, word, now_ms, caller);
+    if (BreakerWord::Decode(word).state == BreakerState::kHalfOpen)
+      Reopen(slot, word, now_ms, caller);
   }
   return freed;
 }

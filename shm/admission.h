@@ -20,14 +20,16 @@ namespace retryd::shm {
 
 // Decision values are the C ABI's RETRYD_ADMITTED... (retryd.h); keep them in step.
 enum class Decision : uint32_t {
-  kAdmitted = 0,             // go ahead
-  kAdmittedProbe = 1,        // go ahead: this attempt is the half-open probe
-  kRejectedOpen = 2,         // breaker open (or mode forced-open)
-  kRejectedHalfOpenBusy = 3, // half-open and the probe leases are all taken
-  kRejectedBulkheadFull = 4, // bulkhead full
-  kRejectedBudgetEmpty = 5,  // a retry, and the retry budget has no token
+  kAdmitted = 0,              // go ahead
+  kAdmittedProbe = 1,         // go ahead: this attempt is the half-open probe
+  kRejectedOpen = 2,          // breaker open (or mode forced-open)
+  kRejectedHalfOpenBusy = 3,  // half-open and the probe leases are all taken
+  kRejectedBulkheadFull = 4,  // bulkhead full
+  kRejectedBudgetEmpty = 5,   // a retry, and the retry budget has no token
 };
-inline bool IsAdmitted(Decision d) { return d == Decision::kAdmitted || d == Decision::kAdmittedProbe; }
+inline bool IsAdmitted(Decision d) {
+  return d == Decision::kAdmitted || d == Decision::kAdmittedProbe;
+}
 const char* DecisionName(Decision d);
 
 enum class Outcome : uint32_t {
@@ -39,20 +41,20 @@ enum class Outcome : uint32_t {
 // What an admitted attempt holds until Complete. Caller-owned, trivially copyable; the C ABI
 // carries it in retryd_permit_t's private words.
 struct Permit {
-  uint32_t dependency;       // slot index
-  uint32_t generation;       // slot generation at admit: a reassigned slot ignores the permit
-  uint64_t probe_lease;      // the lease word taken, 0 if none
+  uint32_t dependency;   // slot index
+  uint32_t generation;   // slot generation at admit: a reassigned slot ignores the permit
+  uint64_t probe_lease;  // the lease word taken, 0 if none
   uint64_t bulkhead_lease;
   uint16_t probe_index;
   uint16_t bulkhead_index;
-  uint16_t breaker_seq;      // breaker transition seq the probe was granted under
-  uint8_t flags;             // kPermit*
-  uint8_t decision;          // Decision
+  uint16_t breaker_seq;  // breaker transition seq the probe was granted under
+  uint8_t flags;         // kPermit*
+  uint8_t decision;      // Decision
 };
-inline constexpr uint8_t kPermitActive = 1u << 0;    // admitted and not yet completed
+inline constexpr uint8_t kPermitActive = 1u << 0;  // admitted and not yet completed
 inline constexpr uint8_t kPermitProbe = 1u << 1;
 inline constexpr uint8_t kPermitBulkhead = 1u << 2;
-inline constexpr uint8_t kPermitRecord = 1u << 3;    // record the outcome (not disabled mode)
+inline constexpr uint8_t kPermitRecord = 1u << 3;  // record the outcome (not disabled mode)
 static_assert(sizeof(Permit) == 32);
 
 // Per-thread context of the caller: who owns the leases, and a random state for jitter.

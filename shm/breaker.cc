@@ -14,9 +14,10 @@ struct WindowShape {
 
 WindowShape Shape(const DependencySlot& slot) {
   // Clamp again: the words are shared memory and must never index out of bounds.
-  const uint32_t buckets =
-      std::clamp<uint32_t>(slot.policy.window_buckets.load(std::memory_order_relaxed), 1, kMaxBuckets);
-  const uint32_t window_ms = std::max<uint32_t>(slot.policy.window_ms.load(std::memory_order_relaxed), 100);
+  const uint32_t buckets = std::clamp<uint32_t>(
+      slot.policy.window_buckets.load(std::memory_order_relaxed), 1, kMaxBuckets);
+  const uint32_t window_ms =
+      std::max<uint32_t>(slot.policy.window_ms.load(std::memory_order_relaxed), 100);
   return {std::max<uint64_t>(uint64_t{window_ms} * 1'000'000u / buckets, 1'000'000u), buckets};
 }
 
@@ -90,10 +91,12 @@ bool ShouldTrip(const DependencySlot& slot, const WindowStats& w) {
 }
 
 uint32_t OpenPeriodMs(const DependencySlot& slot, uint32_t reopens, uint32_t random) {
-  const uint64_t base = std::max<uint32_t>(slot.policy.open_for_ms.load(std::memory_order_relaxed), 1);
-  const uint64_t cap = std::max<uint64_t>(slot.policy.open_for_max_ms.load(std::memory_order_relaxed), base);
-  const uint64_t jitter = std::min<uint32_t>(slot.policy.open_jitter_ms.load(std::memory_order_relaxed),
-                                             86'400'000u);
+  const uint64_t base =
+      std::max<uint32_t>(slot.policy.open_for_ms.load(std::memory_order_relaxed), 1);
+  const uint64_t cap =
+      std::max<uint64_t>(slot.policy.open_for_max_ms.load(std::memory_order_relaxed), base);
+  const uint64_t jitter =
+      std::min<uint32_t>(slot.policy.open_jitter_ms.load(std::memory_order_relaxed), 86'400'000u);
   // base < 2^27 after clamping and the shift stops at 31: no overflow.
   const uint64_t scaled = reopens >= 31 ? cap : std::min(cap, base << reopens);
   const uint64_t extra = jitter == 0 ? 0 : random % (jitter + 1);

@@ -25,6 +25,14 @@ inline uint64_t PreciseNowNs() {
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
 
+// Wall-clock milliseconds since the epoch, for times shown to people (attach times, the
+// heartbeat in metrics); never for deciding anything.
+inline uint64_t UnixNowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / 1'000'000u;
+}
+
 // Times stored in 32-bit words are milliseconds modulo 2^32; compare them only through
 // MsBefore, which is right while the two are less than 24 days apart.
 inline uint32_t NsToMs32(uint64_t ns) { return uint32_t(ns / 1'000'000u); }

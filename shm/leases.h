@@ -26,7 +26,9 @@ struct Lease {
     // Owner is never 0, so a taken lease is never the free value.
     return uint64_t(owner == 0 ? 1 : owner) | (uint64_t(tag) << 16) | (uint64_t(expiry_ms) << 32);
   }
-  static bool Expired(uint64_t w, uint32_t now_ms) { return w != 0 && MsReached(now_ms, ExpiryMs(w)); }
+  static bool Expired(uint64_t w, uint32_t now_ms) {
+    return w != 0 && MsReached(now_ms, ExpiryMs(w));
+  }
 
   // TryAcquire scans `count` words from `start` (wrapping) and takes the first free one.
   // Returns its index, or -1 if all are taken.
@@ -36,9 +38,8 @@ struct Lease {
       uint32_t i = start + n;
       if (i >= count) i -= count;
       uint64_t cur = words[i].load(std::memory_order_relaxed);
-      if (cur == 0 &&
-          words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
-                                           std::memory_order_relaxed)) {
+      if (cur == 0 && words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
+                                                       std::memory_order_relaxed)) {
         return int(i);
       }
     }

@@ -12,14 +12,22 @@
 #include <cstdio>
 #include <cstring>
 
+#include "shm/clock.h"
+
 namespace retryd::shm {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
-uint64_t OwnerWord(pid_t pid, ProcessState st) { return uint64_t(uint32_t(pid)) | (uint64_t(st) << 32); }
-pid_t OwnerPid(uint64_t w) { return pid_t(uint32_t(w)); }
-ProcessState OwnerState(uint64_t w) { return ProcessState(uint32_t(w >> 32)); }
+uint64_t OwnerWord(pid_t pid, ProcessState st) {
+  return uint64_t(uint32_t(pid)) | (uint64_t(st) << 32);
+}
+pid_t OwnerPid(uint64_t w) {
+  return pid_t(uint32_t(w));
+}
+ProcessState OwnerState(uint64_t w) {
+  return ProcessState(uint32_t(w >> 32));
+}
 
 void ReadComm(uint64_t out[2]) {
   char buf[16] = {};
@@ -28,12 +36,6 @@ void ReadComm(uint64_t out[2]) {
     std::fclose(f);
   }
   std::memcpy(out, buf, sizeof(buf));
-}
-
-uint64_t UnixNowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / 1'000'000u;
 }
 
 }  // namespace

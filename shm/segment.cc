@@ -30,7 +30,9 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 // A create lock older than this belongs to a process that died holding it.
 constexpr uint64_t kCreateLockStaleMs = 1'000;
 
-std::string Quoted(std::string_view name) { return "segment '" + std::string(name) + "'"; }
+std::string Quoted(std::string_view name) {
+  return "segment '" + std::string(name) + "'";
+}
 
 Status FromException(std::string_view name, const bip::interprocess_exception& e,
                      const char* doing) {
@@ -43,12 +45,6 @@ Status FromException(std::string_view name, const bip::interprocess_exception& e
     return Status::PermissionDenied(what + " (is this user in the segment's group?)");
   }
   return Status::IoError(what);
-}
-
-uint64_t UnixNowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000u + uint64_t(ts.tv_nsec) / 1'000'000u;
 }
 
 void EncodeName(std::string_view name, uint64_t words[6]) {
@@ -81,9 +77,8 @@ class CreateLock {
       const int64_t age_ms = int64_t(now_ms) - int64_t(cur >> 32);
       const bool stale = cur != 0 && (age_ms > int64_t(kCreateLockStaleMs) ||
                                       age_ms < -int64_t(kCreateLockStaleMs));
-      if ((cur == 0 || stale) &&
-          h_.create_lock.compare_exchange_strong(cur, pid | (now_ms << 32),
-                                                 std::memory_order_acquire)) {
+      if ((cur == 0 || stale) && h_.create_lock.compare_exchange_strong(
+                                     cur, pid | (now_ms << 32), std::memory_order_acquire)) {
         mine_ = pid | (now_ms << 32);
         return;
       }
@@ -106,8 +101,8 @@ class CreateLock {
 bool ValidDependencyName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLen) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == ':' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == ':' || c == '-';
   });
 }
 
@@ -143,7 +138,10 @@ Status Segment::Validate(const void* base, uint64_t size) {
                                 " is older than this library's " + std::to_string(kLayoutVersion) +
                                 " (restart retryd to recreate it)");
   }
-  struct { const char* what; uint64_t got, want; } sizes[] = {
+  struct {
+    const char* what;
+    uint64_t got, want;
+  } sizes[] = {
       {"header size", h.header_size.load(kRelaxed), sizeof(SegmentHeader)},
       {"dependency slot size", h.dependency_slot_size.load(kRelaxed), sizeof(DependencySlot)},
       {"process slot size", h.process_slot_size.load(kRelaxed), sizeof(ProcessSlot)},
@@ -208,7 +206,8 @@ std::unique_ptr<Segment> Segment::CreatePrivate(uint32_t max_dependencies, uint3
   seg->max_dependencies_ = std::clamp<uint32_t>(max_dependencies, 1, kMaxDependencies);
   seg->max_processes_ = std::clamp<uint32_t>(max_processes, 1, kMaxProcesses);
   seg->size_ = SegmentSize(seg->max_dependencies_, seg->max_processes_);
-  seg->mapping_.reset(new Mapping{bip::shared_memory_object(), bip::anonymous_shared_memory(seg->size_)});
+  seg->mapping_.reset(
+      new Mapping{bip::shared_memory_object(), bip::anonymous_shared_memory(seg->size_)});
   seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
   seg->private_ = true;
   seg->name_ = "(process-private)";
@@ -222,7 +221,8 @@ Status Segment::Attach(std::string_view name, Access access, std::unique_ptr<Seg
   std::unique_ptr<Segment> seg(new Segment);
   seg->mapping_.reset(new Mapping);
   try {
-    seg->mapping_->object = bip::shared_memory_object(bip::open_only, std::string(name).c_str(), mode);
+    seg->mapping_->object =
+        bip::shared_memory_object(bip::open_only, std::string(name).c_str(), mode);
     bip::offset_t size = 0;
     if (!seg->mapping_->object.get_size(size) || size < 0) {
       return Status::IoError(Quoted(name) + ": cannot read its size");
@@ -235,7 +235,8 @@ Status Segment::Attach(std::string_view name, Access access, std::unique_ptr<Seg
     seg->mapping_->region = bip::mapped_region(seg->mapping_->object, mode);
     seg->size_ = seg->mapping_->region.get_size();
   } catch (const bip::interprocess_exception& e) {
-    return FromException(name, e, access == Access::kReadOnly ? "open read-only" : "open read-write");
+    return FromException(name, e,
+                         access == Access::kReadOnly ? "open read-only" : "open read-write");
   }
   seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
   if (Status s = Validate(seg->header_, seg->size_); !s.ok()) {
@@ -276,8 +277,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
     }
     *note = "capacity changed (" + std::to_string(existing->max_dependencies()) + " -> " +
             std::to_string(opt.max_dependencies) + " dependencies, " +
-            std::to_string(existing->max_processes()) + " -> " +
-            std::to_string(opt.max_processes) + " processes): retired the old segment";
+            std::to_string(existing->max_processes()) + " -> " + std::to_string(opt.max_processes) +
+            " processes): retired the old segment";
     existing->header().retired.store(1, std::memory_order_release);
     Remove(opt.name);
   } else if (s.code() == Status::Code::kIncompatible) {
@@ -300,7 +301,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
         if (!zeros && !ours) {
           return Status::Incompatible(Quoted(opt.name) +
                                       " holds something that is not a retryd segment; remove "
-                                      "/dev/shm/" + opt.name + " by hand if it is unused");
+                                      "/dev/shm/" +
+                                      opt.name + " by hand if it is unused");
         }
       } else {
         bip::mapped_region region(obj, bip::read_write, 0, sizeof(SegmentHeader));
@@ -309,7 +311,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
         if (magic != kMagic && magic != 0) {
           return Status::Incompatible(Quoted(opt.name) +
                                       " holds something that is not a retryd segment; remove "
-                                      "/dev/shm/" + opt.name + " by hand if it is unused");
+                                      "/dev/shm/" +
+                                      opt.name + " by hand if it is unused");
         }
         if (magic == kMagic) h->retired.store(1, std::memory_order_release);
       }
@@ -337,7 +340,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
     if (fchmod(fd, opt.mode) != 0) {
       return Status::IoError(Quoted(opt.name) + ": chmod " + std::strerror(errno));
     }
-    if ((opt.owner != uid_t(-1) || opt.group != gid_t(-1)) && fchown(fd, opt.owner, opt.group) != 0) {
+    if ((opt.owner != uid_t(-1) || opt.group != gid_t(-1)) &&
+        fchown(fd, opt.owner, opt.group) != 0) {
       const int err = errno;
       Remove(opt.name);
       return Status::PermissionDenied(Quoted(opt.name) + ": chown to " + std::to_string(opt.owner) +
@@ -357,8 +361,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
 }
 
 int32_t Segment::Find(std::string_view name) const {
-  const uint32_t n = std::min(header_->dependency_high_water.load(std::memory_order_acquire),
-                              max_dependencies_);
+  const uint32_t n =
+      std::min(header_->dependency_high_water.load(std::memory_order_acquire), max_dependencies_);
   for (uint32_t i = 0; i < n; ++i) {
     if (SlotState(dependencies_[i].state.load(std::memory_order_acquire)) == SlotState::kActive &&
         NameIs(dependencies_[i], name)) {
@@ -370,8 +374,8 @@ int32_t Segment::Find(std::string_view name) const {
 
 Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index) {
   if (!ValidDependencyName(name)) {
-    return Status::InvalidArgument("bad dependency name '" + std::string(name) +
-                                   "': use 1.." + std::to_string(kMaxNameLen) +
+    return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
+                                   std::to_string(kMaxNameLen) +
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
   CreateLock lock(*header_);
@@ -414,9 +418,10 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   const uint64_t now_ns = PreciseNowNs();
   BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(now_ns)};
   d.breaker.store(closed.Encode(), kRelaxed);
-  d.budget.store(RetryBudget::Make(uint64_t{LoadPolicy(d.policy).retry_burst} * RetryBudget::kTokenScale,
-                                   NsToMs32(now_ns)),
-                 kRelaxed);
+  d.budget.store(
+      RetryBudget::Make(uint64_t{LoadPolicy(d.policy).retry_burst} * RetryBudget::kTokenScale,
+                        NsToMs32(now_ns)),
+      kRelaxed);
   for (auto& b : d.buckets) b.store(0, kRelaxed);
   for (auto& c : d.counters) c.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
@@ -431,8 +436,8 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
 
 Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index) {
   if (!ValidDependencyName(name)) {
-    return Status::InvalidArgument("bad dependency name '" + std::string(name) +
-                                   "': use 1.." + std::to_string(kMaxNameLen) +
+    return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
+                                   std::to_string(kMaxNameLen) +
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
   if (const int32_t i = Find(name); i >= 0) {

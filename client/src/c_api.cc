@@ -41,10 +41,13 @@ int retryd_open(const retryd_options_t* options, retryd_client_t** out) {
   }
 }
 
-void retryd_close(retryd_client_t* client) { delete client; }
+void retryd_close(retryd_client_t* client) {
+  delete client;
+}
 
 int retryd_resolve(retryd_client_t* client, const char* name, retryd_dependency_t* out) {
-  if (!client || !name || !out) return Fail(Status::InvalidArgument("retryd_resolve: NULL argument"));
+  if (!client || !name || !out)
+    return Fail(Status::InvalidArgument("retryd_resolve: NULL argument"));
   try {
     retryd::Dependency dep;
     if (Status s = client->impl->Resolve(name, &dep); !s.ok()) return Fail(s);
@@ -67,7 +70,9 @@ void retryd_complete(retryd_client_t* client, retryd_permit_t* permit, int outco
   client->impl->CompleteRaw(permit, outcome, latency_ns);
 }
 
-int retryd_is_local(const retryd_client_t* client) { return client && client->impl->local() ? 1 : 0; }
+int retryd_is_local(const retryd_client_t* client) {
+  return client && client->impl->local() ? 1 : 0;
+}
 
 const char* retryd_strerror(int code) {
   switch (code) {
@@ -87,7 +92,9 @@ const char* retryd_decision_name(int decision) {
   return retryd::DecisionName(retryd::Decision(decision));
 }
 
-const char* retryd_last_error(void) { return t_last_error.c_str(); }
+const char* retryd_last_error(void) {
+  return t_last_error.c_str();
+}
 
 void retryd_set_log_callback(retryd_log_fn fn, void* context) {
   if (!fn) {

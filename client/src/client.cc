@@ -1,11 +1,10 @@
-#include "client/src/client_impl.h"
-
 #include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 
+#include "client/src/client_impl.h"
 #include "shm/clock.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
@@ -84,8 +83,9 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
   c->owner_pid_ = getpid();
   c->owner_.store(seg->is_private() ? 1 : shm::RegisterProcess(*seg, c->owner_pid_), kRelaxed);
   if (c->owner_.load(kRelaxed) == shm::kUnknownOwner) {
-    Log(1, "segment '" + c->name_ + "': process registry full; leases of this process are "
-           "reclaimed by expiry only");
+    Log(1, "segment '" + c->name_ +
+               "': process registry full; leases of this process are "
+               "reclaimed by expiry only");
   }
   c->header_.store(&seg->header(), kRelaxed);
   c->seg_ = std::move(seg);
@@ -146,8 +146,10 @@ void ClientImpl::SlowPath() {
     fork_generation_.store(gen, kRelaxed);
   }
   // 2. The segment was retired, or we run on private state: try the host's segment.
-  const bool retired = !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
-  if (!(retired || seg_->is_private()) || shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed)) return;
+  const bool retired =
+      !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
+  if (!(retired || seg_->is_private()) || shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed))
+    return;
   next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
   std::unique_ptr<shm::Segment> fresh;
   if (Status s = AttachShared(&fresh); !s.ok()) {
@@ -191,7 +193,8 @@ int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   Entry& e = entries_[dep];
   shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
   shm::Caller caller = MakeCaller();
-  const shm::Decision d = shm::Admit(*slot, e.index.load(kRelaxed), attempt, &shm::CoarseNowNs, caller, &ps->permit);
+  const shm::Decision d =
+      shm::Admit(*slot, e.index.load(kRelaxed), attempt, &shm::CoarseNowNs, caller, &ps->permit);
   t_state.lease_tag = caller.lease_tag;
   t_state.rng = caller.rng;
   ps->slot = slot;
@@ -204,7 +207,8 @@ void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency
   if (!(ps->permit.flags & shm::kPermitActive)) return;
   if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
   shm::Caller caller = MakeCaller();
-  shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, shm::CoarseNowNs(), caller);
+  shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, shm::CoarseNowNs(),
+                caller);
   t_state.rng = caller.rng;
 }
 
@@ -219,7 +223,9 @@ Status Client::Open(const ClientOptions& options, std::unique_ptr<Client>* out) 
   return s;
 }
 
-const char* DecisionName(Decision d) { return shm::DecisionName(shm::Decision(uint32_t(d))); }
+const char* DecisionName(Decision d) {
+  return shm::DecisionName(shm::Decision(uint32_t(d)));
+}
 
 void SetLogCallback(LogFn fn) {
   std::lock_guard<std::mutex> lock(internal::g_log_mu);
