@@ -52,6 +52,8 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid) {
   // The command name may hold spaces and parentheses: fields resume after the last ')'.
   const char* p = std::strrchr(buf, ')');
   if (!p) return std::nullopt;
+  // A zombie (or a process being torn down) has exited: it holds its pid, nothing else.
+  if (p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X')) return std::nullopt;
   // Field 3 (state) follows; start time is field 22, i.e. 19 fields further.
   int field = 2;
   for (++p; *p && field < 22; ++p) {

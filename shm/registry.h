@@ -24,7 +24,7 @@ namespace retryd::shm {
 inline constexpr uint16_t kUnknownOwner = 0xFFFF;
 
 // ProcessStartTime reads /proc/PID/stat's start time (clock ticks since boot), or nullopt if
-// the process does not exist.
+// the process does not exist or has exited (a zombie not yet reaped by its parent).
 std::optional<uint64_t> ProcessStartTime(pid_t pid);
 
 // RegisterProcess claims a slot for `pid` and returns its owner id, or kUnknownOwner when the

@@ -289,6 +289,18 @@ TEST(RegistryTest, LiveProcessesKeepTheirLeases) {
   EXPECT_EQ(seg.seg->process(owner - 1u)->owner.load(), 0u);
 }
 
+TEST(RegistryTest, AnUnreapedZombieIsDead) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  // Not reaped yet: the pid exists as a zombie until waitpid below.
+  for (int i = 0; i < 1000 && ProcessAliveByProc(pid, 0); ++i) usleep(1000);
+  EXPECT_FALSE(ProcessAliveByProc(pid, 0));
+  EXPECT_FALSE(ProcessStartTime(pid).has_value());
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(ProcessAliveByProc(getpid(), 0));
+  EXPECT_EQ(ProcessAliveByProc(getpid(), *ProcessStartTime(getpid())), true);
+}
+
 TEST(RegistryTest, FullRegistryIsCounted) {
   testing::NamedSegment seg("fullreg", 4, /*procs=*/2);
   EXPECT_NE(RegisterProcess(*seg.seg, getpid()), kUnknownOwner);
