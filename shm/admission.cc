@@ -13,6 +13,8 @@ namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
 // Bounded retries of a breaker decision that raced with a transition; past it, answer busy.
 constexpr int kMaxBreakerRounds = 4;
+// Bound on the retries of a failed probe's reopen (see ReopenHalfOpen).
+constexpr int kMaxFailureRounds = 1024;
 
 uint32_t NextRandom(Caller& c) {
   uint32_t x = c.rng ? c.rng : 0x9E3779B9u;
@@ -50,12 +52,27 @@ void ReleaseLeases(DependencySlot& slot, Permit* p) {
 }
 
 // Reopen moves a half-open breaker read as `word` back to open, one step longer.
-void Reopen(DependencySlot& slot, uint64_t word, uint32_t now_ms, Caller& caller) {
+// Returns false if the word changed first (the caller reads it again and decides anew).
+bool Reopen(DependencySlot& slot, uint64_t word, uint32_t now_ms, Caller& caller) {
   const BreakerWord b = BreakerWord::Decode(word);
   const uint32_t reopens = std::min<uint32_t>(b.reopens + 1, 63);
-  TryTransition(slot, word,
-                {BreakerState::kOpen, reopens, 0, 0,
-                 now_ms + OpenPeriodMs(slot, reopens, NextRandom(caller))});
+  return TryTransition(slot, word,
+                       {BreakerState::kOpen, reopens, 0, 0,
+                        now_ms + OpenPeriodMs(slot, reopens, NextRandom(caller))});
+}
+
+// ReopenHalfOpen reopens the breaker if it is half-open (under `seq`, unless any seq will do),
+// retrying while other probes' successes change the word under it: one failed probe must
+// reopen the breaker, whatever the others report at the same moment. Each retry means another
+// process committed a change; the bound only keeps a scribbling client from spinning us.
+void ReopenHalfOpen(DependencySlot& slot, uint32_t now_ms, Caller& caller, bool any_seq,
+                    uint16_t seq) {
+  for (int round = 0; round < kMaxFailureRounds; ++round) {
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    const BreakerWord b = BreakerWord::Decode(word);
+    if (b.state != BreakerState::kHalfOpen || (!any_seq && b.seq != seq)) return;
+    if (Reopen(slot, word, now_ms, caller)) return;
+  }
 }
 
 // AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the
@@ -67,7 +84,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     const BreakerWord b = BreakerWord::Decode(word);
     if (b.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (b.state == BreakerState::kOpen) {
-      if (!MsReached(now_ms, b.time_ms)) return Decision::kRejectedOpen;
+      if (!DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) return Decision::kRejectedOpen;
       TryTransition(slot, word, {BreakerState::kHalfOpen, b.reopens, 0, 0, now_ms});
       continue;  // whoever won, look again
     }
@@ -233,14 +250,12 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
 
   if (p->flags & kPermitProbe) {
     // Only the half-open the probe was granted under hears of it.
-    for (int round = 0; outcome != Outcome::kIgnored && round < kMaxBreakerRounds; ++round) {
+    if (failed) ReopenHalfOpen(slot, now_ms, caller, false, p->breaker_seq);
+    for (int round = 0; !failed && outcome != Outcome::kIgnored && round < kMaxBreakerRounds;
+         ++round) {
       uint64_t word = slot.breaker.load(std::memory_order_acquire);
       const BreakerWord b = BreakerWord::Decode(word);
       if (b.state != BreakerState::kHalfOpen || b.seq != p->breaker_seq) break;
-      if (failed) {
-        Reopen(slot, word, now_ms, caller);
-        break;
-      }
       const uint32_t successes = b.successes + 1;
       const uint32_t close_after = std::max<uint32_t>(slot.policy.close_after.load(kRelaxed), 1);
       if (successes >= close_after) {
@@ -296,12 +311,8 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
   sweep_words(slot.probe_leases, kMaxProbes, true);
   sweep_words(slot.bulkhead_leases, sweep == Sweep::kAllWords ? kMaxBulkhead : BulkheadLimit(slot),
               false);
-  if (probe_expired) {
-    // A probe that outlived its timeout failed: a half-open breaker reopens.
-    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    if (BreakerWord::Decode(word).state == BreakerState::kHalfOpen)
-      Reopen(slot, word, now_ms, caller);
-  }
+  // A probe that outlived its timeout failed: a half-open breaker reopens.
+  if (probe_expired) ReopenHalfOpen(slot, now_ms, caller, true, 0);
   return freed;
 }
 

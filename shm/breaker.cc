@@ -3,8 +3,13 @@
 #include <algorithm>
 
 #include "shm/clock.h"
+#include "shm/policy.h"
 
 namespace retryd::shm {
+
+static_assert(kMaxDeadlineAheadMs >= 2 * uint64_t{Policy::kMaxDurationMs},
+              "an open period (open_for_max + open_jitter) must fit under the wrap guard");
+
 namespace {
 
 struct WindowShape {

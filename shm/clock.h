@@ -40,4 +40,16 @@ inline bool MsReached(uint32_t now_ms, uint32_t deadline_ms) {
   return int32_t(now_ms - deadline_ms) >= 0;
 }
 
+// DeadlinePassed is MsReached for a deadline that was at most `max_ahead_ms` ahead when it was
+// set: one that now reads as further ahead than that was set more than 24 days ago and has
+// passed (the 32-bit difference wrapped). Open periods and lease expiries use it, so that a
+// dependency nobody touched for a month is not held open or busy for another month.
+inline bool DeadlinePassed(uint32_t now_ms, uint32_t deadline_ms, uint32_t max_ahead_ms) {
+  return MsReached(now_ms, deadline_ms) || deadline_ms - now_ms > max_ahead_ms;
+}
+
+// The longest any stamped deadline can be ahead: an open period (open_for_max plus jitter,
+// each at most Policy::kMaxDurationMs) or a lease timeout (at most kMaxDurationMs).
+inline constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u;
+
 }  // namespace retryd::shm

@@ -27,7 +27,7 @@ struct Lease {
     return uint64_t(owner == 0 ? 1 : owner) | (uint64_t(tag) << 16) | (uint64_t(expiry_ms) << 32);
   }
   static bool Expired(uint64_t w, uint32_t now_ms) {
-    return w != 0 && MsReached(now_ms, ExpiryMs(w));
+    return w != 0 && DeadlinePassed(now_ms, ExpiryMs(w), kMaxDeadlineAheadMs);
   }
 
   // TryAcquire scans `count` words from `start` (wrapping) and takes the first free one.

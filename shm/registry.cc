@@ -160,13 +160,14 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   const uint32_t high = std::max<uint32_t>(seg.process_high_water(), watched_high_);
   for (uint32_t i = 0; i < high; ++i) {
     const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
+    const uint64_t start =
+        OwnerState(w) == ProcessState::kLive ? seg.process(i)->start_time.load(kRelaxed) : 0;
     Watched& watch = watched_[i];
-    if (w != watch.owner_word) {  // a new owner (or none): verify it once, then watch it
+    if (w != watch.owner_word || start != watch.start_time) {
+      // A new owner (or none): verify it once, then watch it.
       if (watch.pidfd >= 0) close(watch.pidfd);
-      watch = Watched{w, -1};
+      watch = Watched{w, start, -1};
       if (w != 0) {
-        const uint64_t start =
-            OwnerState(w) == ProcessState::kLive ? seg.process(i)->start_time.load(kRelaxed) : 0;
         const int fd = int(syscall(SYS_pidfd_open, OwnerPid(w), 0));
         if (fd < 0 && errno == ESRCH) {
           dead.push_back(i);
@@ -203,7 +204,9 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   for (uint32_t i : dead) {
     Watched& watch = watched_[i];
     const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
-    if (w != 0) freed += ReclaimOwner(seg, uint16_t(i + 1), w);
+    // Only the owner found dead: a process that took the slot since is judged next tick.
+    const bool same_owner = w == watch.owner_word || watch.owner_word == 0;
+    if (w != 0 && same_owner) freed += ReclaimOwner(seg, uint16_t(i + 1), w);
     if (watch.pidfd >= 0) close(watch.pidfd);
     watch = Watched{};
   }

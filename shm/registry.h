@@ -64,8 +64,11 @@ class DeadOwnerReaper {
   uint64_t Tick(Segment& seg, uint32_t* dead_processes = nullptr);
 
  private:
+  // What was verified of a slot's owner: a change of either word is a new owner (a pid can
+  // be recycled between two ticks and land in the same slot with the same owner word).
   struct Watched {
     uint64_t owner_word = 0;
+    uint64_t start_time = 0;
     int pidfd = -1;
   };
   std::vector<Watched> watched_;

@@ -63,19 +63,22 @@ class RetryBudget {
   }
 
  private:
-  // Refilled applies the floor refill since the stamp; time going backwards adds nothing.
+  // Refilled applies the floor refill since the stamp. Time going backwards (a stamp up to
+  // 2^30 ms ahead: another process's clock read a moment later) adds nothing; anything else
+  // is elapsed time, so a budget untouched for a month still refills.
   static uint64_t Refilled(uint64_t word, uint32_t now_ms, uint32_t floor_per_sec,
                            uint32_t burst) {
     const uint64_t cap = uint64_t{burst} * kTokenScale;
-    const int32_t elapsed = int32_t(now_ms - StampMs(word));
+    const uint32_t elapsed = now_ms - StampMs(word);
     // One token per second is one thousandth per ms.
-    const uint64_t refill = elapsed > 0 ? uint64_t(elapsed) * floor_per_sec : 0;
+    const uint64_t refill = Backwards(elapsed) ? 0 : uint64_t(elapsed) * floor_per_sec;
     return std::min(cap, Tokens(word) + refill);
   }
   // The stamp never moves backwards, or a clock step back would refill twice.
   static uint32_t Later(uint32_t stamp_ms, uint32_t now_ms) {
-    return MsReached(now_ms, stamp_ms) ? now_ms : stamp_ms;
+    return Backwards(now_ms - stamp_ms) ? stamp_ms : now_ms;
   }
+  static bool Backwards(uint32_t elapsed_ms) { return elapsed_ms > 0xC000'0000u; }
 };
 
 }  // namespace retryd::shm

@@ -64,25 +64,27 @@ bool NameIs(const DependencySlot& slot, std::string_view name) {
 }
 
 // CreateLock serializes creators of dependency slots (the daemon and clients creating on the
-// fly). A cold path only; a holder that died is detected by age.
+// fly). A cold path only; a holder that died is detected by age. The lock word is
+// pid | (ms << 32), the time in ms modulo 2^32 like every stamp in the segment (clock.h).
 class CreateLock {
  public:
   explicit CreateLock(SegmentHeader& h) : h_(h) {
-    const uint64_t pid = uint64_t(getpid());
+    const uint64_t pid = uint64_t(uint32_t(getpid()));
     for (int spins = 0;; ++spins) {
-      const uint64_t now_ms = PreciseNowNs() / 1'000'000u;
+      const uint32_t now_ms = NsToMs32(PreciseNowNs());
       uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
       // Stale: taken too long ago, or stamped in the future (a clock from another boot, or
-      // a client's scribble), which would otherwise stall every creator for the give-up.
-      const int64_t age_ms = int64_t(now_ms) - int64_t(cur >> 32);
-      const bool stale = cur != 0 && (age_ms > int64_t(kCreateLockStaleMs) ||
-                                      age_ms < -int64_t(kCreateLockStaleMs));
-      if ((cur == 0 || stale) && h_.create_lock.compare_exchange_strong(
-                                     cur, pid | (now_ms << 32), std::memory_order_acquire)) {
-        mine_ = pid | (now_ms << 32);
+      // a client's scribble), which would otherwise stall every creator.
+      const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
+      const bool stale = cur != 0 && (age_ms > int32_t(kCreateLockStaleMs) ||
+                                      age_ms < -int32_t(kCreateLockStaleMs));
+      const uint64_t mine = pid | (uint64_t{now_ms} << 32);
+      if ((cur == 0 || stale) &&
+          h_.create_lock.compare_exchange_strong(cur, mine, std::memory_order_acquire)) {
+        mine_ = mine;
         return;
       }
-      if (spins > 2'000) return;  // about 2 s: give up and create without it
+      if (spins > 2'000) return;  // about 2 s of other creators: held() says so
       usleep(1000);
     }
   }
@@ -90,6 +92,7 @@ class CreateLock {
     uint64_t expected = mine_;
     if (mine_) h_.create_lock.compare_exchange_strong(expected, 0, std::memory_order_release);
   }
+  bool held() const { return mine_ != 0; }
 
  private:
   SegmentHeader& h_;
@@ -379,6 +382,11 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
   CreateLock lock(*header_);
+  if (!lock.held()) {
+    // Creating without it could give two names one slot: refuse, the caller may retry.
+    return Status::IoError("dependency '" + std::string(name) +
+                           "': other creators held the segment's create lock for 2 s");
+  }
   // Every slot, not only those under the shared high-water mark: a client may have lowered
   // it, and a live dependency's slot must never be re-initialized or given another name.
   const uint32_t high = max_dependencies_;

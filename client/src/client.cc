@@ -1,10 +1,12 @@
+#include "client/src/client_impl.h"
+
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
-#include "client/src/client_impl.h"
 #include "shm/clock.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
@@ -24,6 +26,14 @@ std::once_flag g_atfork_once;
 
 std::mutex g_log_mu;
 LogFn g_log;
+
+// Every live client, so that fork() can take their locks first: a child must never inherit a
+// mutex that another thread of the parent held (its first admit would wait on it forever).
+std::mutex g_clients_mu;
+std::vector<ClientImpl*>& Clients() {
+  static auto* clients = new std::vector<ClientImpl*>;
+  return *clients;
+}
 
 struct ThreadState {
   uint16_t lease_tag = 0;
@@ -48,7 +58,25 @@ void Log(int level, const std::string& line) {
   }
 }
 
+void ClientImpl::BeforeFork() {
+  g_clients_mu.lock();
+  for (ClientImpl* c : Clients()) c->mu_.lock();
+  g_log_mu.lock();
+}
+
+void ClientImpl::AfterFork(bool child) {
+  g_log_mu.unlock();
+  for (ClientImpl* c : Clients()) c->mu_.unlock();
+  g_clients_mu.unlock();
+  if (child) g_fork_generation.fetch_add(1, kRelaxed);
+}
+
 ClientImpl::~ClientImpl() {
+  {
+    std::lock_guard<std::mutex> lock(g_clients_mu);
+    auto& clients = Clients();
+    clients.erase(std::remove(clients.begin(), clients.end(), this), clients.end());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (seg_ && !seg_->is_private() && owner_pid_ == getpid()) {
     shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
@@ -61,7 +89,8 @@ Status ClientImpl::AttachShared(std::unique_ptr<shm::Segment>* seg) {
 
 Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out) {
   std::call_once(g_atfork_once, [] {
-    pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1, kRelaxed); });
+    pthread_atfork(&ClientImpl::BeforeFork, [] { ClientImpl::AfterFork(false); },
+                   [] { ClientImpl::AfterFork(true); });
   });
   std::unique_ptr<ClientImpl> c(new ClientImpl);
   c->name_ = options.segment;
@@ -89,6 +118,10 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
   }
   c->header_.store(&seg->header(), kRelaxed);
   c->seg_ = std::move(seg);
+  {
+    std::lock_guard<std::mutex> lock(g_clients_mu);
+    Clients().push_back(c.get());
+  }
   *out = std::move(c);
   return Status::Ok();
 }

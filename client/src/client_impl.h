@@ -42,6 +42,11 @@ class ClientImpl final : public Client {
   bool local() const override { return local_.load(std::memory_order_relaxed); }
   std::string segment_name() const override { return name_; }
 
+  // fork() handlers: take every client's lock (and the log's) before the fork, release them
+  // in both processes after it, so that the child inherits none held by another thread.
+  static void BeforeFork();
+  static void AfterFork(bool child);
+
   // The C ABI calls these directly. AdmitRaw returns the decision or RETRYD_EINVAL.
   int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
   void CompleteRaw(retryd_permit_t* permit, int outcome, uint64_t latency_ns);

@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "shm/breaker.h"
+#include "shm/clock.h"
 #include "shm/registry.h"
 #include "tests/shm/test_util.h"
 
@@ -153,6 +155,33 @@ TEST(ClientTest, ForkedChildRegistersItself) {
   Permit after;
   EXPECT_TRUE(c->Admit(d, 0, &after));
   c->Complete(&after, Outcome::kSuccess, milliseconds(1));
+}
+
+TEST(ClientTest, ForkWhileAnotherThreadHoldsTheClientLockDoesNotHangTheChild) {
+  testing::NamedSegment seg("forklock");
+  testing::AddDependency(*seg.seg, "orders", shm::Policy{});
+  auto c = OpenOrDie(seg.name, false);
+  Dependency d;
+  ASSERT_TRUE(c->Resolve("orders", &d).ok());
+  // Another creator holds the segment's create lock (fresh, so it takes a second to go
+  // stale): a Resolve of a new name waits for it inside the client's lock.
+  seg.seg->header().create_lock.store(
+      uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32));
+  std::thread resolver([&] {
+    Dependency other;
+    EXPECT_TRUE(c->Resolve("payments", &other).ok());
+  });
+  usleep(100'000);  // the resolver is now waiting, holding the client's lock
+  const int status = testing::RunChild([&] {
+    alarm(10);  // a hang is a SIGALRM death
+    Permit p;
+    if (!c->Admit(d, 0, &p)) return 1;
+    c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    return 0;
+  });
+  resolver.join();
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(ClientTest, MovesToAReplacementSegment) {

@@ -2,6 +2,8 @@
 // budget, modes. Each test drives one dependency slot through the real algorithms.
 #include "shm/admission.h"
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "shm/breaker.h"
@@ -170,6 +172,52 @@ TEST_F(AdmissionTest, ExpiredProbeCountsAsFailureAndFreesTheLease) {
   // The late completion of the lost probe changes nothing.
   Complete(&lost, Outcome::kSuccess);
   EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
+TEST_F(AdmissionTest, AnOpenBreakerUntouchedForAMonthHalfOpensOnTheNextAdmit) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  ASSERT_EQ(State(), BreakerState::kOpen);
+  now_ += 25ull * 86'400 * kSec;  // past 2^31 ms: the 32-bit "until" reads as ahead
+  Permit p;
+  EXPECT_EQ(Admit(0, &p), Decision::kAdmittedProbe);
+}
+
+TEST_F(AdmissionTest, ALeaseUntouchedForAMonthHasExpired) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  Permit lost;
+  ASSERT_EQ(Admit(0, &lost), Decision::kAdmittedProbe);  // its holder dies with it
+  now_ += 25ull * 86'400 * kSec;
+  Caller janitor{0, 0, 5};
+  EXPECT_EQ(ReclaimExpired(*slot_, now_, janitor), 1u);
+}
+
+TEST_F(AdmissionTest, OneFailedProbeReopensWhateverTheOthersReport) {
+  slot_->policy.half_open_probes.store(2);
+  slot_->policy.close_after.store(255);
+  // Many rounds of two probes completing at once, one success and one failure: the failure
+  // must win every time, even when the success changes the word between its read and its CAS.
+  for (int round = 0; round < 2000; ++round) {
+    slot_->breaker.store(
+        BreakerWord{BreakerState::kHalfOpen, 0, 0, uint16_t(round), NsToMs32(now_)}.Encode());
+    Permit good, bad;
+    Caller a{2, 0, 11}, b{3, 0, 13};
+    ASSERT_EQ(shm::Admit(*slot_, index_, 0, now_, a, &good), Decision::kAdmittedProbe);
+    ASSERT_EQ(shm::Admit(*slot_, index_, 0, now_, b, &bad), Decision::kAdmittedProbe);
+    std::atomic<int> ready{0};
+    std::thread t([&] {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      shm::Complete(*slot_, &good, Outcome::kSuccess, kMs, now_, a);
+    });
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    shm::Complete(*slot_, &bad, Outcome::kFailure, kMs, now_, b);
+    t.join();
+    ASSERT_EQ(State(), BreakerState::kOpen) << "round " << round;
+  }
 }
 
 TEST_F(AdmissionTest, RetriesSpendTheBudgetFirstAttemptsRefillIt) {

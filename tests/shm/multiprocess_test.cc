@@ -289,6 +289,26 @@ TEST(RegistryTest, LiveProcessesKeepTheirLeases) {
   EXPECT_EQ(seg.seg->process(owner - 1u)->owner.load(), 0u);
 }
 
+TEST(RegistryTest, ANewOwnerWithTheSameOwnerWordIsVerifiedAgain) {
+  // A pid recycled between two ticks can land in the same slot with the same owner word; only
+  // the start time tells the processes apart.
+  testing::NamedSegment seg("sameword");
+  Policy p;
+  p.bulkhead_limit = 2;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  const uint16_t owner = RegisterProcess(*seg.seg, getpid());
+  DeadOwnerReaper reaper;
+  EXPECT_EQ(reaper.Tick(*seg.seg), 0u);  // verified and watched: alive
+  Caller caller{owner, 0, 3};
+  Permit permit;
+  ASSERT_EQ(Admit(*seg.seg->dependency(index), index, 0, CoarseNowNs(), caller, &permit),
+            Decision::kAdmitted);
+  // Same pid, same slot, same owner word, another process's start time.
+  seg.seg->process(owner - 1u)->start_time.fetch_add(7);
+  EXPECT_EQ(reaper.Tick(*seg.seg), 1u);
+  EXPECT_EQ(seg.seg->process(owner - 1u)->owner.load(), 0u);
+}
+
 TEST(RegistryTest, AnUnreapedZombieIsDead) {
   const pid_t pid = fork();
   if (pid == 0) _exit(0);

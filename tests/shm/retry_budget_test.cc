@@ -52,5 +52,15 @@ TEST(RetryBudgetTest, MillisecondWrapIsContinuous) {
   EXPECT_EQ(granted, 5);
 }
 
+TEST(RetryBudgetTest, FloorStillRefillsAfterAMonthIdle) {
+  // 25 days without a retry: the 32-bit difference reads as negative, yet it is elapsed time.
+  const uint32_t stamp = 1000;
+  std::atomic<uint64_t> w{RetryBudget::Make(0, stamp)};
+  const uint32_t later = stamp + 25u * 86'400'000u;
+  int granted = 0;
+  while (granted < 100 && RetryBudget::TryWithdraw(w, later, 10, 100)) ++granted;
+  EXPECT_EQ(granted, 100);  // the floor refilled the whole burst
+}
+
 }  // namespace
 }  // namespace retryd::shm
