@@ -8,7 +8,10 @@
 //   bits 32..63   expiry, ms modulo 2^32
 // Acquire is one CAS from 0; Release is one CAS from the exact value taken back to 0, so a
 // lease that expired and was handed to someone else is never released by its former holder.
-// Invariant: at every instant, leases taken <= the number of words scanned (the limit).
+// Invariant: at every instant, leases taken <= the number of words scanned (the limit). Calls
+// in flight equal leases taken while every call ends before its lease's timeout: a call that
+// outlives it is no longer counted, and a reload that lowers a limit leaves the leases above
+// the new limit to finish (they are swept by expiry like any other).
 // Thread safety: thread-safe and process-safe.
 #pragma once
 
