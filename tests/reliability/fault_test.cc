@@ -148,10 +148,7 @@ TEST_P(WorkerKillTest, LeasesComeBackAndLimitsHold) {
     const std::string config = TempFile(".toml");
     WriteFile(config, KillConfig(name, lease_ms));
     daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config=" + config});
-    ASSERT_TRUE(WaitUntil([&] {
-      return shm::Segment::Attach(name, shm::Access::kReadWrite, &seg).ok() &&
-             seg->header().daemon_pid.load() != 0;
-    }, 10'000)) << daemon->Log();
+    ASSERT_TRUE(AttachWhenReady(name, &seg)) << daemon->Log();
     probed = uint32_t(seg->Find("probed"));
     bulk = uint32_t(seg->Find("bulk"));
   } else {
@@ -358,10 +355,7 @@ TEST(DaemonKillTest, WorkersNeverNoticeAndStateIsAdopted) {
   const std::vector<std::string> args{"--config=" + config};
   auto daemon = std::make_unique<Daemon>(args);
   std::unique_ptr<shm::Segment> seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadWrite, &seg).ok() &&
-           seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon->Log();
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << daemon->Log();
   const uint64_t created = seg->header().created_unix_ms.load();
   // "frozen" tripped open for ten minutes: every restart must keep it open.
   DependencySlot& frozen = *seg->dependency(uint32_t(seg->Find("frozen")));
@@ -428,10 +422,7 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
   WriteFile(config, ClientConfig(name, 64));
   auto daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config=" + config});
   std::unique_ptr<shm::Segment> old_seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadWrite, &old_seg).ok() &&
-           old_seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon->Log();
+  ASSERT_TRUE(AttachWhenReady(name, &old_seg)) << daemon->Log();
   WorkerBoard* board = WorkerBoard::Create();
   auto* flags = SharedPage<ClientFlags>();
   const std::vector<pid_t> pids = StartClientWorkers(3, name, board, flags, false);
@@ -510,10 +501,7 @@ TEST_P(PidReuseTest, RecycledPidDoesNotKeepLeasesAlive) {
   const std::vector<std::string> args{"--config=" + config};
   auto daemon = std::make_unique<Daemon>(args);
   std::unique_ptr<shm::Segment> seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadWrite, &seg).ok() &&
-           seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon->Log();
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << daemon->Log();
   const DependencySlot& orders = *seg->dependency(uint32_t(seg->Find("orders")));
   auto* ready = SharedPage<std::atomic<int>>();
   const pid_t worker = fork();

@@ -159,6 +159,14 @@ bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
   }
 }
 
+bool AttachWhenReady(const std::string& name, std::unique_ptr<shm::Segment>* seg,
+                     shm::Access access, int timeout_ms) {
+  return WaitUntil([&] {
+    return shm::Segment::Attach(name, access, seg).ok() &&
+           (*seg)->header().daemon_pid.load() != 0;
+  }, timeout_ms);
+}
+
 bool CanChoosePids() { return access("/proc/sys/kernel/ns_last_pid", W_OK) == 0; }
 
 pid_t ForkAt(pid_t pid, const std::function<int()>& body) {

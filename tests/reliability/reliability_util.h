@@ -13,8 +13,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "shm/segment.h"
 
 namespace retryd::reliability {
 
@@ -55,6 +58,11 @@ class Daemon {
 
 // WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms`.
 bool WaitUntil(const std::function<bool()>& cond, int timeout_ms);
+
+// AttachWhenReady waits up to `timeout_ms` for segment `name` to exist with a daemon pid
+// published, and attaches it into *seg. False if it did not happen in time.
+bool AttachWhenReady(const std::string& name, std::unique_ptr<shm::Segment>* seg,
+                     shm::Access access = shm::Access::kReadWrite, int timeout_ms = 10'000);
 
 // ForkAt forks a child that runs `body` and _exits with its result, and tries to give the
 // child exactly pid `pid` (through /proc/sys/kernel/ns_last_pid, which needs root). Returns

@@ -59,10 +59,7 @@ Started StartDaemon(const std::string& name, const std::string& config_text) {
   const std::string path = TempFile(".toml");
   WriteFile(path, config_text);
   s.daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config=" + path});
-  WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadOnly, &s.seg).ok() &&
-           s.seg->header().daemon_pid.load() != 0;
-  }, 10'000);
+  AttachWhenReady(name, &s.seg, shm::Access::kReadOnly);
   return s;
 }
 
@@ -285,10 +282,7 @@ TEST_P(HostileClientTest, DaemonSurvivesAndHonestWorkersAreSafe) {
   WriteFile(path, Config(name, "mode = \"0600\"\n"));
   Daemon daemon({"--config=" + path});
   std::unique_ptr<shm::Segment> seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadWrite, &seg).ok() &&
-           seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon.Log();
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << daemon.Log();
   const uint32_t probe_index = uint32_t(seg->Find("honest-probe"));
   const uint32_t bulk_index = uint32_t(seg->Find("honest-bulk"));
   shm::DependencySlot& probe = *seg->dependency(probe_index);
@@ -395,10 +389,7 @@ TEST(HostileClientTest, LoweredHighWaterDoesNotReassignLiveSlots) {
   WriteFile(path, Config(name, "mode = \"0600\"\n"));
   Daemon daemon({"--config=" + path});
   std::unique_ptr<shm::Segment> seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadWrite, &seg).ok() &&
-           seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon.Log();
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << daemon.Log();
   const uint32_t bulk_index = uint32_t(seg->Find("honest-bulk"));
   shm::DependencySlot& bulk = *seg->dependency(bulk_index);
   shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 77};

@@ -132,10 +132,7 @@ TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
   WriteFile(path, SoakConfig(name, 0));
   Daemon daemon({"--config=" + path});
   std::unique_ptr<shm::Segment> seg;
-  ASSERT_TRUE(WaitUntil([&] {
-    return shm::Segment::Attach(name, shm::Access::kReadOnly, &seg).ok() &&
-           seg->header().daemon_pid.load() != 0;
-  }, 10'000)) << daemon.Log();
+  ASSERT_TRUE(AttachWhenReady(name, &seg, shm::Access::kReadOnly)) << daemon.Log();
   {
     // Hold "probe" half-open: a test-only write through a second, writable mapping.
     std::unique_ptr<shm::Segment> rw;
