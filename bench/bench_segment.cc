@@ -34,8 +34,8 @@ BenchSegment::BenchSegment(const std::string& tag, uint32_t max_dependencies,
 BenchSegment::~BenchSegment() { shm::Segment::Remove(name_); }
 
 shm::DependencySlot* BenchSegment::Put(const std::string& name, const shm::Policy& policy) {
-  if (std::string problem = policy.Validate(); !problem.empty()) {
-    Die("policy of '" + name + "': " + problem);
+  if (const shm::PolicyProblem problem = shm::Validate(policy); !problem.ok()) {
+    Die("policy of '" + name + "': " + problem.message);
   }
   uint32_t index = 0;
   if (Status s = segment_->PutDependency(name, policy, &index); !s.ok()) {
@@ -48,8 +48,8 @@ shm::Policy DefaultPolicy() { return shm::Policy{}; }
 
 shm::Policy RetryPolicy() {
   shm::Policy p;
-  p.retry_burst = shm::Policy::kMaxRetryBurst;
-  p.min_retries_per_sec = shm::Policy::kMaxRetriesPerSec;
+  p.retry_burst = shm::Spec(shm::Knob::retry_burst).max;
+  p.min_retries_per_sec = shm::Spec(shm::Knob::min_retries_per_sec).max;
   return p;
 }
 
@@ -61,7 +61,7 @@ shm::Policy TripOnFirstFailurePolicy(uint32_t open_for_ms) {
   p.open_for_max_ms = open_for_ms;
   p.open_jitter_ms = 0;
   p.half_open_probes = 1;
-  p.probe_timeout_ms = shm::Policy::kMaxDurationMs;
+  p.probe_timeout_ms = shm::Spec(shm::Knob::probe_timeout_ms).max;
   p.close_after = 1;
   return p;
 }

@@ -54,7 +54,7 @@ constexpr auto kLatency = std::chrono::milliseconds(1);
 // The retry benchmark refills the budget word every this many retries (one store per batch:
 // negligible next to the batch), so that it always measures a granted retry.
 constexpr uint64_t kRefillEvery = 1 << 16;
-constexpr uint32_t kOneDayMs = shm::Policy::kMaxDurationMs;
+constexpr uint32_t kOneDayMs = shm::kMaxKnobDurationMs;
 
 // --- Setup and teardown -------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ struct RetrydFixture {
   }
 
   void RefillRetryBudget() {
-    const uint64_t full = uint64_t{shm::Policy::kMaxRetryBurst} * shm::RetryBudget::kTokenScale;
+    const uint64_t full = uint64_t{shm::Spec(shm::Knob::retry_burst).max} * shm::RetryBudget::kTokenScale;
     retry_slot->budget.store(shm::RetryBudget::Make(full, shm::NsToMs32(shm::CoarseNowNs())),
                              std::memory_order_relaxed);
   }

@@ -1,4 +1,5 @@
 #include "daemon/config.h"
+#include "daemon/config_toml.h"
 
 #include <sys/stat.h>
 
@@ -156,7 +157,8 @@ class Reader {
     return Status::Ok();
   }
 
-  Status Ratio(const toml::node& n, const std::string& path, uint32_t* milli) const {
+  Status Ratio(const toml::node& n, const std::string& path, const shm::KnobSpec& knob,
+               uint32_t* milli) const {
     double v;
     if (auto f = n.as_floating_point()) {
       v = f->get();
@@ -165,10 +167,11 @@ class Reader {
     } else {
       return WrongType(n, path, "a number like 0.2");
     }
-    const double max = shm::Policy::kMaxRatioMilli / 1000.0;
-    if (!(v >= 0 && v <= max)) {  // also rejects NaN
-      return Error(n, path, "value " + Render(n) + " out of range (valid: 0.0 to " +
-                                std::to_string(int(max)) + ", tokens per first attempt)");
+    const double lo = knob.min / 1000.0, hi = knob.max / 1000.0;
+    if (!(v >= lo && v <= hi)) {  // also rejects NaN
+      return Error(n, path, "value " + Render(n) + " out of range (valid: " +
+                                shm::FormatKnobValue(knob, knob.min) + " to " +
+                                shm::FormatKnobValue(knob, knob.max) + ")");
     }
     *milli = uint32_t(std::lround(v * 1000));
     return Status::Ok();
@@ -209,39 +212,12 @@ class Reader {
   const std::string& source_;
 };
 
-// --- The policy keys, spelled as in the config ---------------------------------------------
-
-enum class Kind { kMode, kRatio, kCount, kPercent, kDuration };
-struct PolicyKey {
-  const char* key;
-  Kind kind;
-  uint32_t shm::Policy::*field;  // nullptr for kMode
-};
-constexpr PolicyKey kPolicyKeys[] = {
-    {"mode", Kind::kMode, nullptr},
-    {"retry_ratio", Kind::kRatio, &shm::Policy::retry_ratio_milli},
-    {"min_retries_per_sec", Kind::kCount, &shm::Policy::min_retries_per_sec},
-    {"retry_burst", Kind::kCount, &shm::Policy::retry_burst},
-    {"window", Kind::kDuration, &shm::Policy::window_ms},
-    {"window_buckets", Kind::kCount, &shm::Policy::window_buckets},
-    {"min_calls", Kind::kCount, &shm::Policy::min_calls},
-    {"failure_rate_threshold", Kind::kPercent, &shm::Policy::failure_rate_pct},
-    {"slow_call_rate_threshold", Kind::kPercent, &shm::Policy::slow_call_rate_pct},
-    {"slow_call_duration", Kind::kDuration, &shm::Policy::slow_call_ms},
-    {"open_for", Kind::kDuration, &shm::Policy::open_for_ms},
-    {"open_for_max", Kind::kDuration, &shm::Policy::open_for_max_ms},
-    {"open_jitter", Kind::kDuration, &shm::Policy::open_jitter_ms},
-    {"half_open_probes", Kind::kCount, &shm::Policy::half_open_probes},
-    {"probe_timeout", Kind::kDuration, &shm::Policy::probe_timeout_ms},
-    {"close_after", Kind::kCount, &shm::Policy::close_after},
-    {"bulkhead_limit", Kind::kCount, &shm::Policy::bulkhead_limit},
-    {"bulkhead_timeout", Kind::kDuration, &shm::Policy::bulkhead_timeout_ms},
-};
+// --- The policy keys: "mode" and the rows of shm::kKnobs ----------------------------------
 
 const std::vector<std::string>& PolicyKeyNames() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const PolicyKey& k : kPolicyKeys) v.push_back(k.key);
+    std::vector<std::string> v = {"mode"};
+    for (const shm::KnobSpec& k : shm::kKnobs) v.push_back(k.key);
     return v;
   }();
   return names;
@@ -252,52 +228,51 @@ const std::vector<std::string> kDaemonKeys = {
     "metrics_textfile", "metrics_interval", "auto_create"};
 
 // ApplyPolicyTable applies the keys of `tbl` (section `section`, key prefix `prefix`) to *p.
+// Ranges are checked afterwards, by ValidatePolicy, on the complete policy.
 Status ApplyPolicyTable(const Reader& r, const std::string& source, const toml::table& tbl,
                         const std::string& section, const std::string& prefix,
                         shm::Policy* p) {
   for (auto&& [k, v] : tbl) {
-    const PolicyKey* key = nullptr;
-    for (const PolicyKey& candidate : kPolicyKeys) {
-      if (k.str() == candidate.key) key = &candidate;
+    const std::string path = prefix + std::string(k.str());
+    if (k.str() == "mode") {
+      if (Status st = r.Mode(v, path, &p->mode); !st.ok()) return st;
+      continue;
     }
-    if (key == nullptr) {
+    const shm::KnobSpec* knob = shm::FindKnob(k.str());
+    if (knob == nullptr) {
       return Status::InvalidArgument(Where(source, k.source()) + ": " +
                                      UnknownKey(k.str(), section, PolicyKeyNames()));
     }
-    const std::string path = prefix + std::string(k.str());
+    uint32_t* field = &(p->*knob->field);
     Status st;
-    switch (key->kind) {
-      case Kind::kMode: st = r.Mode(v, path, &p->mode); break;
-      case Kind::kRatio: st = r.Ratio(v, path, &(p->*key->field)); break;
-      case Kind::kCount:
-      case Kind::kPercent:
-        // The range proper is Policy::Validate's; this only keeps the value in 32 bits.
-        st = r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), &(p->*key->field));
+    switch (knob->kind) {
+      case shm::KnobKind::kRatio: st = r.Ratio(v, path, *knob, field); break;
+      case shm::KnobKind::kCount:
+      case shm::KnobKind::kPercent:
+        // The range proper is ValidatePolicy's; this only keeps the value in 32 bits.
+        st = r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), field);
         break;
-      case Kind::kDuration: st = r.Duration(v, path, &(p->*key->field)); break;
+      case shm::KnobKind::kDuration: st = r.Duration(v, path, field); break;
     }
     if (!st.ok()) return st;
   }
   return Status::Ok();
 }
 
-// ValidatePolicy runs Policy::Validate and points at the offending key if the section sets it.
+// ValidatePolicy checks every range and points at the offending key if the section sets it.
 Status ValidatePolicy(const std::string& source, const toml::table* tbl,
                       const std::string& section, const std::string& prefix,
                       const shm::Policy& p) {
-  const std::string problem = p.Validate();
-  if (problem.empty()) return Status::Ok();
-  // Validate names the field first ("window (ms) must be ...", "window_buckets must be ...").
-  const std::string field = problem.substr(0, problem.find_first_of(" "));
-  if (tbl != nullptr) {
-    if (const toml::node* n = tbl->get(field)) {
-      return Status::InvalidArgument(Where(source, n->source()) + ": key '" + prefix + field +
-                                     "': " + problem);
+  const shm::PolicyProblem problem = shm::Validate(p);
+  if (problem.ok()) return Status::Ok();
+  if (tbl != nullptr && problem.key != nullptr) {
+    if (const toml::node* n = tbl->get(problem.key)) {
+      return Status::InvalidArgument(Where(source, n->source()) + ": key '" + prefix +
+                                     problem.key + "': " + problem.message);
     }
   }
-  const std::string where =
-      tbl != nullptr ? Where(source, tbl->source()) : source;
-  return Status::InvalidArgument(where + ": " + section + ": " + problem);
+  const std::string where = tbl != nullptr ? Where(source, tbl->source()) : source;
+  return Status::InvalidArgument(where + ": " + section + ": " + problem.message);
 }
 
 bool ValidSegmentName(std::string_view name) {
@@ -420,25 +395,27 @@ Status ParseTable(const toml::table& root, const std::string& source, Config* cf
 
 }  // namespace
 
-bool SamePolicy(const shm::Policy& a, const shm::Policy& b) {
-  if (a.mode != b.mode) return false;
-  for (const PolicyKey& k : kPolicyKeys) {
-    if (k.field != nullptr && a.*k.field != b.*k.field) return false;
-  }
-  return true;
-}
-
 bool SameSettings(const Config& a, const Config& b) {
-  if (!(a.daemon == b.daemon) || !SamePolicy(a.defaults, b.defaults)) return false;
+  if (!(a.daemon == b.daemon) || !(a.defaults == b.defaults)) return false;
   if (a.dependencies.size() != b.dependencies.size()) return false;
   for (auto ia = a.dependencies.begin(), ib = b.dependencies.begin(); ia != a.dependencies.end();
        ++ia, ++ib) {
-    if (ia->first != ib->first || !SamePolicy(ia->second, ib->second)) return false;
+    if (ia->first != ib->first || !(ia->second == ib->second)) return false;
   }
   return true;
 }
 
 Config BuiltinConfig() { return Config(); }
+
+Status ReadPolicyTable(const toml::table& table, const std::string& source,
+                       const std::string& section, const std::string& prefix,
+                       shm::Policy* policy) {
+  const Reader r(source);
+  if (Status st = ApplyPolicyTable(r, source, table, section, prefix, policy); !st.ok()) {
+    return st;
+  }
+  return ValidatePolicy(source, &table, section, prefix, *policy);
+}
 
 bool ParseDurationMs(std::string_view text, uint32_t* ms) {
   size_t i = 0;

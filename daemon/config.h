@@ -55,8 +55,6 @@ struct Config {
   std::string source = "<builtin>";
 };
 
-// SamePolicy compares every field of two policies.
-bool SamePolicy(const shm::Policy& a, const shm::Policy& b);
 // SameSettings compares everything but `source`.
 bool SameSettings(const Config& a, const Config& b);
 

@@ -196,7 +196,7 @@ void Daemon::Publish(const Config& cfg, const Config* previous) {
       auto it = previous->dependencies.find(name);
       if (it != previous->dependencies.end()) {
         // Unchanged: leave it alone, including a mode an operator set at runtime.
-        if (SamePolicy(it->second, policy) && seg.Find(name) >= 0) continue;
+        if (it->second == policy && seg.Find(name) >= 0) continue;
         what = "policy changed";
       }
     }
@@ -274,7 +274,7 @@ Status Daemon::Reload() {
     auto it = config_.dependencies.find(name);
     if (it == config_.dependencies.end()) {
       ++added;
-    } else if (!SamePolicy(it->second, policy)) {
+    } else if (!(it->second == policy)) {
       ++changed;
     }
   }

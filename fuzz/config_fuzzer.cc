@@ -19,10 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   // What the parser accepts, the policy validator accepts too.
-  if (!cfg.defaults.Validate().empty()) std::abort();
+  if (!shm::Validate(cfg.defaults).ok()) std::abort();
   for (const auto& [name, policy] : cfg.dependencies) {
     if (!shm::ValidDependencyName(name)) std::abort();
-    if (!policy.Validate().empty()) std::abort();
+    if (!shm::Validate(policy).ok()) std::abort();
   }
   const daemon::DaemonSettings& d = cfg.daemon;
   if (d.tick_ms < daemon::kMinTickMs || d.tick_ms > daemon::kMaxTickMs) std::abort();

@@ -5,6 +5,7 @@
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/leases.h"
+#include "shm/policy.h"
 #include "shm/retry_budget.h"
 
 namespace retryd::shm {
@@ -13,8 +14,6 @@ namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
 // Bounded retries of a breaker decision that raced with a transition; past it, answer busy.
 constexpr int kMaxBreakerRounds = 4;
-// Bound on the retries of a failed probe's reopen (see ReopenHalfOpen).
-constexpr int kMaxFailureRounds = 1024;
 
 uint32_t NextRandom(Caller& c) {
   uint32_t x = c.rng ? c.rng : 0x9E3779B9u;
@@ -27,14 +26,6 @@ uint32_t NextRandom(Caller& c) {
 
 void Count(DependencySlot& slot, Counter c) {
   slot.counters[c].fetch_add(1, kRelaxed);
-}
-
-uint32_t ProbeLimit(const DependencySlot& slot) {
-  return std::clamp<uint32_t>(slot.policy.half_open_probes.load(kRelaxed), 1, kMaxProbes);
-}
-
-uint32_t BulkheadLimit(const DependencySlot& slot) {
-  return std::min<uint32_t>(slot.policy.bulkhead_limit.load(kRelaxed), kMaxBulkhead);
 }
 
 uint64_t MakeLease(Caller& caller, uint32_t now_ms, uint32_t timeout_ms) {
@@ -51,30 +42,6 @@ void ReleaseLeases(DependencySlot& slot, Permit* p) {
   p->flags &= uint8_t(~(kPermitProbe | kPermitBulkhead));
 }
 
-// Reopen moves a half-open breaker read as `word` back to open, one step longer.
-// Returns false if the word changed first (the caller reads it again and decides anew).
-bool Reopen(DependencySlot& slot, uint64_t word, uint32_t now_ms, Caller& caller) {
-  const BreakerWord b = BreakerWord::Decode(word);
-  const uint32_t reopens = std::min<uint32_t>(b.reopens + 1, 63);
-  return TryTransition(slot, word,
-                       {BreakerState::kOpen, reopens, 0, 0,
-                        now_ms + OpenPeriodMs(slot, reopens, NextRandom(caller))});
-}
-
-// ReopenHalfOpen reopens the breaker if it is half-open (under `seq`, unless any seq will do),
-// retrying while other probes' successes change the word under it: one failed probe must
-// reopen the breaker, whatever the others report at the same moment. Each retry means another
-// process committed a change; the bound only keeps a scribbling client from spinning us.
-void ReopenHalfOpen(DependencySlot& slot, uint32_t now_ms, Caller& caller, bool any_seq,
-                    uint16_t seq) {
-  for (int round = 0; round < kMaxFailureRounds; ++round) {
-    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    const BreakerWord b = BreakerWord::Decode(word);
-    if (b.state != BreakerState::kHalfOpen || (!any_seq && b.seq != seq)) return;
-    if (Reopen(slot, word, now_ms, caller)) return;
-  }
-}
-
 // AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the
 // permit's probe fields.
 Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p) {
@@ -85,12 +52,14 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     if (b.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (b.state == BreakerState::kOpen) {
       if (!DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) return Decision::kRejectedOpen;
-      TryTransition(slot, word, {BreakerState::kHalfOpen, b.reopens, 0, 0, now_ms});
-      continue;  // whoever won, look again
+      ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, NextRandom(caller));
+      continue;  // whoever moved it, look again
     }
     // Half-open: a probe lease, or nothing.
-    const uint64_t lease = MakeLease(caller, now_ms, slot.policy.probe_timeout_ms.load(kRelaxed));
-    const int i = Lease::TryAcquire(slot.probe_leases, ProbeLimit(slot), 0, lease);
+    const uint64_t lease =
+        MakeLease(caller, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
+    const int i =
+        Lease::TryAcquire(slot.probe_leases, LoadKnob<Knob::half_open_probes>(slot.policy), 0, lease);
     if (i < 0) {
       if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
       return Decision::kRejectedHalfOpenBusy;
@@ -184,10 +153,10 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
 
   // 2. The bulkhead, if any: a lease among the first `limit` words, starting at a spread
   // offset so that processes do not all contend on word 0.
-  if (const uint32_t limit = BulkheadLimit(slot); limit > 0) {
+  if (const uint32_t limit = LoadKnob<Knob::bulkhead_limit>(slot.policy); limit > 0) {
     const uint32_t now_ms = NsToMs32(now_ns());
     const uint64_t lease =
-        MakeLease(caller, now_ms, slot.policy.bulkhead_timeout_ms.load(kRelaxed));
+        MakeLease(caller, now_ms, LoadKnob<Knob::bulkhead_timeout_ms>(slot.policy));
     const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
     int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
     if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
@@ -200,12 +169,12 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
   }
 
   // 3. The retry budget: first attempts deposit, retries withdraw.
-  const uint32_t burst = slot.policy.retry_burst.load(kRelaxed);
+  const uint32_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
   if (attempt == 0) {
-    RetryBudget::Deposit(slot.budget, slot.policy.retry_ratio_milli.load(kRelaxed), burst);
+    RetryBudget::Deposit(slot.budget, LoadKnob<Knob::retry_ratio_milli>(slot.policy), burst);
     Count(slot, kFirstAttempts);
   } else if (RetryBudget::TryWithdraw(slot.budget, NsToMs32(now_ns()),
-                                      slot.policy.min_retries_per_sec.load(kRelaxed), burst)) {
+                                      LoadKnob<Knob::min_retries_per_sec>(slot.policy), burst)) {
     Count(slot, kRetriesGranted);
   } else if (shadow) {
     Count(slot, kShadowWouldReject);
@@ -238,7 +207,7 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
     ReleaseLeases(slot, p);
     return;
   }
-  const uint32_t slow_ms = slot.policy.slow_call_ms.load(kRelaxed);
+  const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
   const bool slow =
       slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
   Count(slot, outcome == Outcome::kSuccess   ? kSuccesses
@@ -246,47 +215,18 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
                                              : kIgnored);
   if (slow) Count(slot, kSlowCalls);
   const bool failed = outcome == Outcome::kFailure || slow;
-  const uint32_t now_ms = NsToMs32(now_ns);
 
   if (p->flags & kPermitProbe) {
-    // Only the half-open the probe was granted under hears of it.
-    if (failed) ReopenHalfOpen(slot, now_ms, caller, false, p->breaker_seq);
-    for (int round = 0; !failed && outcome != Outcome::kIgnored && round < kMaxBreakerRounds;
-         ++round) {
-      uint64_t word = slot.breaker.load(std::memory_order_acquire);
-      const BreakerWord b = BreakerWord::Decode(word);
-      if (b.state != BreakerState::kHalfOpen || b.seq != p->breaker_seq) break;
-      const uint32_t successes = b.successes + 1;
-      const uint32_t close_after = std::max<uint32_t>(slot.policy.close_after.load(kRelaxed), 1);
-      if (successes >= close_after) {
-        if (TryTransition(slot, word, {BreakerState::kClosed, 0, 0, 0, now_ms})) {
-          // The window restarts: clear the bucket that may hold calls from before the trip.
-          const uint32_t buckets =
-              std::clamp<uint32_t>(slot.policy.window_buckets.load(kRelaxed), 1, kMaxBuckets);
-          const uint64_t bucket_ns = std::max<uint64_t>(
-              uint64_t{slot.policy.window_ms.load(kRelaxed)} * 1'000'000u / buckets, 1'000'000u);
-          const uint64_t period = now_ns / bucket_ns;
-          slot.buckets[period % buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
-          break;
-        }
-        continue;
-      }
-      BreakerWord next = b;
-      next.successes = successes;  // same seq: the other probes of this half-open stay valid
-      if (slot.breaker.compare_exchange_weak(word, next.Encode(), std::memory_order_acq_rel,
-                                             kRelaxed))
-        break;
+    // Only the half-open the probe was granted under hears of it; an ignored outcome says
+    // nothing about the dependency.
+    if (failed) {
+      ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq,
+                        NextRandom(caller));
+    } else if (outcome != Outcome::kIgnored) {
+      ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, 0);
     }
   } else if (outcome != Outcome::kIgnored) {
-    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    if (BreakerWord::Decode(word).state == BreakerState::kClosed) {
-      RecordCall(slot, now_ns, outcome == Outcome::kFailure, slow);
-      if (failed && ShouldTrip(slot, ReadWindow(slot, now_ns))) {
-        TryTransition(
-            slot, word,
-            {BreakerState::kOpen, 0, 0, 0, now_ms + OpenPeriodMs(slot, 0, NextRandom(caller))});
-      }
-    }
+    RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, NextRandom(caller));
   }
   ReleaseLeases(slot, p);
 }
@@ -309,22 +249,22 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
     }
   };
   sweep_words(slot.probe_leases, kMaxProbes, true);
-  sweep_words(slot.bulkhead_leases, sweep == Sweep::kAllWords ? kMaxBulkhead : BulkheadLimit(slot),
+  sweep_words(slot.bulkhead_leases,
+              sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy),
               false);
   // A probe that outlived its timeout failed: a half-open breaker reopens.
-  if (probe_expired) ReopenHalfOpen(slot, now_ms, caller, true, 0);
+  if (probe_expired) {
+    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, 0, NextRandom(caller));
+  }
   return freed;
 }
 
 void Reset(DependencySlot& slot, uint64_t now_ns) {
-  const uint32_t now_ms = NsToMs32(now_ns);
-  for (int round = 0; round < 64; ++round) {
-    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    if (TryTransition(slot, word, {BreakerState::kClosed, 0, 0, 0, now_ms})) break;
-  }
+  ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, 0);
   for (auto& b : slot.buckets) b.store(0, kRelaxed);
-  const uint64_t burst = std::max<uint32_t>(slot.policy.retry_burst.load(kRelaxed), 1);
-  slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, now_ms), kRelaxed);
+  const uint64_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
+  slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, NsToMs32(now_ns)),
+                    kRelaxed);
 }
 
 }  // namespace retryd::shm

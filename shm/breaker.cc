@@ -7,10 +7,16 @@
 
 namespace retryd::shm {
 
-static_assert(kMaxDeadlineAheadMs >= 2 * uint64_t{Policy::kMaxDurationMs},
+static_assert(kMaxDeadlineAheadMs >= 2 * uint64_t{kMaxKnobDurationMs},
               "an open period (open_for_max + open_jitter) must fit under the wrap guard");
 
 namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+// Bound on the rounds of ApplyBreakerEvent. Each round that fails means another process
+// committed a change to the word; the bound only keeps a scribbling client from spinning us.
+constexpr int kMaxEventRounds = 1024;
 
 struct WindowShape {
   uint64_t bucket_ns;
@@ -18,22 +24,75 @@ struct WindowShape {
 };
 
 WindowShape Shape(const DependencySlot& slot) {
-  // Clamp again: the words are shared memory and must never index out of bounds.
-  const uint32_t buckets = std::clamp<uint32_t>(
-      slot.policy.window_buckets.load(std::memory_order_relaxed), 1, kMaxBuckets);
-  const uint32_t window_ms =
-      std::max<uint32_t>(slot.policy.window_ms.load(std::memory_order_relaxed), 100);
+  const uint32_t buckets = LoadKnob<Knob::window_buckets>(slot.policy);
+  const uint32_t window_ms = LoadKnob<Knob::window_ms>(slot.policy);
+  // A scribbled window_buckets could still make a bucket shorter than a millisecond.
   return {std::max<uint64_t>(uint64_t{window_ms} * 1'000'000u / buckets, 1'000'000u), buckets};
 }
 
 // The first period that counts: the breaker's last close, when that is within the window.
 uint64_t FloorPeriod(const DependencySlot& slot, uint64_t now_ns, const WindowShape& s) {
-  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_relaxed));
+  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kRelaxed));
   if (b.state != BreakerState::kClosed) return 0;
   const uint32_t age_ms = NsToMs32(now_ns) - b.time_ms;
   const uint64_t age_ns = uint64_t{age_ms} * 1'000'000u;
   if (age_ns >= s.bucket_ns * s.buckets || age_ns > now_ns) return 0;
   return (now_ns - age_ns) / s.bucket_ns;
+}
+
+// RestartWindow empties the bucket of `now_ns`, which may hold calls from before a trip.
+void RestartWindow(DependencySlot& slot, uint64_t now_ns) {
+  const WindowShape s = Shape(slot);
+  const uint64_t period = now_ns / s.bucket_ns;
+  slot.buckets[period % s.buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
+}
+
+void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
+  const WindowShape s = Shape(slot);
+  const uint64_t period = now_ns / s.bucket_ns;
+  std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
+  uint64_t cur = word.load(kRelaxed);
+  for (;;) {
+    uint64_t calls = 0, failures = 0, slows = 0;
+    if (Bucket::Period(cur) == uint16_t(period)) {
+      calls = Bucket::Calls(cur);
+      failures = Bucket::Failures(cur);
+      slows = Bucket::Slow(cur);
+      if (calls == Bucket::kMax) return;  // saturated: see the approximation in breaker.h
+    }
+    const uint64_t next = Bucket::Make(uint16_t(period), calls + 1, failures + (failure ? 1 : 0),
+                                       slows + (slow ? 1 : 0));
+    if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
+  }
+}
+
+// Commit CASes the breaker from `from` to `to` and does what a transition entails. Returns
+// false if another process moved the word first.
+bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
+  if (!slot.breaker.compare_exchange_strong(from, to, std::memory_order_acq_rel, kRelaxed)) {
+    return false;
+  }
+  const BreakerWord before = BreakerWord::Decode(from);
+  const BreakerWord after = BreakerWord::Decode(to);
+  if (after.seq == before.seq) return true;  // a probe success counted, no transition
+  const Counter c = after.state == BreakerState::kOpen       ? kOpened
+                    : after.state == BreakerState::kHalfOpen ? kHalfOpened
+                                                             : kClosed;
+  slot.counters[c].fetch_add(1, kRelaxed);
+  if (after.state == BreakerState::kClosed) RestartWindow(slot, now_ns);
+  return true;
+}
+
+BreakerWord Transition(const BreakerWord& from, BreakerState state, uint32_t reopens,
+                       uint32_t time_ms) {
+  return {state, reopens, 0, uint16_t(from.seq + 1), time_ms};
+}
+
+BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t now_ms,
+                     uint32_t random) {
+  const uint32_t reopens = std::min<uint32_t>(b.reopens + 1, 63);
+  return Transition(b, BreakerState::kOpen, reopens,
+                    now_ms + OpenPeriodMs(policy, reopens, random));
 }
 
 }  // namespace
@@ -47,13 +106,64 @@ const char* BreakerStateName(BreakerState s) {
   return "invalid";
 }
 
+std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t current,
+                                        BreakerEvent event, uint32_t now_ms, uint16_t probe_seq,
+                                        uint32_t random) {
+  const BreakerWord b = BreakerWord::Decode(current);
+  const bool half_open = b.state == BreakerState::kHalfOpen;
+  switch (event) {
+    case BreakerEvent::kTrip:
+      if (b.state != BreakerState::kClosed) return std::nullopt;
+      return Transition(b, BreakerState::kOpen, 0, now_ms + OpenPeriodMs(policy, 0, random))
+          .Encode();
+    case BreakerEvent::kOpenPeriodOver:
+      if (b.state != BreakerState::kOpen ||
+          !DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) {
+        return std::nullopt;
+      }
+      return Transition(b, BreakerState::kHalfOpen, b.reopens, now_ms).Encode();
+    case BreakerEvent::kProbeSucceeded: {
+      if (!half_open || b.seq != probe_seq) return std::nullopt;
+      const uint32_t successes = b.successes + 1;
+      if (successes >= LoadKnob<Knob::close_after>(policy)) {
+        return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
+      }
+      BreakerWord next = b;
+      next.successes = successes;  // same seq: the other probes of this half-open stay valid
+      return next.Encode();
+    }
+    case BreakerEvent::kProbeFailed:
+      if (!half_open || b.seq != probe_seq) return std::nullopt;
+      return Reopened(policy, b, now_ms, random).Encode();
+    case BreakerEvent::kProbeExpired:
+      if (!half_open) return std::nullopt;
+      return Reopened(policy, b, now_ms, random).Encode();
+    case BreakerEvent::kReset:
+      return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
+  }
+  return std::nullopt;
+}
+
+bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns,
+                       uint16_t probe_seq, uint32_t random) {
+  const uint32_t now_ms = NsToMs32(now_ns);
+  for (int round = 0; round < kMaxEventRounds; ++round) {
+    const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    const std::optional<uint64_t> next =
+        NextBreakerWord(slot.policy, word, event, now_ms, probe_seq, random);
+    if (!next) return false;
+    if (Commit(slot, word, *next, now_ns)) return true;
+  }
+  return false;
+}
+
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   WindowStats w;
   for (uint32_t i = 0; i < s.buckets; ++i) {
-    const uint64_t word = slot.buckets[i].load(std::memory_order_relaxed);
+    const uint64_t word = slot.buckets[i].load(kRelaxed);
     const uint16_t age = uint16_t(uint16_t(period) - Bucket::Period(word));
     if (age >= s.buckets || period - age < floor) continue;
     w.calls += Bucket::Calls(word);
@@ -63,62 +173,37 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   return w;
 }
 
-void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
-  const WindowShape s = Shape(slot);
-  const uint64_t period = now_ns / s.bucket_ns;
-  std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
-  uint64_t cur = word.load(std::memory_order_relaxed);
-  for (;;) {
-    uint64_t calls = 0, failures = 0, slows = 0;
-    if (Bucket::Period(cur) == uint16_t(period)) {
-      calls = Bucket::Calls(cur);
-      failures = Bucket::Failures(cur);
-      slows = Bucket::Slow(cur);
-      if (calls == Bucket::kMax) return;  // saturated: see the approximation in breaker.h
-    }
-    const uint64_t next = Bucket::Make(uint16_t(period), calls + 1, failures + (failure ? 1 : 0),
-                                       slows + (slow ? 1 : 0));
-    if (word.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return;
+void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
+                   uint32_t random) {
+  const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+  if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
+  RecordCall(slot, now_ns, failure, slow);
+  if (!(failure || slow) || !ShouldTrip(slot, ReadWindow(slot, now_ns))) return;
+  // From the word read before the call was recorded: if the breaker moved since (another
+  // process tripped it, or it closed anew and the window restarted), this trip is stale.
+  if (const std::optional<uint64_t> next =
+          NextBreakerWord(slot.policy, word, BreakerEvent::kTrip, NsToMs32(now_ns), 0, random)) {
+    Commit(slot, word, *next, now_ns);
   }
 }
 
 bool ShouldTrip(const DependencySlot& slot, const WindowStats& w) {
-  const uint64_t min_calls = slot.policy.min_calls.load(std::memory_order_relaxed);
+  const uint64_t min_calls = LoadKnob<Knob::min_calls>(slot.policy);
   if (w.calls == 0 || w.calls < min_calls) return false;
-  const uint64_t fr = slot.policy.failure_rate_pct.load(std::memory_order_relaxed);
-  const uint64_t sr = slot.policy.slow_call_rate_pct.load(std::memory_order_relaxed);
-  if (w.failures * 100 >= std::max<uint64_t>(fr, 1) * w.calls) return true;
-  if (slot.policy.slow_call_ms.load(std::memory_order_relaxed) != 0 &&
-      w.slow * 100 >= std::max<uint64_t>(sr, 1) * w.calls) {
-    return true;
-  }
-  return false;
+  const uint64_t fr = LoadKnob<Knob::failure_rate_pct>(slot.policy);
+  const uint64_t sr = LoadKnob<Knob::slow_call_rate_pct>(slot.policy);
+  if (w.failures * 100 >= fr * w.calls) return true;
+  return LoadKnob<Knob::slow_call_ms>(slot.policy) != 0 && w.slow * 100 >= sr * w.calls;
 }
 
-uint32_t OpenPeriodMs(const DependencySlot& slot, uint32_t reopens, uint32_t random) {
-  const uint64_t base =
-      std::max<uint32_t>(slot.policy.open_for_ms.load(std::memory_order_relaxed), 1);
-  const uint64_t cap =
-      std::max<uint64_t>(slot.policy.open_for_max_ms.load(std::memory_order_relaxed), base);
-  const uint64_t jitter =
-      std::min<uint32_t>(slot.policy.open_jitter_ms.load(std::memory_order_relaxed), 86'400'000u);
-  // base < 2^27 after clamping and the shift stops at 31: no overflow.
+uint32_t OpenPeriodMs(const PolicyWords& policy, uint32_t reopens, uint32_t random) {
+  const uint64_t base = LoadKnob<Knob::open_for_ms>(policy);
+  const uint64_t cap = std::max<uint64_t>(LoadKnob<Knob::open_for_max_ms>(policy), base);
+  const uint64_t jitter = LoadKnob<Knob::open_jitter_ms>(policy);
+  // base <= kMaxKnobDurationMs < 2^27 and the shift stops at 31: no overflow.
   const uint64_t scaled = reopens >= 31 ? cap : std::min(cap, base << reopens);
   const uint64_t extra = jitter == 0 ? 0 : random % (jitter + 1);
   return uint32_t(std::min<uint64_t>(scaled + extra, 0x7FFF'FFFF));
-}
-
-bool TryTransition(DependencySlot& slot, uint64_t from, BreakerWord to) {
-  to.seq = uint16_t(BreakerWord::Decode(from).seq + 1);
-  if (!slot.breaker.compare_exchange_strong(from, to.Encode(), std::memory_order_acq_rel,
-                                            std::memory_order_relaxed)) {
-    return false;
-  }
-  const Counter c = to.state == BreakerState::kOpen       ? kOpened
-                    : to.state == BreakerState::kHalfOpen ? kHalfOpened
-                                                          : kClosed;
-  slot.counters[c].fetch_add(1, std::memory_order_relaxed);
-  return true;
 }
 
 }  // namespace retryd::shm

@@ -1,21 +1,26 @@
-// shm/breaker.h: the circuit breaker of one dependency: a state word and a bucketed window.
+// shm/breaker.h: the circuit breaker of one dependency: a state word, a bucketed window, and
+// the one function that moves the state.
 //
-// State machine (Resilience4j semantics, host-wide):
+// State machine (Resilience4j semantics, host-wide). Every row is one BreakerEvent, applied by
+// ApplyBreakerEvent and nothing else:
 //
-//   state     | event                                   | next
-//   ----------+-----------------------------------------+------------------------------------
-//   Closed    | success / ignored                       | Closed
-//   Closed    | failure or slow call, and the window    | Open (reopens = 0)
-//             | has >= min_calls calls and failure rate |
-//             | or slow-call rate >= its threshold      |
-//   Open      | admit at or after `until`               | HalfOpen (successes = 0)
-//   Open      | admit before `until`                    | Open (rejected)
-//   HalfOpen  | admit, a probe lease free               | HalfOpen (admitted as probe)
-//   HalfOpen  | admit, every probe lease taken          | HalfOpen (rejected, busy)
-//   HalfOpen  | probe success, successes+1 < close_after| HalfOpen (successes + 1)
-//   HalfOpen  | probe success, reaching close_after     | Closed (window restarts)
-//   HalfOpen  | probe failure or probe timeout          | Open (reopens + 1)
+//   state     | event                                    | next
+//   ----------+------------------------------------------+-----------------------------------
+//   Closed    | kTrip: a failure or slow call recorded,   | Open (reopens = 0)
+//             | and the window has >= min_calls calls and |
+//             | failure or slow-call rate >= its threshold|
+//   Open      | kOpenPeriodOver: an admit at/after `until`| HalfOpen (successes = 0)
+//   Open      | (an admit before `until`)                 | Open (rejected by admission)
+//   HalfOpen  | (admit, a probe lease free)               | HalfOpen (admitted as probe)
+//   HalfOpen  | (admit, every probe lease taken)          | HalfOpen (rejected, busy)
+//   HalfOpen  | kProbeSucceeded, successes+1 < close_after| HalfOpen (successes + 1, same seq)
+//   HalfOpen  | kProbeSucceeded, reaching close_after     | Closed (window restarts)
+//   HalfOpen  | kProbeFailed                              | Open (reopens + 1)
+//   HalfOpen  | kProbeExpired: a probe lease timed out    | Open (reopens + 1)
+//   any       | kReset: an operator's reset               | Closed
 //
+// kProbeSucceeded and kProbeFailed apply only to the half-open the probe was granted under
+// (its seq); an event that does not apply to the state it finds changes nothing.
 // Open lasts min(open_for x 2^reopens, open_for_max) + uniform [0, open_jitter], so hosts that
 // tripped together do not probe together.
 //
@@ -38,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "shm/layout.h"
 
@@ -64,6 +70,32 @@ struct BreakerWord {
   }
 };
 
+// The events of the state machine above.
+enum class BreakerEvent : uint32_t {
+  kTrip,
+  kOpenPeriodOver,
+  kProbeSucceeded,
+  kProbeFailed,
+  kProbeExpired,
+  kReset,
+};
+
+// NextBreakerWord is the table above as a pure function: the word after `event` at `now_ms`
+// for a breaker read as `current`, or nullopt when the event does not apply to that state (or
+// to that seq). `probe_seq` is the seq a probe was granted under (kProbeSucceeded/Failed);
+// `random` draws the open period's jitter. Reads only the policy words. Thread-safe.
+std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t current,
+                                        BreakerEvent event, uint32_t now_ms, uint16_t probe_seq,
+                                        uint32_t random);
+
+// ApplyBreakerEvent applies `event` to the breaker of `slot` at `now_ns` with one CAS from the
+// word it read, reading again and retrying while other processes change the word under it (a
+// bounded number of rounds: each retry means another process committed a change). Counts the
+// transition (kOpened, kHalfOpened, kClosed) and, on closing, restarts the window. Returns true
+// if this call changed the word. Thread-safe.
+bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns,
+                       uint16_t probe_seq, uint32_t random);
+
 struct WindowStats {
   uint64_t calls = 0;
   uint64_t failures = 0;
@@ -81,21 +113,19 @@ struct Bucket {
   }
 };
 
-// Window reads the breaker window of `slot` at `now_ns`, honoring the last close.
+// ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 
-// RecordCall adds one call to the window. Returns the window after it if the call was a
-// failure or slow (the caller then decides whether to trip); otherwise returns no stats.
-void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow);
+// RecordOutcome records one completed call of a closed breaker (not a probe) in the window and,
+// for a failure or a slow call, trips the breaker if the window says so (kTrip). `random` draws
+// the open period's jitter. Thread-safe.
+void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
+                   uint32_t random);
 
 // ShouldTrip: calls >= min_calls and a rate at or over its threshold.
 bool ShouldTrip(const DependencySlot& slot, const WindowStats& w);
 
 // OpenPeriodMs: min(open_for x 2^reopens, open_for_max) + jitter in [0, open_jitter].
-uint32_t OpenPeriodMs(const DependencySlot& slot, uint32_t reopens, uint32_t random);
-
-// TryTransition CASes the breaker from `from` (as read) to `to`, bumping seq and counting the
-// transition. Returns false if another process moved it first.
-bool TryTransition(DependencySlot& slot, uint64_t from, BreakerWord to);
+uint32_t OpenPeriodMs(const PolicyWords& policy, uint32_t reopens, uint32_t random);
 
 }  // namespace retryd::shm

@@ -49,7 +49,7 @@ inline bool DeadlinePassed(uint32_t now_ms, uint32_t deadline_ms, uint32_t max_a
 }
 
 // The longest any stamped deadline can be ahead: an open period (open_for_max plus jitter,
-// each at most Policy::kMaxDurationMs) or a lease timeout (at most kMaxDurationMs).
+// each at most kMaxKnobDurationMs) or a lease timeout (at most kMaxKnobDurationMs).
 inline constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u;
 
 }  // namespace retryd::shm

@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shm/policy_knobs.h"
+
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
@@ -46,27 +48,13 @@ enum class SlotState : uint32_t {
   kRetired = 2,   // removed from the config; permits in flight still complete harmlessly
 };
 
-// The policy of one dependency, as words the daemon writes and clients read. Units are in the
-// names. Every value is clamped by the daemon when written and again by the reader where an
-// out-of-range value could index out of bounds (bucket counts, probe and bulkhead limits).
+// The policy of one dependency, as words the daemon writes and clients read: one word per row
+// of RETRYD_POLICY_KNOBS (policy_knobs.h), in row order. Every value is clamped to its row's
+// range by the daemon when written and again by every reader (LoadKnob, LoadPolicy).
 struct PolicyWords {
-  std::atomic<uint32_t> retry_ratio_milli;        // tokens deposited per first attempt, x1000
-  std::atomic<uint32_t> min_retries_per_sec;      // floor refill rate of the retry budget
-  std::atomic<uint32_t> retry_burst;              // budget cap, tokens
-  std::atomic<uint32_t> window_ms;                // breaker sliding window length
-  std::atomic<uint32_t> window_buckets;           // 1..kMaxBuckets
-  std::atomic<uint32_t> min_calls;                // calls in the window before the breaker may trip
-  std::atomic<uint32_t> failure_rate_pct;         // trip at >= this failure rate (1..100)
-  std::atomic<uint32_t> slow_call_rate_pct;       // trip at >= this slow-call rate (1..100)
-  std::atomic<uint32_t> slow_call_ms;             // a call this slow or slower is slow; 0 = off
-  std::atomic<uint32_t> open_for_ms;              // first open period
-  std::atomic<uint32_t> open_for_max_ms;          // cap of open_for_ms * 2^reopens
-  std::atomic<uint32_t> open_jitter_ms;           // uniform [0, this] added to every open period
-  std::atomic<uint32_t> half_open_probes;         // host-wide probe leases, 1..kMaxProbes
-  std::atomic<uint32_t> probe_timeout_ms;         // a probe lease older than this has failed
-  std::atomic<uint32_t> close_after;              // probe successes that close the breaker
-  std::atomic<uint32_t> bulkhead_limit;           // host-wide calls in flight, 0 = no bulkhead
-  std::atomic<uint32_t> bulkhead_timeout_ms;      // a bulkhead lease older than this is reclaimed
+#define RETRYD_POLICY_WORD(member, ...) std::atomic<uint32_t> member;
+  RETRYD_POLICY_KNOBS(RETRYD_POLICY_WORD)
+#undef RETRYD_POLICY_WORD
 };
 
 // Per-dependency counters, cumulative since the slot was created. Indices into
@@ -169,7 +157,8 @@ struct alignas(kCacheLine) SegmentHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
-static_assert(sizeof(PolicyWords) == 17 * 4);
+static_assert(sizeof(PolicyWords) == 17 * 4);  // layout version 1: the 17 knobs of policy_knobs.h
+static_assert(sizeof(PolicyWords) <= 2 * kCacheLine);
 static_assert(sizeof(SegmentHeader) == 6 * kCacheLine);
 static_assert(offsetof(SegmentHeader, retired) == 1 * kCacheLine);
 static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);

@@ -1,114 +1,139 @@
 #include "shm/policy.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace retryd::shm {
 namespace {
 
-uint32_t Clamp(uint32_t v, uint32_t lo, uint32_t hi) { return std::min(std::max(v, lo), hi); }
+// The rules between knobs. A bucket shorter than this would make window rates noise.
+constexpr uint32_t kMinBucketMs = 50;
 
-Policy Clamped(Policy p) {
-  p.retry_ratio_milli = std::min(p.retry_ratio_milli, Policy::kMaxRatioMilli);
-  p.min_retries_per_sec = std::min(p.min_retries_per_sec, Policy::kMaxRetriesPerSec);
-  p.retry_burst = Clamp(p.retry_burst, 1, Policy::kMaxRetryBurst);
-  p.window_ms = Clamp(p.window_ms, Policy::kMinWindowMs, Policy::kMaxWindowMs);
-  p.window_buckets = Clamp(p.window_buckets, 1, kMaxBuckets);
-  p.failure_rate_pct = Clamp(p.failure_rate_pct, 1, 100);
-  p.slow_call_rate_pct = Clamp(p.slow_call_rate_pct, 1, 100);
-  p.slow_call_ms = std::min(p.slow_call_ms, Policy::kMaxDurationMs);
-  p.open_for_ms = Clamp(p.open_for_ms, 1, Policy::kMaxDurationMs);
-  p.open_for_max_ms = Clamp(p.open_for_max_ms, p.open_for_ms, Policy::kMaxDurationMs);
-  p.open_jitter_ms = std::min(p.open_jitter_ms, Policy::kMaxDurationMs);
-  p.half_open_probes = Clamp(p.half_open_probes, 1, kMaxProbes);
-  p.probe_timeout_ms = Clamp(p.probe_timeout_ms, 1, Policy::kMaxDurationMs);
-  p.close_after = Clamp(p.close_after, 1, 255);
-  p.bulkhead_limit = std::min(p.bulkhead_limit, kMaxBulkhead);
-  p.bulkhead_timeout_ms = Clamp(p.bulkhead_timeout_ms, 1, Policy::kMaxDurationMs);
-  if (static_cast<uint32_t>(p.mode) >= kModeCount) p.mode = Mode::kEnforce;
-  return p;
+std::string Range(const KnobSpec& s, uint32_t got) {
+  const char* unit = s.kind == KnobKind::kPercent ? " percent" : "";
+  return std::string(s.key) + " must be " + FormatKnobValue(s, s.min) + ".." +
+         FormatKnobValue(s, s.max) + unit + ", got " + FormatKnobValue(s, got);
 }
 
-std::string Range(const char* field, uint64_t lo, uint64_t hi, uint64_t got) {
-  return std::string(field) + " must be " + std::to_string(lo) + ".." + std::to_string(hi) +
-         ", got " + std::to_string(got);
+// The range of open_for_max starts at open_for.
+uint32_t MinOf(const KnobSpec& s, const Policy& p) {
+  return s.knob == Knob::open_for_max_ms ? std::max(s.min, p.open_for_ms) : s.min;
+}
+
+const char* const kModeDoc =
+    "enforce: act on decisions; shadow: decide and count \"would reject\" but admit everything\n"
+    "(the safe way to roll out); disabled: admit everything, record nothing; forced-open: reject.";
+
+// Comment wraps `text` into "# " lines of at most 100 columns; a '\n' in `text` starts a line,
+// and a '\x01' is a space that does not break.
+std::string Comment(const std::string& text) {
+  std::string out, line;
+  size_t i = 0;
+  auto flush = [&] {
+    out += "#" + (line.empty() ? "" : " " + line) + "\n";
+    line.clear();
+  };
+  while (i < text.size()) {
+    if (text[i] == '\n') {
+      flush();
+      ++i;
+      continue;
+    }
+    size_t end = text.find_first_of(" \n", i);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(i, end - i);
+    if (!line.empty() && line.size() + 1 + word.size() + 2 > 100) flush();
+    line += (line.empty() ? "" : " ") + word;
+    std::replace(line.begin(), line.end(), '\x01', ' ');
+    i = end < text.size() && text[end] == ' ' ? end + 1 : end;
+  }
+  if (!line.empty()) flush();
+  return out;
 }
 
 }  // namespace
 
-std::string Policy::Validate() const {
-  struct Check { const char* field; uint64_t value, lo, hi; };
-  const Check checks[] = {
-      {"retry_ratio (x1000)", retry_ratio_milli, 0, kMaxRatioMilli},
-      {"min_retries_per_sec", min_retries_per_sec, 0, kMaxRetriesPerSec},
-      {"retry_burst", retry_burst, 1, kMaxRetryBurst},
-      {"window (ms)", window_ms, kMinWindowMs, kMaxWindowMs},
-      {"window_buckets", window_buckets, 1, kMaxBuckets},
-      {"min_calls", min_calls, 0, 0xFFFFFFFFu},
-      {"failure_rate_threshold (%)", failure_rate_pct, 1, 100},
-      {"slow_call_rate_threshold (%)", slow_call_rate_pct, 1, 100},
-      {"slow_call_duration (ms)", slow_call_ms, 0, kMaxDurationMs},
-      {"open_for (ms)", open_for_ms, 1, kMaxDurationMs},
-      {"open_for_max (ms)", open_for_max_ms, open_for_ms, kMaxDurationMs},
-      {"open_jitter (ms)", open_jitter_ms, 0, kMaxDurationMs},
-      {"half_open_probes", half_open_probes, 1, kMaxProbes},
-      {"probe_timeout (ms)", probe_timeout_ms, 1, kMaxDurationMs},
-      {"close_after", close_after, 1, 255},
-      {"bulkhead_limit", bulkhead_limit, 0, kMaxBulkhead},
-      {"bulkhead_timeout (ms)", bulkhead_timeout_ms, 1, kMaxDurationMs},
-  };
-  for (const Check& c : checks) {
-    if (c.value < c.lo || c.value > c.hi) return Range(c.field, c.lo, c.hi, c.value);
+const KnobSpec* FindKnob(std::string_view key) {
+  for (const KnobSpec& s : kKnobs) {
+    if (key == s.key) return &s;
   }
-  if (window_ms / window_buckets < kMinWindowMs / 2) {
-    return "window / window_buckets must be at least 50ms, got " +
-           std::to_string(window_ms / window_buckets) + "ms";
+  return nullptr;
+}
+
+PolicyProblem Validate(const Policy& p) {
+  for (const KnobSpec& s : kKnobs) {
+    const uint32_t v = p.*s.field;
+    const uint32_t lo = MinOf(s, p);
+    if (v >= lo && v <= s.max) continue;
+    if (lo != s.min) {  // open_for_max under open_for
+      return {s.key, std::string(s.key) + " must be at least open_for (" +
+                         FormatKnobValue(s, lo) + "), got " + FormatKnobValue(s, v)};
+    }
+    return {s.key, Range(s, v)};
   }
-  return "";
+  if (p.window_ms / p.window_buckets < kMinBucketMs) {
+    return {"window", "window / window_buckets must be at least " + std::to_string(kMinBucketMs) +
+                          "ms, got " + std::to_string(p.window_ms / p.window_buckets) + "ms"};
+  }
+  return {};
+}
+
+Policy Clamped(const Policy& in) {
+  Policy p = in;
+  for (const KnobSpec& s : kKnobs) p.*s.field = std::clamp(p.*s.field, MinOf(s, p), s.max);
+  if (static_cast<uint32_t>(p.mode) >= kModeCount) p.mode = Mode::kEnforce;
+  return p;
 }
 
 void StorePolicy(const Policy& in, PolicyWords& w) {
   const Policy p = Clamped(in);
-  constexpr auto r = std::memory_order_release;
-  w.retry_ratio_milli.store(p.retry_ratio_milli, r);
-  w.min_retries_per_sec.store(p.min_retries_per_sec, r);
-  w.retry_burst.store(p.retry_burst, r);
-  w.window_ms.store(p.window_ms, r);
-  w.window_buckets.store(p.window_buckets, r);
-  w.min_calls.store(p.min_calls, r);
-  w.failure_rate_pct.store(p.failure_rate_pct, r);
-  w.slow_call_rate_pct.store(p.slow_call_rate_pct, r);
-  w.slow_call_ms.store(p.slow_call_ms, r);
-  w.open_for_ms.store(p.open_for_ms, r);
-  w.open_for_max_ms.store(p.open_for_max_ms, r);
-  w.open_jitter_ms.store(p.open_jitter_ms, r);
-  w.half_open_probes.store(p.half_open_probes, r);
-  w.probe_timeout_ms.store(p.probe_timeout_ms, r);
-  w.close_after.store(p.close_after, r);
-  w.bulkhead_limit.store(p.bulkhead_limit, r);
-  w.bulkhead_timeout_ms.store(p.bulkhead_timeout_ms, r);
+  for (const KnobSpec& s : kKnobs) (w.*s.word).store(p.*s.field, std::memory_order_release);
 }
 
 Policy LoadPolicy(const PolicyWords& w) {
-  constexpr auto a = std::memory_order_acquire;
   Policy p;
-  p.retry_ratio_milli = w.retry_ratio_milli.load(a);
-  p.min_retries_per_sec = w.min_retries_per_sec.load(a);
-  p.retry_burst = w.retry_burst.load(a);
-  p.window_ms = w.window_ms.load(a);
-  p.window_buckets = w.window_buckets.load(a);
-  p.min_calls = w.min_calls.load(a);
-  p.failure_rate_pct = w.failure_rate_pct.load(a);
-  p.slow_call_rate_pct = w.slow_call_rate_pct.load(a);
-  p.slow_call_ms = w.slow_call_ms.load(a);
-  p.open_for_ms = w.open_for_ms.load(a);
-  p.open_for_max_ms = w.open_for_max_ms.load(a);
-  p.open_jitter_ms = w.open_jitter_ms.load(a);
-  p.half_open_probes = w.half_open_probes.load(a);
-  p.probe_timeout_ms = w.probe_timeout_ms.load(a);
-  p.close_after = w.close_after.load(a);
-  p.bulkhead_limit = w.bulkhead_limit.load(a);
-  p.bulkhead_timeout_ms = w.bulkhead_timeout_ms.load(a);
+  for (const KnobSpec& s : kKnobs) p.*s.field = (w.*s.word).load(std::memory_order_acquire);
   return Clamped(p);
+}
+
+std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
+  switch (s.kind) {
+    case KnobKind::kCount:
+    case KnobKind::kPercent:
+      return std::to_string(v);
+    case KnobKind::kRatio: {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%u.%03u", v / 1000, v % 1000);
+      std::string out = buf;  // "0.200" -> "0.2", "100.000" -> "100"
+      out.erase(out.find_last_not_of('0') + 1);
+      if (out.back() == '.') out.pop_back();
+      return out;
+    }
+    case KnobKind::kDuration: {
+      const uint64_t ms = v;
+      if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+      if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+      if (ms % 1'000 == 0) return std::to_string(ms / 1'000) + "s";
+      return std::to_string(ms) + "ms";
+    }
+  }
+  return std::to_string(v);
+}
+
+std::string DefaultPolicyToml() {
+  const Policy defaults;
+  std::string out = "[defaults]\n" + Comment(kModeDoc) + "mode = \"" +
+                    ModeName(defaults.mode) + "\"\n";
+  for (const KnobSpec& s : kKnobs) {
+    std::string doc = s.doc;
+    if (s.min != 0 || s.max != UINT32_MAX) {
+      doc += " Valid:\x01" + FormatKnobValue(s, s.min) + ".." + FormatKnobValue(s, s.max) + ".";
+    }
+    std::string value = FormatKnobValue(s, defaults.*s.field);
+    if (s.kind == KnobKind::kDuration) value = "\"" + value + "\"";
+    out += Comment(doc) + s.key + " = " + value + "\n";
+  }
+  return out;
 }
 
 const char* ModeName(Mode m) {

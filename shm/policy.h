@@ -1,10 +1,17 @@
-// shm/policy.h: the policy of one dependency as a plain value, with its documented defaults.
+// shm/policy.h: the policy of one dependency as a plain value, and the knob table it comes from.
 //
-// `Policy` is what the config produces and what the segment's PolicyWords hold. Every default
-// below is the one documented in systemd/retryd.toml and the README; change them together.
-// Thread safety: a value type. `Store` publishes to shared words (daemon), `Load` reads them.
+// `Policy` is what the config produces and what the segment's PolicyWords hold. Its fields,
+// defaults, ranges and docs are the rows of RETRYD_POLICY_KNOBS (policy_knobs.h); `kKnobs`
+// describes them at run time, for the config loader, the simulator's scenarios, the default
+// config and retryctl. The hot path reads one word with `LoadKnob<Knob::member>`, which clamps
+// to the row's range.
+// Thread safety: `Policy` is a value type. `StorePolicy` publishes to shared words (daemon);
+// `LoadPolicy` and `LoadKnob` read them and are thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -12,53 +19,111 @@
 
 namespace retryd::shm {
 
-struct Policy {
-  Mode mode = Mode::kEnforce;
-  // Retry budget: each admitted first attempt deposits `retry_ratio` tokens, each retry
-  // withdraws one; `min_retries_per_sec` refills it regardless of traffic; `retry_burst` caps it.
-  uint32_t retry_ratio_milli = 200;       // 0.2
-  uint32_t min_retries_per_sec = 10;
-  uint32_t retry_burst = 10;
-  // Breaker window: `window_ms` long, in `window_buckets` buckets.
-  uint32_t window_ms = 10'000;
-  uint32_t window_buckets = 10;
-  uint32_t min_calls = 20;
-  uint32_t failure_rate_pct = 50;
-  uint32_t slow_call_rate_pct = 100;
-  uint32_t slow_call_ms = 0;              // slow-call tracking off
-  // Open state: open_for * 2^reopens, capped at open_for_max, plus uniform [0, open_jitter].
-  uint32_t open_for_ms = 1'000;
-  uint32_t open_for_max_ms = 30'000;
-  uint32_t open_jitter_ms = 500;
-  // Half-open: host-wide probe leases, each timing out; `close_after` successes close.
-  uint32_t half_open_probes = 1;
-  uint32_t probe_timeout_ms = 2'000;
-  uint32_t close_after = 3;
-  // Bulkhead: host-wide calls in flight; 0 means no bulkhead.
-  uint32_t bulkhead_limit = 0;
-  uint32_t bulkhead_timeout_ms = 60'000;
-
-  // Limits that keep every value meaningful and every index in bounds.
-  static constexpr uint32_t kMaxRetryBurst = 1'000'000;
-  static constexpr uint32_t kMaxRatioMilli = 100'000;   // 100 tokens per first attempt
-  static constexpr uint32_t kMaxRetriesPerSec = 1'000'000;
-  static constexpr uint32_t kMinWindowMs = 100;
-  static constexpr uint32_t kMaxWindowMs = 3'600'000;
-  static constexpr uint32_t kMaxDurationMs = 86'400'000;
-
-  // Validate returns "" when every field is in range, else the first problem, naming the field
-  // as the config spells it ("window_buckets must be 1..16, got 40").
-  std::string Validate() const;
+// How a config spells a knob's value.
+enum class KnobKind : uint32_t {
+  kCount,     // an integer
+  kPercent,   // an integer percentage
+  kDuration,  // a string with a unit ("500ms", "10s"), stored in milliseconds
+  kRatio,     // a number (0.2), stored in thousandths
 };
 
-// Publishes `p` into `words`, clamped to the limits above. Not atomic as a whole: a reader may
-// briefly see a mix of the old and new policy, each field valid on its own.
+// Knob names one row of RETRYD_POLICY_KNOBS; its value indexes kKnobs.
+enum class Knob : uint32_t {
+#define RETRYD_KNOB_ENUM(member, ...) member,
+  RETRYD_POLICY_KNOBS(RETRYD_KNOB_ENUM)
+#undef RETRYD_KNOB_ENUM
+};
+inline constexpr size_t kKnobCount = 0
+#define RETRYD_KNOB_COUNT(...) +1
+    RETRYD_POLICY_KNOBS(RETRYD_KNOB_COUNT)
+#undef RETRYD_KNOB_COUNT
+    ;
+
+struct Policy {
+  Mode mode = Mode::kEnforce;
+#define RETRYD_POLICY_FIELD(member, key, kind, def, ...) uint32_t member = def;
+  RETRYD_POLICY_KNOBS(RETRYD_POLICY_FIELD)
+#undef RETRYD_POLICY_FIELD
+
+  bool operator==(const Policy&) const = default;
+};
+
+// One row of the table, as values.
+struct KnobSpec {
+  Knob knob;
+  const char* key;  // config key
+  KnobKind kind;
+  uint32_t Policy::*field;
+  std::atomic<uint32_t> PolicyWords::*word;
+  uint32_t default_value;
+  uint32_t min;
+  uint32_t max;
+  const char* doc;
+};
+
+inline constexpr KnobSpec kKnobs[] = {
+#define RETRYD_KNOB_SPEC(member, key, kind, def, lo, hi, doc) \
+  {Knob::member, key, KnobKind::kind, &Policy::member, &PolicyWords::member, def, lo, hi, doc},
+    RETRYD_POLICY_KNOBS(RETRYD_KNOB_SPEC)
+#undef RETRYD_KNOB_SPEC
+};
+static_assert(std::size(kKnobs) == kKnobCount);
+
+constexpr const KnobSpec& Spec(Knob k) { return kKnobs[static_cast<size_t>(k)]; }
+// FindKnob returns the row whose config key is `key`, or nullptr.
+const KnobSpec* FindKnob(std::string_view key);
+
+// LoadKnob reads one policy word and clamps it to its row's range: the one clamp every reader
+// of a shared policy word goes through. Thread-safe; a relaxed load.
+template <Knob K>
+inline uint32_t LoadKnob(const PolicyWords& words) {
+  constexpr const KnobSpec& s = Spec(K);
+  const uint32_t v = (words.*s.word).load(std::memory_order_relaxed);
+  if constexpr (s.min == 0 && s.max == UINT32_MAX) {
+    return v;
+  } else {
+    return std::clamp(v, s.min, s.max);
+  }
+}
+
+// A value out of range: the knob's config key (nullptr for a problem of the whole policy, none
+// so far) and a message that names it ("window_buckets must be 1..16, got 40").
+struct PolicyProblem {
+  const char* key = nullptr;
+  std::string message;
+  bool ok() const { return message.empty(); }
+};
+
+// Validate returns the first value out of its row's range, or the first broken rule between
+// knobs (open_for_max >= open_for, window / window_buckets >= 50ms), naming the config key.
+PolicyProblem Validate(const Policy& p);
+
+// Clamped returns `p` with every value pulled into range, the rules between knobs included.
+Policy Clamped(const Policy& p);
+
+// Publishes `p` into `words`, clamped. Not atomic as a whole: a reader may briefly see a mix of
+// the old and new policy, each field valid on its own. Daemon only.
 void StorePolicy(const Policy& p, PolicyWords& words);
-// Reads `words` back, clamped (a client may have scribbled on them).
+// Reads `words` back, clamped (a client may have scribbled on them). Thread-safe.
 Policy LoadPolicy(const PolicyWords& words);
+
+// FormatKnobValue renders a value as a config file spells it: 0.2, 10, "10s".
+std::string FormatKnobValue(const KnobSpec& spec, uint32_t value);
+// DefaultPolicyToml renders the [defaults] section of the default config from the table: each
+// knob's doc as a comment, then `key = default`.
+std::string DefaultPolicyToml();
 
 const char* ModeName(Mode m);
 // ParseMode returns false for anything but enforce, shadow, disabled, forced-open.
 bool ParseMode(const std::string& s, Mode* out);
+
+// The longest duration any knob takes, for deadline arithmetic (clock.h).
+inline constexpr uint32_t kMaxKnobDurationMs = [] {
+  uint32_t m = 0;
+  for (const KnobSpec& s : kKnobs) {
+    if (s.kind == KnobKind::kDuration) m = std::max(m, s.max);
+  }
+  return m;
+}();
 
 }  // namespace retryd::shm

@@ -9,6 +9,8 @@
 
 #include <toml++/toml.h>
 
+#include "daemon/config_toml.h"
+
 namespace retryd::stampede {
 namespace {
 
@@ -60,22 +62,6 @@ class Reader {
     if (!v) return Fail(key, "must be a string");
     *out = *v;
   }
-  // Duration reads "500ms", "10s", "2m" or a bare number of milliseconds.
-  void DurationMs(const char* key, uint32_t* out, uint32_t lo, uint32_t hi) {
-    const toml::node* n = Get(key);
-    if (!n) return;
-    double ms = -1;
-    if (std::optional<std::string> s = n->value_exact<std::string>()) {
-      ms = ParseDurationMs(*s);
-    } else if (std::optional<double> d = n->value<double>()) {
-      ms = *d;
-    }
-    if (!(ms >= 0)) return Fail(key, "must be a duration such as \"500ms\" or \"10s\"");
-    if (ms < lo || ms > hi) {
-      return Fail(key, "must be between " + std::to_string(lo) + " ms and " + std::to_string(hi) + " ms");
-    }
-    *out = uint32_t(std::llround(ms));
-  }
   void UintList(const char* key, std::vector<uint32_t>* out) {
     const toml::node* n = Get(key);
     if (!n) return;
@@ -118,19 +104,6 @@ class Reader {
   }
   std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
-  static double ParseDurationMs(const std::string& s) {
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    if (end == s.c_str() || !(v >= 0)) return -1;
-    const std::string unit(end);
-    if (unit == "ms") return v;
-    if (unit == "s") return v * 1e3;
-    if (unit == "m") return v * 60e3;
-    if (unit == "h") return v * 3600e3;
-    if (unit == "us") return v / 1e3;
-    return -1;
-  }
-
  private:
   const toml::node* Get(const char* key) {
     seen_.insert(key);
@@ -150,39 +123,12 @@ class Reader {
 
 Status Merge(Status a, const Status& b) { return a.ok() ? b : a; }
 
+// ReadPolicy reads a strategy's [policy] table with the daemon's own reader: the same keys,
+// units, ranges and messages as /etc/retryd/retryd.toml.
 Status ReadPolicy(const toml::table* t, const std::string& path, const std::string& source,
                   shm::Policy* p) {
-  Reader r(t, path, source);
-  std::string mode;
-  r.String("mode", &mode);
-  if (!mode.empty() && !shm::ParseMode(mode, &p->mode)) {
-    r.Fail("mode", "must be enforce, shadow, disabled or forced-open");
-  }
-  double ratio = p->retry_ratio_milli / 1000.0;
-  r.Double("retry_ratio", &ratio, 0, shm::Policy::kMaxRatioMilli / 1000.0);
-  p->retry_ratio_milli = uint32_t(std::llround(ratio * 1000));
-  r.Uint("min_retries_per_sec", &p->min_retries_per_sec, 0, shm::Policy::kMaxRetriesPerSec);
-  r.Uint("retry_burst", &p->retry_burst, 0, shm::Policy::kMaxRetryBurst);
-  r.DurationMs("window", &p->window_ms, shm::Policy::kMinWindowMs, shm::Policy::kMaxWindowMs);
-  r.Uint("window_buckets", &p->window_buckets, 1, shm::kMaxBuckets);
-  r.Uint("min_calls", &p->min_calls, 1, 1'000'000);
-  r.Uint("failure_rate_threshold", &p->failure_rate_pct, 1, 100);
-  r.Uint("slow_call_rate_threshold", &p->slow_call_rate_pct, 1, 100);
-  r.DurationMs("slow_call_duration", &p->slow_call_ms, 0, shm::Policy::kMaxDurationMs);
-  r.DurationMs("open_for", &p->open_for_ms, 1, shm::Policy::kMaxDurationMs);
-  r.DurationMs("open_for_max", &p->open_for_max_ms, 1, shm::Policy::kMaxDurationMs);
-  r.DurationMs("open_jitter", &p->open_jitter_ms, 0, shm::Policy::kMaxDurationMs);
-  r.Uint("half_open_probes", &p->half_open_probes, 1, shm::kMaxProbes);
-  r.DurationMs("probe_timeout", &p->probe_timeout_ms, 1, shm::Policy::kMaxDurationMs);
-  r.Uint("close_after", &p->close_after, 1, 255);
-  r.Uint("bulkhead_limit", &p->bulkhead_limit, 0, shm::kMaxBulkhead);
-  r.DurationMs("bulkhead_timeout", &p->bulkhead_timeout_ms, 1, shm::Policy::kMaxDurationMs);
-  r.Finish();
-  if (!r.status().ok()) return r.status();
-  if (std::string problem = p->Validate(); !problem.empty()) {
-    return Status::InvalidArgument(source + ": " + path + ": " + problem);
-  }
-  return Status::Ok();
+  if (t == nullptr) return Status::Ok();
+  return daemon::ReadPolicyTable(*t, source, "[" + path + "]", path + ".", p);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ build directories. The library through $RETRYD_LIBRARY, else as the package find
 """
 
 import itertools
+import json
 import os
 import pathlib
 import subprocess
@@ -36,7 +37,8 @@ class Segment:
         self.name = f"retryd-pytest-{os.getpid()}-{next(self._ids)}"
         specs = []
         for dep, settings in deps.items():
-            pairs = ",".join(f"{k}={v}" for k, v in settings.items())
+            # Config keys with TOML values: {"open_for": "60s"} -> open_for="60s".
+            pairs = ",".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
             specs.append(f"{dep}:{pairs}" if pairs else dep)
         self.proc = subprocess.Popen([helper, self.name, *specs], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)

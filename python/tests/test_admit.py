@@ -9,7 +9,7 @@ import retryd
 
 
 def test_admit_success_and_breaker_opens_on_exceptions(make_segment):
-    seg = make_segment(orders={"min_calls": 2, "open_for_ms": 60000})
+    seg = make_segment(orders={"min_calls": 2, "open_for": "60s", "open_for_max": "60s"})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     assert not client.local
     orders = client.dependency("orders")
@@ -29,7 +29,7 @@ def test_admit_success_and_breaker_opens_on_exceptions(make_segment):
 
 
 def test_ignored_and_fail_override_the_outcome(make_segment):
-    seg = make_segment(orders={"min_calls": 2, "open_for_ms": 60000})
+    seg = make_segment(orders={"min_calls": 2, "open_for": "60s", "open_for_max": "60s"})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     orders = client.dependency("orders")
     for _ in range(5):
@@ -60,7 +60,7 @@ def test_explicit_complete(make_segment):
 
 def test_forced_open_and_budget_empty(make_segment):
     seg = make_segment(closed={"mode": "forced-open"},
-                       scarce={"retry_burst": 1, "retry_ratio_milli": 0, "min_retries_per_sec": 0})
+                       scarce={"retry_burst": 1, "retry_ratio": 0, "min_retries_per_sec": 0})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     with pytest.raises(retryd.Rejected) as e:
         client.dependency("closed").admit()
@@ -79,8 +79,8 @@ def test_forced_open_and_budget_empty(make_segment):
 
 
 def test_half_open_busy(make_segment):
-    seg = make_segment(orders={"min_calls": 1, "open_for_ms": 1, "open_jitter_ms": 0,
-                               "probe_timeout_ms": 60000})
+    seg = make_segment(orders={"min_calls": 1, "open_for": "1ms", "open_jitter": "0ms",
+                               "probe_timeout": "60s"})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     orders = client.dependency("orders")
     with orders.admit() as permit:

@@ -94,7 +94,7 @@ def test_post_timeout_fails_closed(orders, vtime):
 
 
 def test_client_error_is_terminal_and_ignored_by_the_breaker(make_segment, vtime):
-    seg = make_segment(orders={"min_calls": 3, "open_for_ms": 60000})
+    seg = make_segment(orders={"min_calls": 3, "open_for": "60s", "open_for_max": "60s"})
     orders = retryd.Client(segment=seg.name, fallback_to_local=False).dependency("orders")
     for _ in range(10):
         with pytest.raises(retryd.CallFailed) as e:
@@ -117,7 +117,7 @@ def test_client_error_is_terminal_and_ignored_by_the_breaker(make_segment, vtime
 
 
 def test_budget_empty_stops_retries(make_segment, vtime):
-    seg = make_segment(scarce={"retry_burst": 1, "retry_ratio_milli": 0, "min_retries_per_sec": 0})
+    seg = make_segment(scarce={"retry_burst": 1, "retry_ratio": 0, "min_retries_per_sec": 0})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     scarce = client.dependency("scarce")
     fn = replay(vtime, [Response(503)])

@@ -38,7 +38,7 @@ def _hold_bulkhead(conn):
 
 
 def test_os_fork_child_keeps_working_and_shares_the_breaker(make_segment):
-    seg = make_segment(orders={"min_calls": 4, "open_for_ms": 60000})
+    seg = make_segment(orders={"min_calls": 4, "open_for": "60s", "open_for_max": "60s"})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     orders = client.dependency("orders")
     with orders.admit():
@@ -67,7 +67,7 @@ def test_os_fork_child_keeps_working_and_shares_the_breaker(make_segment):
 
 
 def test_multiprocessing_fork_pool_shares_the_limits(make_segment):
-    seg = make_segment(orders={"min_calls": 6, "open_for_ms": 60000})
+    seg = make_segment(orders={"min_calls": 6, "open_for": "60s", "open_for_max": "60s"})
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     _inherited["dep"] = client.dependency("orders")
     ctx = multiprocessing.get_context("fork")

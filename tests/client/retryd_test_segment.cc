@@ -3,10 +3,9 @@
 //   retryd_test_segment NAME [DEP[:key=value,...]]...
 //
 // creates the POSIX shm segment NAME (mode 0600) holding each DEP with the default policy
-// changed by its key=value pairs (the shm::Policy field names: min_calls, open_for_ms,
-// open_jitter_ms, bulkhead_limit, retry_burst, retry_ratio_milli, min_retries_per_sec,
-// half_open_probes, probe_timeout_ms, close_after, mode=enforce|shadow|disabled|forced-open),
-// prints READY, then answers one command per line on stdin:
+// changed by its key=value pairs: config keys with TOML values, read by the daemon's own policy
+// reader (min_calls=2,open_for="60s",mode="shadow"), so every knob of systemd/retryd.toml
+// works here as it does there. It prints READY, then answers one command per line on stdin:
 //
 //   state DEP    ->  closed | open | half-open | missing
 //   reset DEP    ->  ok      (closes the breaker and refills the budget)
@@ -20,6 +19,9 @@
 #include <sstream>
 #include <string>
 
+#include <toml++/toml.h>
+
+#include "daemon/config_toml.h"
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
@@ -29,36 +31,21 @@ namespace {
 
 using retryd::shm::Policy;
 
-bool SetField(Policy& p, const std::string& key, const std::string& value) {
-  if (key == "mode") return retryd::shm::ParseMode(value, &p.mode);
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0') return false;
-  const auto u = uint32_t(v);
-  if (key == "min_calls") p.min_calls = u;
-  else if (key == "open_for_ms") p.open_for_ms = u;
-  else if (key == "open_for_max_ms") p.open_for_max_ms = u;
-  else if (key == "open_jitter_ms") p.open_jitter_ms = u;
-  else if (key == "bulkhead_limit") p.bulkhead_limit = u;
-  else if (key == "retry_burst") p.retry_burst = u;
-  else if (key == "retry_ratio_milli") p.retry_ratio_milli = u;
-  else if (key == "min_retries_per_sec") p.min_retries_per_sec = u;
-  else if (key == "half_open_probes") p.half_open_probes = u;
-  else if (key == "probe_timeout_ms") p.probe_timeout_ms = u;
-  else if (key == "close_after") p.close_after = u;
-  else if (key == "failure_rate_pct") p.failure_rate_pct = u;
-  else return false;
-  p.open_for_max_ms = std::max(p.open_for_max_ms, p.open_for_ms);
-  return true;
-}
-
-const char* StateName(retryd::shm::BreakerState s) {
-  switch (s) {
-    case retryd::shm::BreakerState::kClosed: return "closed";
-    case retryd::shm::BreakerState::kOpen: return "open";
-    case retryd::shm::BreakerState::kHalfOpen: return "half-open";
+// ReadSettings reads "key=value,key=value" (TOML values) over *p, as a [dependency] section.
+retryd::Status ReadSettings(const std::string& dep, const std::string& pairs, Policy* p) {
+  std::string toml_text;
+  std::stringstream in(pairs);
+  std::string pair;
+  while (std::getline(in, pair, ',')) toml_text += pair + "\n";
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, std::string_view("argv"));
+  } catch (const toml::parse_error& e) {
+    return retryd::Status::InvalidArgument("argv: " + std::string(e.description()) + " in '" +
+                                           pairs + "'");
   }
-  return "invalid";
+  return retryd::daemon::ReadPolicyTable(table, "argv", "[dependency." + dep + "]",
+                                         "dependency." + dep + ".", p);
 }
 
 }  // namespace
@@ -86,21 +73,12 @@ int main(int argc, char** argv) {
     const size_t colon = spec.find(':');
     Policy p;
     if (colon != std::string::npos) {
-      std::stringstream pairs(spec.substr(colon + 1));
-      std::string pair;
-      while (std::getline(pairs, pair, ',')) {
-        const size_t eq = pair.find('=');
-        if (eq == std::string::npos || !SetField(p, pair.substr(0, eq), pair.substr(eq + 1))) {
-          std::fprintf(stderr, "bad setting '%s'\n", pair.c_str());
-          retryd::shm::Segment::Remove(opt.name);
-          return 2;
-        }
+      if (retryd::Status st = ReadSettings(spec.substr(0, colon), spec.substr(colon + 1), &p);
+          !st.ok()) {
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        retryd::shm::Segment::Remove(opt.name);
+        return 2;
       }
-    }
-    if (std::string err = p.Validate(); !err.empty()) {
-      std::fprintf(stderr, "%s\n", err.c_str());
-      retryd::shm::Segment::Remove(opt.name);
-      return 2;
     }
     uint32_t index = 0;
     if (retryd::Status put = seg->PutDependency(spec.substr(0, colon), p, &index); !put.ok()) {
@@ -120,7 +98,7 @@ int main(int argc, char** argv) {
       std::cout << "missing" << std::endl;
     } else if (cmd == "state") {
       const auto word = seg->dependency(uint32_t(index))->breaker.load();
-      std::cout << StateName(retryd::shm::BreakerWord::Decode(word).state) << std::endl;
+      std::cout << retryd::shm::BreakerStateName(retryd::shm::BreakerWord::Decode(word).state) << std::endl;
     } else if (cmd == "reset") {
       retryd::shm::Reset(*seg->dependency(uint32_t(index)), retryd::shm::CoarseNowNs());
       std::cout << "ok" << std::endl;

@@ -134,11 +134,11 @@ TEST_F(AdmissionTest, ProbeFailureReopensWithDoubledPeriod) {
 TEST_F(AdmissionTest, OpenPeriodIsCappedForAnyReopenCount) {
   slot_->policy.open_for_max_ms.store(5000);
   for (uint32_t r : {0u, 1u, 2u, 3u, 10u, 31u, 63u}) {
-    const uint32_t ms = OpenPeriodMs(*slot_, r, 0);
+    const uint32_t ms = OpenPeriodMs(slot_->policy, r, 0);
     EXPECT_LE(ms, 5000u) << r;
     EXPECT_GE(ms, 1000u) << r;
   }
-  EXPECT_EQ(OpenPeriodMs(*slot_, 63, 7), 5000u);
+  EXPECT_EQ(OpenPeriodMs(slot_->policy, 63, 7), 5000u);
 }
 
 TEST_F(AdmissionTest, OpenJitterIsUniformWithinBounds) {
@@ -148,7 +148,7 @@ TEST_F(AdmissionTest, OpenJitterIsUniformWithinBounds) {
   Caller c{1, 0, 99};
   for (int i = 0; i < 20000; ++i) {
     c.rng ^= c.rng << 13; c.rng ^= c.rng >> 17; c.rng ^= c.rng << 5;
-    const uint32_t ms = OpenPeriodMs(*slot_, 0, c.rng);
+    const uint32_t ms = OpenPeriodMs(slot_->policy, 0, c.rng);
     lo = std::min(lo, ms);
     hi = std::max(hi, ms);
     sum += ms;
@@ -207,13 +207,11 @@ TEST_F(AdmissionTest, OneFailedProbeReopensWhateverTheOthersReport) {
     std::atomic<int> ready{0};
     std::thread t([&] {
       ready.fetch_add(1);
-      while (ready.load() < 2) {
-      }
+      while (ready.load() < 2) std::this_thread::yield();
       shm::Complete(*slot_, &good, Outcome::kSuccess, kMs, now_, a);
     });
     ready.fetch_add(1);
-    while (ready.load() < 2) {
-    }
+    while (ready.load() < 2) std::this_thread::yield();
     shm::Complete(*slot_, &bad, Outcome::kFailure, kMs, now_, b);
     t.join();
     ASSERT_EQ(State(), BreakerState::kOpen) << "round " << round;
