@@ -157,8 +157,13 @@ struct alignas(kCacheLine) SegmentHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
-static_assert(sizeof(PolicyWords) == 17 * 4);  // layout version 1: the 17 knobs of policy_knobs.h
+// Layout version 1 holds the 17 knobs of policy_knobs.h (a test may append one: see there).
+static_assert(offsetof(PolicyWords, bulkhead_timeout_ms) == 16 * 4);
+#ifndef RETRYD_TEST_ONLY_KNOBS
+static_assert(sizeof(PolicyWords) == 17 * 4);
+#endif
 static_assert(sizeof(PolicyWords) <= 2 * kCacheLine);
+static_assert(offsetof(SegmentHeader, default_mode) < sizeof(SegmentHeader));
 static_assert(sizeof(SegmentHeader) == 6 * kCacheLine);
 static_assert(offsetof(SegmentHeader, retired) == 1 * kCacheLine);
 static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);

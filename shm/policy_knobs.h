@@ -63,5 +63,13 @@
   X(bulkhead_limit, "bulkhead_limit", kCount, 0, 0, kMaxBulkhead,                                \
     "Host-wide calls in flight to the dependency; 0 means no bulkhead.")                         \
   X(bulkhead_timeout_ms, "bulkhead_timeout", kDuration, 60'000, 1, 86'400'000,                   \
-    "A bulkhead lease held longer than this is taken back.")
+    "A bulkhead lease held longer than this is taken back.")                                     \
+  RETRYD_POLICY_KNOBS_EXTRA(X)
 // clang-format on
+
+// RETRYD_POLICY_KNOBS_EXTRA appends rows that only a test defines (with RETRYD_TEST_ONLY_KNOBS):
+// tests/daemon builds the config path from source with one more knob, to prove that a knob is
+// one row. Never defined in a build of the product.
+#ifndef RETRYD_POLICY_KNOBS_EXTRA
+#define RETRYD_POLICY_KNOBS_EXTRA(X)
+#endif

@@ -1,0 +1,132 @@
+// Tests of the breaker's state machine as a pure function (NextBreakerWord): one test per row
+// of the table in shm/breaker.h, and the rows that must not apply.
+#include "shm/breaker.h"
+
+#include <gtest/gtest.h>
+
+#include "shm/policy.h"
+
+namespace retryd::shm {
+namespace {
+
+constexpr uint32_t kNow = 1'000'000;
+
+class BreakerTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Policy p;
+    p.open_for_ms = 1'000;
+    p.open_for_max_ms = 8'000;
+    p.open_jitter_ms = 0;
+    p.close_after = 2;
+    StorePolicy(p, policy_);
+  }
+  static uint64_t Word(BreakerState s, uint32_t reopens, uint32_t successes, uint16_t seq,
+                       uint32_t time_ms) {
+    return BreakerWord{s, reopens, successes, seq, time_ms}.Encode();
+  }
+  std::optional<BreakerWord> Next(uint64_t word, BreakerEvent e, uint16_t seq = 0) {
+    const std::optional<uint64_t> next = NextBreakerWord(policy_, word, e, kNow, seq, 0);
+    if (!next) return std::nullopt;
+    return BreakerWord::Decode(*next);
+  }
+  PolicyWords policy_;
+};
+
+TEST_F(BreakerTableTest, ClosedTripsToOpenForOpenFor) {
+  const auto b = Next(Word(BreakerState::kClosed, 0, 0, 5, 0), BreakerEvent::kTrip);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->state, BreakerState::kOpen);
+  EXPECT_EQ(b->reopens, 0u);
+  EXPECT_EQ(b->seq, 6);
+  EXPECT_EQ(b->time_ms, kNow + 1'000);
+}
+
+TEST_F(BreakerTableTest, OpenGoesHalfOpenOnlyOnceItsPeriodIsOver) {
+  EXPECT_FALSE(Next(Word(BreakerState::kOpen, 2, 0, 5, kNow + 1), BreakerEvent::kOpenPeriodOver));
+  const auto b = Next(Word(BreakerState::kOpen, 2, 0, 5, kNow), BreakerEvent::kOpenPeriodOver);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->state, BreakerState::kHalfOpen);
+  EXPECT_EQ(b->reopens, 2u);
+  EXPECT_EQ(b->successes, 0u);
+  EXPECT_EQ(b->seq, 6);
+  EXPECT_EQ(b->time_ms, kNow);
+}
+
+TEST_F(BreakerTableTest, ProbeSuccessCountsUnderTheSameSeqThenCloses) {
+  const auto one = Next(Word(BreakerState::kHalfOpen, 1, 0, 9, kNow), BreakerEvent::kProbeSucceeded, 9);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->state, BreakerState::kHalfOpen);
+  EXPECT_EQ(one->successes, 1u);
+  EXPECT_EQ(one->seq, 9) << "a counted success is not a transition";
+  const auto two = Next(one->Encode(), BreakerEvent::kProbeSucceeded, 9);
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->state, BreakerState::kClosed);
+  EXPECT_EQ(two->reopens, 0u);
+  EXPECT_EQ(two->seq, 10);
+  EXPECT_EQ(two->time_ms, kNow);
+}
+
+TEST_F(BreakerTableTest, ProbeFailureReopensOneStepLonger) {
+  const auto b = Next(Word(BreakerState::kHalfOpen, 1, 1, 9, kNow), BreakerEvent::kProbeFailed, 9);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->state, BreakerState::kOpen);
+  EXPECT_EQ(b->reopens, 2u);
+  EXPECT_EQ(b->time_ms, kNow + 4'000);  // open_for x 2^2
+  const auto capped = Next(Word(BreakerState::kHalfOpen, 62, 0, 9, kNow), BreakerEvent::kProbeExpired);
+  ASSERT_TRUE(capped);
+  EXPECT_EQ(capped->reopens, 63u);
+  EXPECT_EQ(capped->time_ms, kNow + 8'000);  // open_for_max
+}
+
+TEST_F(BreakerTableTest, AProbeOfAnotherHalfOpenChangesNothing) {
+  const uint64_t w = Word(BreakerState::kHalfOpen, 0, 0, 9, kNow);
+  EXPECT_FALSE(Next(w, BreakerEvent::kProbeSucceeded, 8));
+  EXPECT_FALSE(Next(w, BreakerEvent::kProbeFailed, 8));
+}
+
+TEST_F(BreakerTableTest, EventsOfOtherStatesDoNotApply) {
+  const uint64_t closed = Word(BreakerState::kClosed, 0, 0, 3, 0);
+  const uint64_t open = Word(BreakerState::kOpen, 0, 0, 3, kNow - 1);
+  const uint64_t half = Word(BreakerState::kHalfOpen, 0, 0, 3, kNow);
+  EXPECT_FALSE(Next(open, BreakerEvent::kTrip));
+  EXPECT_FALSE(Next(half, BreakerEvent::kTrip));
+  EXPECT_FALSE(Next(closed, BreakerEvent::kOpenPeriodOver));
+  EXPECT_FALSE(Next(half, BreakerEvent::kOpenPeriodOver));
+  for (const uint64_t w : {closed, open}) {
+    EXPECT_FALSE(Next(w, BreakerEvent::kProbeSucceeded, 3));
+    EXPECT_FALSE(Next(w, BreakerEvent::kProbeFailed, 3));
+    EXPECT_FALSE(Next(w, BreakerEvent::kProbeExpired));
+  }
+}
+
+TEST_F(BreakerTableTest, ResetClosesFromEveryState) {
+  for (const BreakerState s : {BreakerState::kClosed, BreakerState::kOpen, BreakerState::kHalfOpen}) {
+    const auto b = Next(Word(s, 5, 1, 3, 0), BreakerEvent::kReset);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->state, BreakerState::kClosed);
+    EXPECT_EQ(b->reopens, 0u);
+    EXPECT_EQ(b->seq, 4);
+  }
+}
+
+// ApplyBreakerEvent counts each transition once, and closing restarts the window.
+TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
+  DependencySlot slot{};
+  Policy p;
+  p.close_after = 1;
+  StorePolicy(p, slot.policy);
+  const uint64_t now_ns = uint64_t{kNow} * 1'000'000;
+  slot.breaker.store(Word(BreakerState::kHalfOpen, 0, 0, 4, kNow));
+  const uint64_t bucket_ns = uint64_t{p.window_ms} * 1'000'000 / p.window_buckets;
+  const uint64_t period = now_ns / bucket_ns;
+  slot.buckets[period % p.window_buckets].store(Bucket::Make(uint16_t(period), 30, 30, 0));
+  EXPECT_FALSE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 3, 0));
+  EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 4, 0));
+  EXPECT_EQ(BreakerWord::Decode(slot.breaker.load()).state, BreakerState::kClosed);
+  EXPECT_EQ(slot.counters[kClosed].load(), 1u);
+  EXPECT_EQ(ReadWindow(slot, now_ns).calls, 0u);
+}
+
+}  // namespace
+}  // namespace retryd::shm
