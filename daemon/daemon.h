@@ -17,6 +17,11 @@
 // Runtime changes by an operator (retryctl set-mode) last until the daemon restarts or the
 // dependency's section of the config changes; a reload does not undo them otherwise.
 //
+// The class's member functions live by job: start.cc (create or adopt the segment), reload.cc
+// (publish a config, reload), watch.cc (log what others changed, and full tables),
+// metrics_file.cc (the textfile), daemon.cc (the loop and the tick). A new subsystem that talks
+// to the outside gets its own file and its own fd in Run's poll set (docs/ARCHITECTURE.md).
+//
 // Thread safety: not thread-safe. One thread owns a Daemon; signals arrive through a
 // signalfd that `Run` reads, never in a handler.
 #pragma once
@@ -42,6 +47,9 @@ struct DaemonOptions {
   std::string segment;      // overrides [daemon] segment when not empty
   uint32_t tick_ms = 0;     // overrides [daemon] tick when not 0
 };
+
+// ApplyOverrides puts the command line's --segment and --tick_ms over `cfg`.
+void ApplyOverrides(const DaemonOptions& o, Config* cfg);
 
 // ResolveOwnership looks up `d.owner` and `d.group` (getpwnam, getgrnam); an empty name gives
 // -1 (leave as is). Errors name `source`, the key and the unknown name. Thread-compatible.

@@ -1,0 +1,118 @@
+// Starting the daemon: load the config, then create, adopt or replace the segment and publish
+// the config into it.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <glog/logging.h>
+
+#include "daemon/daemon.h"
+
+namespace retryd::daemon {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+std::string ReadComm(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm;
+  std::getline(in, comm);
+  return comm;
+}
+
+// The workers' pidfds are held open by the reaper: make room for one per process slot.
+void RaiseFileLimit(uint32_t max_processes) {
+  rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = rlim_t(max_processes) + 256;
+  if (lim.rlim_cur >= want) return;
+  lim.rlim_cur = std::min(want, lim.rlim_max);
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < want) {
+    LOG(WARNING) << "daemon: open-file limit " << lim.rlim_cur << " is below max_processes + 256 ("
+                 << want << "): dead workers past the limit are found by lease expiry only";
+  }
+}
+
+}  // namespace
+
+Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out) {
+  out->reset();
+  BlockDaemonSignals();
+  std::unique_ptr<Daemon> d(new Daemon);
+  d->options_ = options;
+  Config cfg = BuiltinConfig();
+  if (!options.config_path.empty()) {
+    if (Status st = LoadConfigFile(options.config_path, &cfg); !st.ok()) return st;
+  }
+  ApplyOverrides(options, &cfg);
+  uid_t uid;
+  gid_t gid;
+  if (Status st = ResolveOwnership(cfg.daemon, cfg.source, &uid, &gid); !st.ok()) return st;
+  RaiseFileLimit(cfg.daemon.max_processes);
+
+  shm::CreateOptions create;
+  create.name = cfg.daemon.segment;
+  create.max_dependencies = cfg.daemon.max_dependencies;
+  create.max_processes = cfg.daemon.max_processes;
+  create.mode = cfg.daemon.mode;
+  create.owner = uid;
+  create.group = gid;
+  bool adopted = false;
+  std::string note;
+  if (Status st = shm::Segment::CreateOrAdopt(create, &d->segment_, &adopted, &note); !st.ok()) {
+    return st;
+  }
+  shm::SegmentHeader& h = d->segment_->header();
+  if (adopted) {
+    // Two daemons ticking one segment would fight over it: refuse to be the second.
+    const pid_t other = pid_t(h.daemon_pid.load(kRelaxed));
+    if (other != 0 && other != getpid() && (kill(other, 0) == 0 || errno == EPERM) &&
+        ReadComm(other) == ReadComm(getpid())) {
+      return Status::InvalidArgument("segment '" + create.name + "' is owned by a running " +
+                                     ReadComm(other) + " (pid " + std::to_string(other) +
+                                     "); stop it first or use another --segment");
+    }
+    // A created segment got its owner and mode at creation; an adopted one gets them now.
+    const int fd = d->segment_->fd();
+    if ((uid != uid_t(-1) || gid != gid_t(-1)) && fchown(fd, uid, gid) != 0) {
+      return Status::PermissionDenied("segment '" + create.name + "': chown to " +
+                                      cfg.daemon.owner + ":" + cfg.daemon.group + ": " +
+                                      std::strerror(errno));
+    }
+    if (fchmod(fd, cfg.daemon.mode) != 0) {
+      return Status::IoError("segment '" + create.name + "': chmod: " + std::strerror(errno));
+    }
+    LOG(INFO) << "segment: adopted '" << create.name << "' with its state ("
+              << h.dependency_high_water.load(kRelaxed) << " dependency slots used, "
+              << "generation " << h.generation.load(kRelaxed) << ")";
+  } else if (!note.empty()) {
+    LOG(WARNING) << "segment: '" << create.name << "': " << note << "; created a new one";
+  } else {
+    LOG(INFO) << "segment: created '" << create.name << "' (" << create.max_dependencies
+              << " dependencies, " << create.max_processes << " processes, "
+              << d->segment_->size() / 1024 << " KiB)";
+  }
+  d->seen_.resize(d->segment_->max_dependencies());
+  // Events counted before this daemon started (an adopted segment) were someone else's to report.
+  d->seen_table_full_ = h.table_full_events.load(kRelaxed);
+  d->seen_registry_full_ = h.registry_full_events.load(kRelaxed);
+  d->seen_unknown_dependency_ = h.unknown_dependency_events.load(kRelaxed);
+  d->caller_ = shm::Caller{0, 0, uint32_t(getpid()) * 2654435761u | 1u};
+  d->ObserveAll(false);
+  d->Publish(cfg, nullptr);
+  d->config_ = std::move(cfg);
+  h.daemon_pid.store(uint32_t(getpid()), kRelaxed);
+  LOG(INFO) << "config: " << d->config_.source << ": " << d->config_.dependencies.size()
+            << " dependencies configured, tick " << d->config_.daemon.tick_ms << "ms, auto_create "
+            << (d->config_.daemon.auto_create ? "on" : "off");
+  *out = std::move(d);
+  return Status::Ok();
+}
+
+}  // namespace retryd::daemon
