@@ -15,15 +15,6 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 // Bounded retries of a breaker decision that raced with a transition; past it, answer busy.
 constexpr int kMaxBreakerRounds = 4;
 
-uint32_t NextRandom(Caller& c) {
-  uint32_t x = c.rng ? c.rng : 0x9E3779B9u;
-  x ^= x << 13;
-  x ^= x >> 17;
-  x ^= x << 5;
-  c.rng = x;
-  return x;
-}
-
 void Count(DependencySlot& slot, Counter c) {
   slot.counters[c].fetch_add(1, kRelaxed);
 }
@@ -52,7 +43,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     if (b.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (b.state == BreakerState::kOpen) {
       if (!DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) return Decision::kRejectedOpen;
-      ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, NextRandom(caller));
+      ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, caller.rng);
       continue;  // whoever moved it, look again
     }
     // Half-open: a probe lease, or nothing.
@@ -220,13 +211,12 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
     // Only the half-open the probe was granted under hears of it; an ignored outcome says
     // nothing about the dependency.
     if (failed) {
-      ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq,
-                        NextRandom(caller));
+      ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq, caller.rng);
     } else if (outcome != Outcome::kIgnored) {
-      ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, 0);
+      ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, caller.rng);
     }
   } else if (outcome != Outcome::kIgnored) {
-    RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, NextRandom(caller));
+    RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, caller.rng);
   }
   ReleaseLeases(slot, p);
 }
@@ -254,13 +244,14 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
               false);
   // A probe that outlived its timeout failed: a half-open breaker reopens.
   if (probe_expired) {
-    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, 0, NextRandom(caller));
+    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, 0, caller.rng);
   }
   return freed;
 }
 
 void Reset(DependencySlot& slot, uint64_t now_ns) {
-  ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, 0);
+  uint32_t rng = 1;  // a reset closes: nothing to draw
+  ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng);
   for (auto& b : slot.buckets) b.store(0, kRelaxed);
   const uint64_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
   slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, NsToMs32(now_ns)),

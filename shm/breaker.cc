@@ -145,12 +145,14 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
 }
 
 bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns,
-                       uint16_t probe_seq, uint32_t random) {
+                       uint16_t probe_seq, uint32_t& rng) {
   const uint32_t now_ms = NsToMs32(now_ns);
+  const bool opens = event == BreakerEvent::kTrip || event == BreakerEvent::kProbeFailed ||
+                     event == BreakerEvent::kProbeExpired;
   for (int round = 0; round < kMaxEventRounds; ++round) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    const std::optional<uint64_t> next =
-        NextBreakerWord(slot.policy, word, event, now_ms, probe_seq, random);
+    const std::optional<uint64_t> next = NextBreakerWord(slot.policy, word, event, now_ms,
+                                                         probe_seq, opens ? NextRandom(rng) : 0);
     if (!next) return false;
     if (Commit(slot, word, *next, now_ns)) return true;
   }
@@ -174,7 +176,7 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
 }
 
 void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
-                   uint32_t random) {
+                   uint32_t& rng) {
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
   RecordCall(slot, now_ns, failure, slow);
@@ -182,7 +184,8 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
   // From the word read before the call was recorded: if the breaker moved since (another
   // process tripped it, or it closed anew and the window restarted), this trip is stale.
   if (const std::optional<uint64_t> next =
-          NextBreakerWord(slot.policy, word, BreakerEvent::kTrip, NsToMs32(now_ns), 0, random)) {
+          NextBreakerWord(slot.policy, word, BreakerEvent::kTrip, NsToMs32(now_ns), 0,
+                          NextRandom(rng))) {
     Commit(slot, word, *next, now_ns);
   }
 }

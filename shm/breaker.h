@@ -88,13 +88,25 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
                                         BreakerEvent event, uint32_t now_ms, uint16_t probe_seq,
                                         uint32_t random);
 
+// NextRandom advances a caller's xorshift state (nonzero) and returns it: the open periods'
+// jitter. Not thread-safe: one state per thread.
+inline uint32_t NextRandom(uint32_t& state) {
+  uint32_t x = state ? state : 0x9E3779B9u;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  state = x;
+  return x;
+}
+
 // ApplyBreakerEvent applies `event` to the breaker of `slot` at `now_ns` with one CAS from the
 // word it read, reading again and retrying while other processes change the word under it (a
 // bounded number of rounds: each retry means another process committed a change). Counts the
-// transition (kOpened, kHalfOpened, kClosed) and, on closing, restarts the window. Returns true
-// if this call changed the word. Thread-safe.
+// transition (kOpened, kHalfOpened, kClosed) and, on closing, restarts the window. Draws from
+// `rng` (the caller's NextRandom state) only for an event that opens the breaker. Returns true
+// if this call changed the word. Thread-safe; `rng` is the calling thread's.
 bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns,
-                       uint16_t probe_seq, uint32_t random);
+                       uint16_t probe_seq, uint32_t& rng);
 
 struct WindowStats {
   uint64_t calls = 0;
@@ -117,10 +129,10 @@ struct Bucket {
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 
 // RecordOutcome records one completed call of a closed breaker (not a probe) in the window and,
-// for a failure or a slow call, trips the breaker if the window says so (kTrip). `random` draws
-// the open period's jitter. Thread-safe.
+// for a failure or a slow call, trips the breaker if the window says so (kTrip), drawing the
+// open period's jitter from `rng`. Thread-safe; `rng` is the calling thread's.
 void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
-                   uint32_t random);
+                   uint32_t& rng);
 
 // ShouldTrip: calls >= min_calls and a rate at or over its threshold.
 bool ShouldTrip(const DependencySlot& slot, const WindowStats& w);

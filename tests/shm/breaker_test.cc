@@ -121,8 +121,10 @@ TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
   const uint64_t bucket_ns = uint64_t{p.window_ms} * 1'000'000 / p.window_buckets;
   const uint64_t period = now_ns / bucket_ns;
   slot.buckets[period % p.window_buckets].store(Bucket::Make(uint16_t(period), 30, 30, 0));
-  EXPECT_FALSE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 3, 0));
-  EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 4, 0));
+  uint32_t rng = 7;
+  EXPECT_FALSE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 3, rng));
+  EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 4, rng));
+  EXPECT_EQ(rng, 7u) << "a close draws no jitter";
   EXPECT_EQ(BreakerWord::Decode(slot.breaker.load()).state, BreakerState::kClosed);
   EXPECT_EQ(slot.counters[kClosed].load(), 1u);
   EXPECT_EQ(ReadWindow(slot, now_ns).calls, 0u);
