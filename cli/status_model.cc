@@ -198,11 +198,12 @@ std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAli
   std::vector<WorkerStatus> workers;
   for (uint32_t i = 0; i < seg.max_processes(); ++i) {
     const shm::ProcessSlot& p = *seg.process(i);
-    const uint64_t owner = p.owner.load(kAcquire);
-    if (owner == 0) continue;
+    const uint64_t word = p.owner.load(kAcquire);
+    if (word == 0) continue;
+    const shm::ProcessOwner owner = shm::ProcessOwner::Decode(word);
     WorkerStatus w;
     w.slot = i;
-    w.pid = uint32_t(owner);
+    w.pid = uint32_t(owner.pid);
     w.start_time = p.start_time.load(kRelaxed);
     w.attach_unix_ms = p.attach_unix_ms.load(kRelaxed);
     char comm[17] = {};
@@ -214,8 +215,7 @@ std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAli
       if (c != '\0' && (c < 0x20 || c == 0x7f)) c = '?';  // never print control bytes
     }
     w.comm = comm;
-    const uint32_t state = uint32_t(owner >> 32);
-    if (state == uint32_t(shm::ProcessState::kLive)) {
+    if (owner.live()) {
       w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
     } else {
       w.state = WorkerState::kClaiming;

@@ -8,6 +8,7 @@
 #include "shm/clock.h"
 #include "shm/layout.h"
 #include "shm/policy.h"
+#include "shm/registry.h"
 #include "shm/retry_budget.h"
 
 namespace retryd::daemon {
@@ -102,8 +103,7 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
   }
   uint64_t attached = 0;
   for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
-    const uint64_t w = seg.process(i)->owner.load(kRelaxed);
-    attached += (w >> 32) == uint64_t(shm::ProcessState::kLive);
+    attached += shm::ProcessOwner::Decode(seg.process(i)->owner.load(kRelaxed)).live();
   }
 
   Writer w;
