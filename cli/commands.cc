@@ -11,7 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/render.h"
-#include "cli/status_model.h"
+#include "shm/view.h"
 #include "daemon/config.h"
 #include "daemon/metrics.h"
 #include "shm/admission.h"
@@ -74,8 +74,8 @@ Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment
   }
 }
 
-BuildOptions MakeBuildOptions(const Context& c) {
-  BuildOptions b;
+shm::BuildOptions MakeBuildOptions(const Context& c) {
+  shm::BuildOptions b;
   b.now_ns = shm::PreciseNowNs();
   b.stale_after_ms = uint64_t(std::llround(c.inv.stale_after_seconds * 1000.0));
   return b;
@@ -143,11 +143,11 @@ int RunStatus(const Context& c) {
   std::unique_ptr<shm::Segment> seg;
   if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
 
-  BuildOptions build = MakeBuildOptions(c);
+  shm::BuildOptions build = MakeBuildOptions(c);
   build.only = c.inv.arguments;
-  SegmentStatus first;
-  if (Status s = BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
-  auto render = [&](const SegmentStatus& shown, const RenderOptions& r) {
+  shm::SegmentStatus first;
+  if (Status s = shm::BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
+  auto render = [&](const shm::SegmentStatus& shown, const RenderOptions& r) {
     return c.inv.json ? Dump(StatusJson(shown, r)) : RenderStatusTable(shown, r);
   };
   if (!c.inv.watch) {
@@ -157,7 +157,7 @@ int RunStatus(const Context& c) {
 
   // --watch: reattach every frame (the daemon may have replaced the segment) and show counter
   // changes since the previous frame.
-  std::optional<SegmentStatus> previous;
+  std::optional<shm::SegmentStatus> previous;
   return Watch(c, [&](std::string* text) {
     std::unique_ptr<shm::Segment> now_seg;
     if (Status s = Attach(c, shm::Access::kReadOnly, &now_seg); !s.ok()) {
@@ -168,10 +168,10 @@ int RunStatus(const Context& c) {
       previous.reset();
       return kExitError;
     }
-    BuildOptions b = MakeBuildOptions(c);
+    shm::BuildOptions b = MakeBuildOptions(c);
     b.only = c.inv.arguments;
-    SegmentStatus snap;
-    if (Status s = BuildStatus(*now_seg, b, &snap); !s.ok()) {
+    shm::SegmentStatus snap;
+    if (Status s = shm::BuildStatus(*now_seg, b, &snap); !s.ok()) {
       *text = c.inv.json ? Dump({{"schema_version", kJsonSchemaVersion},
                                  {"kind", "error"},
                                  {"error", s.message()}})
@@ -182,7 +182,7 @@ int RunStatus(const Context& c) {
     if (previous && previous->name == snap.name) {
       r.deltas = true;
       r.interval_ms = (snap.now_ns - previous->now_ns) / 1'000'000;
-      *text = render(Delta(snap, *previous), r);
+      *text = render(shm::Delta(snap, *previous), r);
     } else {
       *text = render(snap, r);
     }
@@ -199,12 +199,12 @@ int RunWorkers(const Context& c) {
       *text = "retryctl: " + s.message() + "\n";
       return kExitError;
     }
-    SegmentStatus header;
-    if (Status s = BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
+    shm::SegmentStatus header;
+    if (Status s = shm::BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
       *text = "retryctl: " + s.message() + "\n";
       return kExitError;
     }
-    const std::vector<WorkerStatus> workers = BuildWorkers(*seg);
+    const std::vector<shm::WorkerStatus> workers = shm::BuildWorkers(*seg);
     *text = c.inv.json ? Dump(WorkersJson(header, workers))
                        : RenderWorkersTable(header, workers, MakeRenderOptions(c));
     return kExitOk;
@@ -238,12 +238,12 @@ Status FindDependency(const shm::Segment& seg, const std::string& name, uint32_t
   }
   const int32_t i = seg.Find(name);
   if (i < 0) {
-    SegmentStatus all;
-    BuildOptions b;
+    shm::SegmentStatus all;
+    shm::BuildOptions b;
     b.now_ns = shm::PreciseNowNs();
     std::string known;
-    if (BuildStatus(seg, b, &all).ok()) {
-      for (const DependencyStatus& d : all.dependencies)
+    if (shm::BuildStatus(seg, b, &all).ok()) {
+      for (const shm::DependencyStatus& d : all.dependencies)
         known += (known.empty() ? "" : ", ") + d.name;
     }
     return Status::NotFound("no dependency '" + name + "' in segment '" + seg.name() +
@@ -290,15 +290,15 @@ int RunReset(const Context& c) {
   uint32_t index = 0;
   if (Status s = FindDependency(*seg, name, &index); !s.ok()) return Fail(c, s.message());
 
-  BuildOptions b = MakeBuildOptions(c);
+  shm::BuildOptions b = MakeBuildOptions(c);
   b.only = {name};
-  SegmentStatus before, after;
-  if (Status s = BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
+  shm::SegmentStatus before, after;
+  if (Status s = shm::BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
   shm::Reset(*seg->dependency(index), b.now_ns);
   b.now_ns = shm::PreciseNowNs();
-  if (Status s = BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
-  const DependencyStatus& x = before.dependencies.front();
-  const DependencyStatus& y = after.dependencies.front();
+  if (Status s = shm::BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
+  const shm::DependencyStatus& x = before.dependencies.front();
+  const shm::DependencyStatus& y = after.dependencies.front();
   auto tokens = [](uint64_t milli) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", double(milli / 100) / 10.0);
