@@ -140,50 +140,6 @@ json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr
 
 }  // namespace
 
-const char* CounterName(shm::Counter c) {
-  switch (c) {
-    case shm::kFirstAttempts:
-      return "first_attempts";
-    case shm::kRetriesGranted:
-      return "retries_granted";
-    case shm::kRetriesDenied:
-      return "retries_denied";
-    case shm::kRejectedOpen:
-      return "rejected_open";
-    case shm::kRejectedHalfOpenBusy:
-      return "rejected_half_open_busy";
-    case shm::kRejectedBulkheadFull:
-      return "rejected_bulkhead_full";
-    case shm::kShadowWouldReject:
-      return "shadow_would_reject";
-    case shm::kProbesGranted:
-      return "probes_granted";
-    case shm::kSuccesses:
-      return "successes";
-    case shm::kFailures:
-      return "failures";
-    case shm::kIgnored:
-      return "ignored";
-    case shm::kSlowCalls:
-      return "slow_calls";
-    case shm::kOpened:
-      return "opened";
-    case shm::kHalfOpened:
-      return "half_opened";
-    case shm::kClosed:
-      return "closed";
-    case shm::kProbeTimeouts:
-      return "probe_timeouts";
-    case shm::kLeasesReclaimedDead:
-      return "leases_reclaimed_dead";
-    case shm::kLeasesReclaimedExpired:
-      return "leases_reclaimed_expired";
-    case shm::kCounterCount:
-      break;
-  }
-  return "unknown";
-}
-
 std::string FormatDurationMs(uint64_t ms) {
   char buf[32];
   if (ms < 1000) {
@@ -331,7 +287,7 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
   for (const shm::DependencyStatus& dep : s.dependencies) {
     json counters = json::object();
     for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
-      counters[CounterName(shm::Counter(c))] = dep.counters[c];
+      counters[shm::CounterName(shm::Counter(c))] = dep.counters[c];
     }
     json breaker = {
         {"state", shm::BreakerStateName(dep.breaker)},

@@ -26,9 +26,6 @@ struct RenderOptions {
   uint64_t stale_after_ms = 3000;  // echoed in the header and the JSON
 };
 
-// CounterName: the snake_case name of a counter, as used in JSON ("retries_granted").
-const char* CounterName(shm::Counter c);
-
 // FormatDurationMs: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
 std::string FormatDurationMs(uint64_t ms);
 

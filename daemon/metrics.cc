@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "shm/layout.h"
@@ -181,54 +183,24 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
   w.Family("retryd_window_slow_calls", "gauge", "Slow calls in the breaker's sliding window.");
   for (const Dep& d : deps) w.Sample("retryd_window_slow_calls", d.label, d.view->window.slow);
 
-  // --- Per dependency: counters ----------------------------------------------------------
-  struct Simple {
-    const char* name;
-    shm::Counter counter;
-    const char* help;
-  };
-  const Simple simple[] = {
-      {"retryd_first_attempts_total", shm::kFirstAttempts, "First attempts admitted."},
-      {"retryd_retries_granted_total", shm::kRetriesGranted,
-       "Retries admitted (a budget token withdrawn)."},
-      {"retryd_retries_denied_total", shm::kRetriesDenied,
-       "Retries rejected because the retry budget was empty."},
-      {"retryd_shadow_would_reject_total", shm::kShadowWouldReject,
-       "Shadow mode: attempts that would have been rejected, admitted instead."},
-      {"retryd_probes_total", shm::kProbesGranted, "Half-open probe leases granted."},
-      {"retryd_probe_timeouts_total", shm::kProbeTimeouts,
-       "Probe leases that expired (failed probes)."},
-      {"retryd_slow_calls_total", shm::kSlowCalls, "Calls at or over slow_call_duration."},
-  };
-  for (const Simple& s : simple) {
-    w.Family(s.name, "counter", s.help);
-    for (const Dep& d : deps) w.Sample(s.name, d.label, d.view->counter(s.counter));
-  }
-  struct Labeled {
-    const char* value;
-    shm::Counter counter;
-  };
-  auto labeled = [&](const char* name, const char* help, const char* key,
-                     std::initializer_list<Labeled> values) {
-    w.Family(name, "counter", help);
+  // --- Per dependency: counters, as RETRYD_COUNTERS (shm/counters.h) declares them -------
+  const auto& rows = shm::kCounterInfo;
+  for (size_t first = 0, end = 0; first < std::size(rows); first = end) {
+    // [first, end): the rows of one family, adjacent in the list.
+    for (end = first + 1; end < std::size(rows); ++end) {
+      if (std::strcmp(rows[end].family, rows[first].family) != 0) break;
+    }
+    w.Family(rows[first].family, "counter", rows[first].help);
     for (const Dep& d : deps) {
-      for (const Labeled& v : values) {
-        w.Sample(name, d.label + "," + key + "=\"" + v.value + "\"", d.view->counter(v.counter));
+      for (size_t k = first; k < end; ++k) {
+        std::string labels = d.label;
+        if (rows[k].label_key[0] != '\0') {
+          labels += std::string(",") + rows[k].label_key + "=\"" + rows[k].label_value + "\"";
+        }
+        w.Sample(rows[k].family, labels, d.view->counter(rows[k].counter));
       }
     }
-  };
-  labeled("retryd_rejections_total", "Attempts rejected, by reason (retry budget: retries_denied).",
-          "reason",
-          {{"open", shm::kRejectedOpen},
-           {"half_open_busy", shm::kRejectedHalfOpenBusy},
-           {"bulkhead_full", shm::kRejectedBulkheadFull}});
-  labeled("retryd_calls_total", "Completed calls, by outcome.", "outcome",
-          {{"success", shm::kSuccesses}, {"failure", shm::kFailures}, {"ignored", shm::kIgnored}});
-  labeled("retryd_state_transitions_total", "Circuit breaker transitions, by state entered.", "to",
-          {{"open", shm::kOpened}, {"half_open", shm::kHalfOpened}, {"closed", shm::kClosed}});
-  labeled("retryd_leases_reclaimed_total",
-          "Probe and bulkhead leases taken back: from dead owners, or after their timeout.", "why",
-          {{"dead", shm::kLeasesReclaimedDead}, {"expired", shm::kLeasesReclaimedExpired}});
+  }
   return w.Take();
 }
 
