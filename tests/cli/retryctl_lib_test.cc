@@ -1,10 +1,12 @@
-// retryctl_lib in process: argument parsing and the rendering of a segment's view.
+// retryctl_lib in process: argument parsing, the command table and the rendering of a
+// segment's view.
 #include <cstdlib>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "cli/render.h"
 #include "shm/view.h"
 
@@ -76,6 +78,28 @@ TEST(Args, ErrorsNameTheProblem) {
   ASSERT_TRUE(Parse({"status", "--", "--json"}, &inv).ok());
   EXPECT_FALSE(inv.json);
   EXPECT_EQ(inv.arguments, std::vector<std::string>{"--json"});
+}
+
+TEST(Commands, TheTableDrivesParsingDispatchAndHelp) {
+  const std::string general = GeneralHelp();
+  for (const Command& c : Commands()) {
+    Invocation inv;
+    ASSERT_TRUE(Parse({c.name}, &inv).ok()) << c.name;
+    EXPECT_EQ(FindCommand(c.name), &c);
+    EXPECT_NE(general.find("\n  " + std::string(c.synopsis) + " "), std::string::npos) << c.name;
+    if (c.usage == nullptr) {  // `help`
+      EXPECT_EQ(c.run, nullptr);
+      EXPECT_TRUE(inv.help);
+      EXPECT_EQ(CommandHelp(c.name), general);
+      continue;
+    }
+    EXPECT_NE(c.run, nullptr) << c.name;
+    EXPECT_EQ(inv.command, c.name);
+    EXPECT_EQ(CommandHelp(c.name).rfind(std::string("Usage: ") + c.usage + "\n\n", 0), 0u)
+        << c.name;
+  }
+  EXPECT_EQ(FindCommand("statuss"), nullptr);
+  EXPECT_EQ(CommandHelp("statuss"), "");
 }
 
 TEST(Args, SegmentNameAndColourResolution) {
