@@ -151,7 +151,8 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
            "forced-open).");
   for (const Dep& d : deps) {
     // A scribbled mode word is shown as such, not as the enforce the hot path falls back to.
-    const char* name = d.view->mode_word < shm::kModeCount ? shm::ModeName(d.view->mode) : "invalid";
+    const char* name =
+        d.view->mode_word < shm::kModeCount ? shm::ModeName(d.view->mode) : "invalid";
     w.Sample("retryd_mode", d.label + ",mode=\"" + name + "\"", uint64_t{1});
   }
   w.Family("retryd_retry_tokens", "gauge", "Retry budget tokens available now.");

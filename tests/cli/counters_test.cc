@@ -1,16 +1,17 @@
 // Every row of RETRYD_COUNTERS (shm/counters.h) reaches every output: the Prometheus text,
 // retryctl's JSON and its documented schema. A counter added to the list without an export,
 // or a schema that drifts from the list, fails here.
+#include "shm/counters.h"
+
+#include <gtest/gtest.h>
+
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "cli/render.h"
 #include "daemon/metrics.h"
-#include "shm/counters.h"
 #include "shm/segment.h"
 #include "shm/view.h"
 
@@ -39,11 +40,11 @@ TEST_F(CountersTest, EveryCounterIsInTheMetrics) {
   const std::string text = daemon::RenderPrometheus(view_);
   for (const shm::CounterInfo& c : shm::kCounterInfo) {
     std::string sample = std::string(c.family) + "{dependency=\"dep\"";
-    if (c.label_key[0] != '\0') sample += std::string(",") + c.label_key + "=\"" + c.label_value + "\"";
+    if (c.label_key[0] != '\0')
+      sample += std::string(",") + c.label_key + "=\"" + c.label_value + "\"";
     sample += "} " + std::to_string(1000 + c.counter) + "\n";
     EXPECT_NE(text.find(sample), std::string::npos) << c.name << ": no line " << sample;
-    EXPECT_NE(text.find(std::string("# HELP ") + c.family + " " + c.help + "\n"),
-              std::string::npos)
+    EXPECT_NE(text.find(std::string("# HELP ") + c.family + " " + c.help + "\n"), std::string::npos)
         << c.name;
     EXPECT_NE(text.find(std::string("# TYPE ") + c.family + " counter\n"), std::string::npos)
         << c.name;

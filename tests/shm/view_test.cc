@@ -2,10 +2,9 @@
 // the real admission code, with the liveness tests and the clock passed in.
 #include "shm/view.h"
 
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "shm/admission.h"
 #include "shm/clock.h"
@@ -96,7 +95,6 @@ TEST_F(Snapshot, DeltaSubtractsCountersAndKeepsGauges) {
   const SegmentStatus d = Delta(after, before);
   EXPECT_EQ(d.dependencies[0].counter(kFirstAttempts), 4u);
   EXPECT_EQ(d.dependencies[0].window.calls, 7u);  // a gauge: the window now
-
 }
 
 TEST_F(Snapshot, ModesDecideWhatCountsAsOpen) {
@@ -114,7 +112,6 @@ TEST_F(Snapshot, ModesDecideWhatCountsAsOpen) {
   EXPECT_TRUE(d.IsOpen());
 }
 
-
 TEST_F(Snapshot, ProcessesAttachedNeedNoLivenessCheck) {
   // A second registered process that no longer runs, and one still claiming its slot.
   seg_->process(1)->owner.store(ProcessOwner{pid_t(999'999), ProcessState::kLive}.Encode());
@@ -128,7 +125,10 @@ TEST_F(Snapshot, ProcessesAttachedNeedNoLivenessCheck) {
   EXPECT_EQ(s.processes_dead, 1u);
 
   opt_.check_processes = false;
-  opt_.process_alive = [](pid_t, uint64_t) -> bool { ADD_FAILURE() << "checked a process"; return true; };
+  opt_.process_alive = [](pid_t, uint64_t) -> bool {
+    ADD_FAILURE() << "checked a process";
+    return true;
+  };
   ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
   EXPECT_EQ(s.processes_attached, 2u);
   EXPECT_EQ(s.processes_live, 0u);
