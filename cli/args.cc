@@ -1,18 +1,16 @@
 #include "cli/args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <set>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.h"
 
 namespace retryd::cli {
 namespace {
-
-const std::set<std::string>& Commands() {
-  static const std::set<std::string> kCommands = {"status", "metrics",      "workers", "set-mode",
-                                                  "reset",  "check-config", "help"};
-  return kCommands;
-}
 
 // ParseSeconds accepts a finite number > 0 (fractions allowed: "0.5").
 bool ParseSeconds(const std::string& s, double* out) {
@@ -34,7 +32,7 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
     const std::string arg = argv[i];
     if (only_positional || arg.empty() || arg[0] != '-' || arg == "-") {
       if (out->command.empty()) {
-        if (Commands().count(arg) == 0) {
+        if (FindCommand(arg) == nullptr) {
           return Status::InvalidArgument("unknown command '" + arg + "' (see 'retryctl --help')");
         }
         out->command = arg;
@@ -131,7 +129,7 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
     out->help = true;
     out->command = out->arguments.empty() ? "" : out->arguments.front();
     out->arguments.clear();
-    if (!out->command.empty() && Commands().count(out->command) == 0) {
+    if (!out->command.empty() && FindCommand(out->command) == nullptr) {
       return Status::InvalidArgument("unknown command '" + out->command +
                                      "' (see 'retryctl --help')");
     }
@@ -160,20 +158,29 @@ bool UseColor(const Invocation& inv, bool stdout_is_terminal) {
 }
 
 std::string GeneralHelp() {
-  return R"(retryctl: inspect and steer retryd (host-wide retry budgets and circuit breakers).
+  std::string text = R"(retryctl: inspect and steer retryd (host-wide retry budgets and circuit breakers).
 
 Usage: retryctl [OPTIONS] COMMAND [ARGS...]
 
 Commands:
-  status [DEP...]              one row per dependency: mode, breaker, window, retry budget,
-                               bulkhead, rejections (exit 1 if a shown dependency is open)
-  metrics                      Prometheus text exposition of every dependency
-  workers                      processes attached to the segment and the leases they hold
-  set-mode DEP MODE            MODE: enforce, shadow, disabled or forced-open
-  reset DEP                    close the breaker, clear its window, refill the retry budget
-  check-config FILE            validate a retryd config file as the daemon would
-  help [COMMAND]               this text, or a command's
-
+)";
+  // Each command's synopsis in a column 29 wide, its summary beside it.
+  constexpr size_t kColumn = 29;
+  for (const Command& c : Commands()) {
+    std::string synopsis = c.synopsis;
+    synopsis.resize(std::max(kColumn, synopsis.size()), ' ');
+    text += "  " + synopsis;
+    for (const char* line = c.summary;;) {
+      const char* end = std::strchr(line, '\n');
+      if (end == nullptr) {
+        text += std::string(line) + "\n";
+        break;
+      }
+      text += std::string(line, end) + "\n" + std::string(2 + kColumn, ' ');
+      line = end + 1;
+    }
+  }
+  text += R"(
 Options:
   -s, --segment NAME           segment to read (default: $RETRYD_SEGMENT, else "retryd")
       --json                   machine-readable output (status, workers; schema:
@@ -189,78 +196,14 @@ retryctl reads the shared-memory segment directly, so it works while the daemon 
 Exit status: 0 ok; 1 status found a dependency open, half-open or forced-open;
 2 usage error, or the segment could not be attached (missing, permission, incompatible).
 )";
+  return text;
 }
 
 std::string CommandHelp(const std::string& command) {
-  if (command == "status") {
-    return R"(Usage: retryctl status [--json] [--watch [SECONDS]] [DEP...]
-
-Shows the segment header (generation, daemon pid, heartbeat age, attached processes) and one row
-per active dependency, or only the named ones:
-  MODE          enforce, shadow, disabled or forced-open
-  BREAKER       closed; open and the time until it goes half-open; half-open with probe leases
-                in flight / allowed
-  WINDOW        failure rate and calls in the breaker's sliding window (approximate at bucket
-                edges)
-  RETRY TOKENS  retry budget tokens available now / burst
-  RETRIES       retries granted / denied (budget empty)
-  RETRY RATIO   retries granted / first attempts (compare with the configured retry_ratio)
-  BULKHEAD      calls in flight / limit ("-": no bulkhead)
-  REJECTED      rejections by reason: open, half-open busy, bulkhead full; shadow mode counts
-                would-be rejections instead
-Counters are cumulative since the dependency was created; with --watch, every refresh after
-the first shows the change since the previous refresh instead, and the header says so.
---json prints one JSON document (one per refresh, one per line, with --watch).
-
-Exit status: 1 when a shown dependency's breaker is open or half-open (in enforce or shadow
-mode), or its mode is forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP.
-With --watch: 0 when ended by Ctrl-C.
-)";
-  }
-  if (command == "metrics") {
-    return R"(Usage: retryctl metrics
-
-Prints every dependency's counters and gauges in the Prometheus text exposition format
-(metric prefix retryd_, label dependency), the same text the daemon exports.
-)";
-  }
-  if (command == "workers") {
-    return R"(Usage: retryctl workers [--json] [--watch [SECONDS]]
-
-Lists the processes registered in the segment: slot, pid, command name, attach time, leases
-held (probe and bulkhead leases owned by the process, over every dependency) and whether the
-process still runs (same pid and start time). Dead processes are marked DEAD; the daemon
-reclaims their leases on its next tick.
-)";
-  }
-  if (command == "set-mode") {
-    return R"(Usage: retryctl set-mode DEP enforce|shadow|disabled|forced-open
-
-Sets the operating mode of dependency DEP in the live segment (needs write access to the
-segment: run as root or as a member of the segment's group). The change lasts until the
-daemon restarts or the dependency's section of the config changes; a plain reload keeps it.
-  enforce       decide and act on the decision
-  shadow        decide and count would-be rejections, but admit everything
-  disabled      admit everything, record nothing
-  forced-open   reject everything, as an open breaker
-)";
-  }
-  if (command == "reset") {
-    return R"(Usage: retryctl reset DEP
-
-Closes the breaker of DEP, clears its window and refills its retry budget (needs write access
-to the segment). Counters are kept.
-)";
-  }
-  if (command == "check-config") {
-    return R"(Usage: retryctl check-config FILE
-
-Validates FILE with the daemon's own config loader. Prints "FILE: OK" and exits 0, or prints
-the first problem and exits 2.
-)";
-  }
-  if (command == "help") return GeneralHelp();
-  return "";
+  const Command* c = FindCommand(command);
+  if (c == nullptr) return "";
+  if (c->usage == nullptr) return GeneralHelp();  // `help`
+  return std::string("Usage: ") + c->usage + "\n\n" + c->details;
 }
 
 }  // namespace retryd::cli

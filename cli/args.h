@@ -39,7 +39,8 @@ std::string ResolveSegmentName(const Invocation& inv);
 // UseColor: --color always/never, or auto: stdout is a terminal and NO_COLOR is unset or empty.
 bool UseColor(const Invocation& inv, bool stdout_is_terminal);
 
-// Usage texts. `CommandHelp` returns "" for an unknown command.
+// Usage texts, assembled from the command table (commands.h). `CommandHelp` returns "" for an
+// unknown command, and the general help for `help`.
 std::string GeneralHelp();
 std::string CommandHelp(const std::string& command);
 

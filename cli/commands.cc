@@ -11,7 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/render.h"
-#include "cli/status_model.h"
+#include "shm/view.h"
 #include "daemon/config.h"
 #include "daemon/metrics.h"
 #include "shm/admission.h"
@@ -21,10 +21,6 @@
 #include "shm/segment.h"
 
 namespace retryd::cli {
-namespace {
-
-volatile sig_atomic_t g_interrupted = 0;
-void OnInterrupt(int) { g_interrupted = 1; }
 
 struct Context {
   Invocation inv;
@@ -34,6 +30,11 @@ struct Context {
   bool color = false;
   bool out_is_terminal = false;
 };
+
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
 
 void Print(std::FILE* f, const std::string& s) { std::fwrite(s.data(), 1, s.size(), f); }
 
@@ -74,8 +75,8 @@ Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment
   }
 }
 
-BuildOptions MakeBuildOptions(const Context& c) {
-  BuildOptions b;
+shm::BuildOptions MakeBuildOptions(const Context& c) {
+  shm::BuildOptions b;
   b.now_ns = shm::PreciseNowNs();
   b.stale_after_ms = uint64_t(std::llround(c.inv.stale_after_seconds * 1000.0));
   return b;
@@ -143,11 +144,11 @@ int RunStatus(const Context& c) {
   std::unique_ptr<shm::Segment> seg;
   if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
 
-  BuildOptions build = MakeBuildOptions(c);
+  shm::BuildOptions build = MakeBuildOptions(c);
   build.only = c.inv.arguments;
-  SegmentStatus first;
-  if (Status s = BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
-  auto render = [&](const SegmentStatus& shown, const RenderOptions& r) {
+  shm::SegmentStatus first;
+  if (Status s = shm::BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
+  auto render = [&](const shm::SegmentStatus& shown, const RenderOptions& r) {
     return c.inv.json ? Dump(StatusJson(shown, r)) : RenderStatusTable(shown, r);
   };
   if (!c.inv.watch) {
@@ -157,7 +158,7 @@ int RunStatus(const Context& c) {
 
   // --watch: reattach every frame (the daemon may have replaced the segment) and show counter
   // changes since the previous frame.
-  std::optional<SegmentStatus> previous;
+  std::optional<shm::SegmentStatus> previous;
   return Watch(c, [&](std::string* text) {
     std::unique_ptr<shm::Segment> now_seg;
     if (Status s = Attach(c, shm::Access::kReadOnly, &now_seg); !s.ok()) {
@@ -168,10 +169,10 @@ int RunStatus(const Context& c) {
       previous.reset();
       return kExitError;
     }
-    BuildOptions b = MakeBuildOptions(c);
+    shm::BuildOptions b = MakeBuildOptions(c);
     b.only = c.inv.arguments;
-    SegmentStatus snap;
-    if (Status s = BuildStatus(*now_seg, b, &snap); !s.ok()) {
+    shm::SegmentStatus snap;
+    if (Status s = shm::BuildStatus(*now_seg, b, &snap); !s.ok()) {
       *text = c.inv.json ? Dump({{"schema_version", kJsonSchemaVersion},
                                  {"kind", "error"},
                                  {"error", s.message()}})
@@ -182,7 +183,7 @@ int RunStatus(const Context& c) {
     if (previous && previous->name == snap.name) {
       r.deltas = true;
       r.interval_ms = (snap.now_ns - previous->now_ns) / 1'000'000;
-      *text = render(Delta(snap, *previous), r);
+      *text = render(shm::Delta(snap, *previous), r);
     } else {
       *text = render(snap, r);
     }
@@ -199,12 +200,12 @@ int RunWorkers(const Context& c) {
       *text = "retryctl: " + s.message() + "\n";
       return kExitError;
     }
-    SegmentStatus header;
-    if (Status s = BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
+    shm::SegmentStatus header;
+    if (Status s = shm::BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
       *text = "retryctl: " + s.message() + "\n";
       return kExitError;
     }
-    const std::vector<WorkerStatus> workers = BuildWorkers(*seg);
+    const std::vector<shm::WorkerStatus> workers = shm::BuildWorkers(*seg);
     *text = c.inv.json ? Dump(WorkersJson(header, workers))
                        : RenderWorkersTable(header, workers, MakeRenderOptions(c));
     return kExitOk;
@@ -238,12 +239,12 @@ Status FindDependency(const shm::Segment& seg, const std::string& name, uint32_t
   }
   const int32_t i = seg.Find(name);
   if (i < 0) {
-    SegmentStatus all;
-    BuildOptions b;
+    shm::SegmentStatus all;
+    shm::BuildOptions b;
     b.now_ns = shm::PreciseNowNs();
     std::string known;
-    if (BuildStatus(seg, b, &all).ok()) {
-      for (const DependencyStatus& d : all.dependencies)
+    if (shm::BuildStatus(seg, b, &all).ok()) {
+      for (const shm::DependencyStatus& d : all.dependencies)
         known += (known.empty() ? "" : ", ") + d.name;
     }
     return Status::NotFound("no dependency '" + name + "' in segment '" + seg.name() +
@@ -290,15 +291,15 @@ int RunReset(const Context& c) {
   uint32_t index = 0;
   if (Status s = FindDependency(*seg, name, &index); !s.ok()) return Fail(c, s.message());
 
-  BuildOptions b = MakeBuildOptions(c);
+  shm::BuildOptions b = MakeBuildOptions(c);
   b.only = {name};
-  SegmentStatus before, after;
-  if (Status s = BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
+  shm::SegmentStatus before, after;
+  if (Status s = shm::BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
   shm::Reset(*seg->dependency(index), b.now_ns);
   b.now_ns = shm::PreciseNowNs();
-  if (Status s = BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
-  const DependencyStatus& x = before.dependencies.front();
-  const DependencyStatus& y = after.dependencies.front();
+  if (Status s = shm::BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
+  const shm::DependencyStatus& x = before.dependencies.front();
+  const shm::DependencyStatus& y = after.dependencies.front();
   auto tokens = [](uint64_t milli) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", double(milli / 100) / 10.0);
@@ -338,6 +339,100 @@ int RunCheckConfig(const Context& c) {
 
 }  // namespace
 
+// kCommands: every retryctl command, once. ParseArguments accepts these names, RunRetryctl
+// dispatches on them, and `--help` is assembled from the same rows (GeneralHelp, CommandHelp).
+const Command kCommands[] = {
+    {"status",
+     "status [DEP...]",
+     "one row per dependency: mode, breaker, window, retry budget,\n"
+     "bulkhead, rejections (exit 1 if a shown dependency is open)",
+     "retryctl status [--json] [--watch [SECONDS]] [DEP...]",
+     R"(Shows the segment header (generation, daemon pid, heartbeat age, attached processes) and one row
+per active dependency, or only the named ones:
+  MODE          enforce, shadow, disabled or forced-open
+  BREAKER       closed; open and the time until it goes half-open; half-open with probe leases
+                in flight / allowed
+  WINDOW        failure rate and calls in the breaker's sliding window (approximate at bucket
+                edges)
+  RETRY TOKENS  retry budget tokens available now / burst
+  RETRIES       retries granted / denied (budget empty)
+  RETRY RATIO   retries granted / first attempts (compare with the configured retry_ratio)
+  BULKHEAD      calls in flight / limit ("-": no bulkhead)
+  REJECTED      rejections by reason: open, half-open busy, bulkhead full; shadow mode counts
+                would-be rejections instead
+Counters are cumulative since the dependency was created; with --watch, every refresh after
+the first shows the change since the previous refresh instead, and the header says so.
+--json prints one JSON document (one per refresh, one per line, with --watch).
+
+Exit status: 1 when a shown dependency's breaker is open or half-open (in enforce or shadow
+mode), or its mode is forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP.
+With --watch: 0 when ended by Ctrl-C.
+)",
+     RunStatus},
+    {"metrics",
+     "metrics",
+     "Prometheus text exposition of every dependency",
+     "retryctl metrics",
+     R"(Prints every dependency's counters and gauges in the Prometheus text exposition format
+(metric prefix retryd_, label dependency), the same text the daemon exports.
+)",
+     RunMetrics},
+    {"workers",
+     "workers",
+     "processes attached to the segment and the leases they hold",
+     "retryctl workers [--json] [--watch [SECONDS]]",
+     R"(Lists the processes registered in the segment: slot, pid, command name, attach time, leases
+held (probe and bulkhead leases owned by the process, over every dependency) and whether the
+process still runs (same pid and start time). Dead processes are marked DEAD; the daemon
+reclaims their leases on its next tick.
+)",
+     RunWorkers},
+    {"set-mode",
+     "set-mode DEP MODE",
+     "MODE: enforce, shadow, disabled or forced-open",
+     "retryctl set-mode DEP enforce|shadow|disabled|forced-open",
+     R"(Sets the operating mode of dependency DEP in the live segment (needs write access to the
+segment: run as root or as a member of the segment's group). The change lasts until the
+daemon restarts or the dependency's section of the config changes; a plain reload keeps it.
+  enforce       decide and act on the decision
+  shadow        decide and count would-be rejections, but admit everything
+  disabled      admit everything, record nothing
+  forced-open   reject everything, as an open breaker
+)",
+     RunSetMode},
+    {"reset",
+     "reset DEP",
+     "close the breaker, clear its window, refill the retry budget",
+     "retryctl reset DEP",
+     R"(Closes the breaker of DEP, clears its window and refills its retry budget (needs write access
+to the segment). Counters are kept.
+)",
+     RunReset},
+    {"check-config",
+     "check-config FILE",
+     "validate a retryd config file as the daemon would",
+     "retryctl check-config FILE",
+     R"(Validates FILE with the daemon's own config loader. Prints "FILE: OK" and exits 0, or prints
+the first problem and exits 2.
+)",
+     RunCheckConfig},
+    {"help",
+     "help [COMMAND]",
+     "this text, or a command's",
+     nullptr,
+     nullptr,
+     nullptr},
+};
+
+std::span<const Command> Commands() { return kCommands; }
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
 int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* err) {
   Context c;
   c.out = out;
@@ -358,14 +453,8 @@ int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* er
   c.out_is_terminal = isatty(fileno(out)) == 1;
   c.color = UseColor(c.inv, c.out_is_terminal) && !c.inv.json;
 
-  if (c.inv.command == "status") return RunStatus(c);
-  if (c.inv.command == "workers") return RunWorkers(c);
-  if (c.inv.command == "metrics") return RunMetrics(c);
-  if (c.inv.command == "set-mode") return RunSetMode(c);
-  if (c.inv.command == "reset") return RunReset(c);
-  if (c.inv.command == "check-config") return RunCheckConfig(c);
-  Print(err, "retryctl: unknown command '" + c.inv.command + "'\n");
-  return kExitError;
+  // ParseArguments accepted only names in the table, and turned `help` into --help.
+  return FindCommand(c.inv.command)->run(c);
 }
 
 }  // namespace retryd::cli

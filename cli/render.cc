@@ -107,7 +107,7 @@ const char* ModeStyle(shm::Mode m) {
   return nullptr;
 }
 
-Table::Cell BreakerCell(const DependencyStatus& d) {
+Table::Cell BreakerCell(const shm::DependencyStatus& d) {
   switch (d.breaker) {
     case shm::BreakerState::kClosed:
       return {"closed", kGreen};
@@ -122,7 +122,7 @@ Table::Cell BreakerCell(const DependencyStatus& d) {
   return {"?", nullptr};
 }
 
-std::string RejectionsText(const DependencyStatus& d) {
+std::string RejectionsText(const shm::DependencyStatus& d) {
   std::string out;
   auto add = [&](const char* label, shm::Counter c) {
     if (d.counter(c) == 0) return;
@@ -139,50 +139,6 @@ std::string RejectionsText(const DependencyStatus& d) {
 json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 }  // namespace
-
-const char* CounterName(shm::Counter c) {
-  switch (c) {
-    case shm::kFirstAttempts:
-      return "first_attempts";
-    case shm::kRetriesGranted:
-      return "retries_granted";
-    case shm::kRetriesDenied:
-      return "retries_denied";
-    case shm::kRejectedOpen:
-      return "rejected_open";
-    case shm::kRejectedHalfOpenBusy:
-      return "rejected_half_open_busy";
-    case shm::kRejectedBulkheadFull:
-      return "rejected_bulkhead_full";
-    case shm::kShadowWouldReject:
-      return "shadow_would_reject";
-    case shm::kProbesGranted:
-      return "probes_granted";
-    case shm::kSuccesses:
-      return "successes";
-    case shm::kFailures:
-      return "failures";
-    case shm::kIgnored:
-      return "ignored";
-    case shm::kSlowCalls:
-      return "slow_calls";
-    case shm::kOpened:
-      return "opened";
-    case shm::kHalfOpened:
-      return "half_opened";
-    case shm::kClosed:
-      return "closed";
-    case shm::kProbeTimeouts:
-      return "probe_timeouts";
-    case shm::kLeasesReclaimedDead:
-      return "leases_reclaimed_dead";
-    case shm::kLeasesReclaimedExpired:
-      return "leases_reclaimed_expired";
-    case shm::kCounterCount:
-      break;
-  }
-  return "unknown";
-}
 
 std::string FormatDurationMs(uint64_t ms) {
   char buf[32];
@@ -203,9 +159,9 @@ std::string FormatDurationMs(uint64_t ms) {
   return buf;
 }
 
-std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) {
+std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt) {
   const bool color = opt.color;
-  const DaemonStatus& d = s.daemon;
+  const shm::DaemonStatus& d = s.daemon;
   std::string out;
   out += Paint("segment", kBold, color) + " '" + s.name + "'  generation " +
          std::to_string(s.generation) + "  daemon pid " +
@@ -214,7 +170,7 @@ std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) 
          "  attached processes " + std::to_string(s.processes_live);
   if (s.processes_dead > 0) out += " (+" + std::to_string(s.processes_dead) + " dead)";
   out += "\n";
-  if (d.state != DaemonState::kUp) {
+  if (d.state != shm::DaemonState::kUp) {
     std::string why;
     if (d.pid == 0) {
       why = "no daemon has run on this segment";
@@ -225,7 +181,7 @@ std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) 
             (d.heartbeat_age_ms ? FormatDurationMs(*d.heartbeat_age_ms) : std::string("ever")) +
             " (threshold " + FormatDurationMs(opt.stale_after_ms) + ")";
     }
-    const char* title = d.state == DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
+    const char* title = d.state == shm::DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
     out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
     out +=
         "    limits still hold in the segment; leases of dead workers are freed only when "
@@ -255,7 +211,7 @@ std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) 
             {"RETRY RATIO " + span, hs},
             {"BULKHEAD", hs},
             {"REJECTED " + span, hs}});
-  for (const DependencyStatus& dep : s.dependencies) {
+  for (const shm::DependencyStatus& dep : s.dependencies) {
     std::string window = "-";
     if (const auto rate = dep.FailureRate()) {
       window = Percent(*rate) + " of " + std::to_string(dep.window.calls);
@@ -298,7 +254,7 @@ std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt) 
   return out;
 }
 
-json StatusJson(const SegmentStatus& s, const RenderOptions& opt) {
+json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
   json doc;
   doc["schema_version"] = kJsonSchemaVersion;
   doc["kind"] = "status";
@@ -316,9 +272,9 @@ json StatusJson(const SegmentStatus& s, const RenderOptions& opt) {
       {"registry_full_events", s.registry_full_events},
       {"unknown_dependency_events", s.unknown_dependency_events},
   };
-  const DaemonStatus& d = s.daemon;
+  const shm::DaemonStatus& d = s.daemon;
   doc["daemon"] = {
-      {"state", DaemonStateName(d.state)},
+      {"state", shm::DaemonStateName(d.state)},
       {"pid", d.pid == 0 ? json(nullptr) : json(d.pid)},
       {"pid_alive", d.pid_alive},
       {"heartbeat_age_ms", d.heartbeat_age_ms ? json(*d.heartbeat_age_ms) : json(nullptr)},
@@ -328,10 +284,10 @@ json StatusJson(const SegmentStatus& s, const RenderOptions& opt) {
   doc["processes"] = {{"live", s.processes_live}, {"dead", s.processes_dead}};
   doc["any_open"] = s.AnyOpen();
   json deps = json::array();
-  for (const DependencyStatus& dep : s.dependencies) {
+  for (const shm::DependencyStatus& dep : s.dependencies) {
     json counters = json::object();
     for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
-      counters[CounterName(shm::Counter(c))] = dep.counters[c];
+      counters[shm::CounterName(shm::Counter(c))] = dep.counters[c];
     }
     json breaker = {
         {"state", shm::BreakerStateName(dep.breaker)},
@@ -381,7 +337,7 @@ json StatusJson(const SegmentStatus& s, const RenderOptions& opt) {
   return doc;
 }
 
-std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerStatus>& workers,
+std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<shm::WorkerStatus>& workers,
                                const RenderOptions& opt) {
   std::string out = "segment '" + s.name + "'  " + std::to_string(s.processes_live) + " live, " +
                     std::to_string(s.processes_dead) + " dead of " +
@@ -396,7 +352,7 @@ std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerS
             {"ATTACHED", hs},
             {"LEASES", hs},
             {"STATE", hs}});
-  for (const WorkerStatus& w : workers) {
+  for (const shm::WorkerStatus& w : workers) {
     std::string attached = UnixMsToLocal(w.attach_unix_ms);
     if (w.attach_unix_ms != 0 && now_unix_ms >= w.attach_unix_ms) {
       attached += " (" + FormatDurationMs(now_unix_ms - w.attach_unix_ms) + " ago)";
@@ -407,9 +363,9 @@ std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerS
       lease_text += " (" + std::to_string(w.probe_leases) + " probe, " +
                     std::to_string(w.bulkhead_leases) + " bulkhead)";
     }
-    Table::Cell state{WorkerStateName(w.state), nullptr};
-    if (w.state == WorkerState::kDead) state = {"DEAD", kRed};
-    if (w.state == WorkerState::kClaiming) state = {"claiming", kDim};
+    Table::Cell state{shm::WorkerStateName(w.state), nullptr};
+    if (w.state == shm::WorkerState::kDead) state = {"DEAD", kRed};
+    if (w.state == shm::WorkerState::kClaiming) state = {"claiming", kDim};
     t.AddRow({{std::to_string(w.slot), nullptr},
               {std::to_string(w.pid), nullptr},
               {w.comm.empty() ? "-" : w.comm, nullptr},
@@ -426,13 +382,13 @@ std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerS
   return out;
 }
 
-json WorkersJson(const SegmentStatus& s, const std::vector<WorkerStatus>& workers) {
+json WorkersJson(const shm::SegmentStatus& s, const std::vector<shm::WorkerStatus>& workers) {
   json doc;
   doc["schema_version"] = kJsonSchemaVersion;
   doc["kind"] = "workers";
   doc["segment"] = {{"name", s.name}, {"max_processes", s.max_processes}};
   json list = json::array();
-  for (const WorkerStatus& w : workers) {
+  for (const shm::WorkerStatus& w : workers) {
     list.push_back({
         {"slot", w.slot},
         {"owner_id", w.slot + 1},
@@ -442,7 +398,7 @@ json WorkersJson(const SegmentStatus& s, const std::vector<WorkerStatus>& worker
         {"attach_unix_ms", w.attach_unix_ms == 0 ? json(nullptr) : json(w.attach_unix_ms)},
         {"probe_leases", w.probe_leases},
         {"bulkhead_leases", w.bulkhead_leases},
-        {"state", WorkerStateName(w.state)},
+        {"state", shm::WorkerStateName(w.state)},
     });
   }
   doc["workers"] = list;

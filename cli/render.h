@@ -1,4 +1,4 @@
-// cli/render.h: turning snapshots (status_model.h) into what retryctl prints.
+// cli/render.h: turning snapshots (shm/view.h) into what retryctl prints.
 //
 // Two forms of each view: a table for people (ANSI colour optional, plain text otherwise) and
 // a JSON document for programs, whose shape is the stable contract documented in
@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/status_model.h"
+#include "shm/view.h"
 
 namespace retryd::cli {
 
@@ -26,20 +26,17 @@ struct RenderOptions {
   uint64_t stale_after_ms = 3000;  // echoed in the header and the JSON
 };
 
-// CounterName: the snake_case name of a counter, as used in JSON ("retries_granted").
-const char* CounterName(shm::Counter c);
-
 // FormatDurationMs: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
 std::string FormatDurationMs(uint64_t ms);
 
 // RenderStatusTable: the header lines (segment, generation, daemon, processes; a daemon that
 // is down or stale is called out on a line of its own) and one row per dependency.
-std::string RenderStatusTable(const SegmentStatus& s, const RenderOptions& opt);
-nlohmann::ordered_json StatusJson(const SegmentStatus& s, const RenderOptions& opt);
+std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt);
+nlohmann::ordered_json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt);
 
-std::string RenderWorkersTable(const SegmentStatus& s, const std::vector<WorkerStatus>& workers,
+std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<shm::WorkerStatus>& workers,
                                const RenderOptions& opt);
-nlohmann::ordered_json WorkersJson(const SegmentStatus& s,
-                                   const std::vector<WorkerStatus>& workers);
+nlohmann::ordered_json WorkersJson(const shm::SegmentStatus& s,
+                                   const std::vector<shm::WorkerStatus>& workers);
 
 }  // namespace retryd::cli

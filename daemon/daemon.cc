@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "daemon/metrics.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/registry.h"
@@ -52,26 +53,9 @@ Daemon::~Daemon() {
 }
 
 std::string Daemon::StatusLine() const {
-  const uint32_t high = std::min(segment_->header().dependency_high_water.load(kRelaxed),
-                                 segment_->max_dependencies());
-  uint32_t active = 0, open = 0, attached = 0;
-  for (uint32_t i = 0; i < high; ++i) {
-    const shm::DependencySlot& d = *segment_->dependency(i);
-    if (d.state.load(kRelaxed) != uint32_t(shm::SlotState::kActive)) continue;
-    ++active;
-    const auto state = shm::BreakerWord::Decode(d.breaker.load(kRelaxed)).state;
-    open += state != shm::BreakerState::kClosed ||
-            d.mode.load(kRelaxed) == uint32_t(shm::Mode::kForcedOpen);
-  }
-  for (uint32_t i = 0; i < segment_->process_high_water(); ++i) {
-    attached +=
-        (segment_->process(i)->owner.load(kRelaxed) >> 32) == uint64_t(shm::ProcessState::kLive);
-  }
-  std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
-                     std::to_string(open) + " open, " + std::to_string(attached) +
-                     (attached == 1 ? " process attached" : " processes attached");
-  if (!last_reload_error_.empty()) line += "; last reload failed: " + last_reload_error_;
-  return line;
+  shm::SegmentStatus view;
+  shm::BuildStatus(*segment_, DaemonViewOptions(now_ns_), &view);
+  return daemon::StatusLine(view, last_reload_error_);
 }
 
 void Daemon::Tick(uint64_t now_ns) {

@@ -1,11 +1,12 @@
 #include "daemon/metrics.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <vector>
 
-#include "shm/breaker.h"
-#include "shm/clock.h"
 #include "shm/layout.h"
 #include "shm/policy.h"
 #include "shm/retry_budget.h"
@@ -13,11 +14,9 @@
 namespace retryd::daemon {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
-
 struct Dep {
   std::string label;  // dependency="NAME"
-  const shm::DependencySlot* slot;
+  const shm::DependencyStatus* view;
 };
 
 // Escape makes a label value safe whatever a client scribbled into a name.
@@ -76,47 +75,44 @@ class Writer {
   std::string out_;
 };
 
-uint64_t Counter(const shm::DependencySlot& d, shm::Counter c) {
-  return d.counters[c].load(kRelaxed);
-}
-
-uint64_t Taken(const std::atomic<uint64_t>* words, uint32_t n) {
-  uint64_t taken = 0;
-  for (uint32_t i = 0; i < n; ++i) taken += words[i].load(kRelaxed) != 0;
-  return taken;
-}
-
 }  // namespace
 
+shm::BuildOptions DaemonViewOptions(uint64_t now_ns) {
+  shm::BuildOptions opt;
+  opt.now_ns = now_ns;
+  opt.pid_alive = nullptr;
+  opt.check_processes = false;
+  return opt;
+}
+
 std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
-  const shm::SegmentHeader& h = seg.header();
+  shm::SegmentStatus view;
+  shm::BuildStatus(seg, DaemonViewOptions(now_ns), &view);  // cannot fail without `only`
+  return RenderPrometheus(view);
+}
+
+std::string RenderPrometheus(const shm::SegmentStatus& view) {
+  // Slot order, as the table holds them: a dependency keeps its place between scrapes.
   std::vector<Dep> deps;
-  const uint32_t high =
-      std::min(h.dependency_high_water.load(std::memory_order_acquire), seg.max_dependencies());
-  for (uint32_t i = 0; i < high; ++i) {
-    const shm::DependencySlot* d = seg.dependency(i);
-    if (shm::SlotState(d->state.load(std::memory_order_acquire)) != shm::SlotState::kActive) {
-      continue;
-    }
-    deps.push_back({"dependency=\"" + Escape(shm::ReadName(*d)) + "\"", d});
+  for (const shm::DependencyStatus& d : view.dependencies) {
+    deps.push_back({"dependency=\"" + Escape(d.name) + "\"", &d});
   }
-  uint64_t attached = 0;
-  for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
-    const uint64_t w = seg.process(i)->owner.load(kRelaxed);
-    attached += (w >> 32) == uint64_t(shm::ProcessState::kLive);
-  }
+  std::sort(deps.begin(), deps.end(),
+            [](const Dep& a, const Dep& b) { return a.view->index < b.view->index; });
+  const shm::DaemonStatus& daemon = view.daemon;
+  const uint64_t now_ns = view.now_ns;
 
   Writer w;
   // --- The segment and the daemon --------------------------------------------------------
   w.Family("retryd_segment_info", "gauge", "The segment metrics were read from (always 1).");
   w.Sample("retryd_segment_info",
-           "segment=\"" + Escape(seg.name()) + "\",layout_version=\"" +
-               std::to_string(h.layout_version.load(kRelaxed)) + "\"",
+           "segment=\"" + Escape(view.name) + "\",layout_version=\"" +
+               std::to_string(view.layout_version) + "\"",
            uint64_t{1});
   w.Family("retryd_daemon_pid", "gauge",
            "Process id of the daemon that owns the segment, 0 if stopped.");
-  w.Sample("retryd_daemon_pid", "", uint64_t{h.daemon_pid.load(kRelaxed)});
-  const uint64_t beat_ns = h.heartbeat_ns.load(kRelaxed);
+  w.Sample("retryd_daemon_pid", "", uint64_t{daemon.pid});
+  const uint64_t beat_ns = daemon.heartbeat_ns;
   w.Family("retryd_daemon_heartbeat_age_seconds", "gauge",
            "Seconds since the daemon's last tick (grows while the daemon is stopped).");
   w.Sample("retryd_daemon_heartbeat_age_seconds", "",
@@ -124,134 +120,101 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
   w.Family("retryd_daemon_heartbeat_timestamp_seconds", "gauge",
            "Unix time of the daemon's last tick.");
   w.Sample("retryd_daemon_heartbeat_timestamp_seconds", "",
-           double(h.heartbeat_unix_ms.load(kRelaxed)) / 1e3);
+           double(daemon.heartbeat_unix_ms) / 1e3);
   w.Family("retryd_config_generation", "gauge", "Bumped on every config load and reload.");
-  w.Sample("retryd_config_generation", "", h.generation.load(kRelaxed));
+  w.Sample("retryd_config_generation", "", view.generation);
   w.Family("retryd_dependencies", "gauge", "Active dependencies in the segment.");
   w.Sample("retryd_dependencies", "", uint64_t(deps.size()));
   w.Family("retryd_dependency_slots", "gauge", "Capacity of the dependency table.");
-  w.Sample("retryd_dependency_slots", "", uint64_t{seg.max_dependencies()});
+  w.Sample("retryd_dependency_slots", "", uint64_t{view.max_dependencies});
   w.Family("retryd_attached_processes", "gauge", "Worker processes registered in the segment.");
-  w.Sample("retryd_attached_processes", "", attached);
+  w.Sample("retryd_attached_processes", "", uint64_t{view.processes_attached});
   w.Family("retryd_process_slots", "gauge", "Capacity of the process registry.");
-  w.Sample("retryd_process_slots", "", uint64_t{seg.max_processes()});
+  w.Sample("retryd_process_slots", "", uint64_t{view.max_processes});
   w.Family("retryd_table_full_events_total", "counter",
            "Times a worker found no free dependency slot.");
-  w.Sample("retryd_table_full_events_total", "", h.table_full_events.load(kRelaxed));
+  w.Sample("retryd_table_full_events_total", "", view.table_full_events);
   w.Family("retryd_registry_full_events_total", "counter",
            "Times a worker found no free process slot (its leases expire but are not reclaimed at "
            "death).");
-  w.Sample("retryd_registry_full_events_total", "", h.registry_full_events.load(kRelaxed));
+  w.Sample("retryd_registry_full_events_total", "", view.registry_full_events);
   w.Family("retryd_unknown_dependency_events_total", "counter",
            "Times a worker named an unconfigured dependency while auto_create is off.");
-  w.Sample("retryd_unknown_dependency_events_total", "",
-           h.unknown_dependency_events.load(kRelaxed));
+  w.Sample("retryd_unknown_dependency_events_total", "", view.unknown_dependency_events);
 
   // --- Per dependency: state -------------------------------------------------------------
   w.Family("retryd_breaker_state", "gauge",
            "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
-  for (const Dep& d : deps) {
-    const auto b = shm::BreakerWord::Decode(d.slot->breaker.load(kRelaxed));
-    w.Sample("retryd_breaker_state", d.label, uint64_t(b.state));
-  }
+  for (const Dep& d : deps) w.Sample("retryd_breaker_state", d.label, uint64_t(d.view->breaker));
   w.Family("retryd_mode", "gauge",
            "Operating mode of the dependency (1 for the current mode: enforce, shadow, disabled, "
            "forced-open).");
   for (const Dep& d : deps) {
-    const uint32_t m = d.slot->mode.load(kRelaxed);
-    const char* name = m < shm::kModeCount ? shm::ModeName(shm::Mode(m)) : "invalid";
+    // A scribbled mode word is shown as such, not as the enforce the hot path falls back to.
+    const char* name =
+        d.view->mode_word < shm::kModeCount ? shm::ModeName(d.view->mode) : "invalid";
     w.Sample("retryd_mode", d.label + ",mode=\"" + name + "\"", uint64_t{1});
   }
   w.Family("retryd_retry_tokens", "gauge", "Retry budget tokens available now.");
   for (const Dep& d : deps) {
-    const shm::Policy p = shm::LoadPolicy(d.slot->policy);
-    const uint64_t milli = shm::RetryBudget::Available(
-        d.slot->budget.load(kRelaxed), shm::NsToMs32(now_ns), p.min_retries_per_sec, p.retry_burst);
-    w.Sample("retryd_retry_tokens", d.label, double(milli) / shm::RetryBudget::kTokenScale);
+    w.Sample("retryd_retry_tokens", d.label,
+             double(d.view->tokens_available_milli) / shm::RetryBudget::kTokenScale);
   }
   w.Family("retryd_retry_burst", "gauge", "Retry budget cap, tokens.");
   for (const Dep& d : deps) {
-    w.Sample("retryd_retry_burst", d.label, uint64_t{shm::LoadPolicy(d.slot->policy).retry_burst});
+    w.Sample("retryd_retry_burst", d.label, uint64_t{d.view->policy.retry_burst});
   }
   w.Family("retryd_probes_in_flight", "gauge", "Half-open probe leases taken now.");
   for (const Dep& d : deps) {
-    w.Sample("retryd_probes_in_flight", d.label, Taken(d.slot->probe_leases, shm::kMaxProbes));
+    w.Sample("retryd_probes_in_flight", d.label, uint64_t{d.view->probes_in_flight});
   }
   w.Family("retryd_bulkhead_in_flight", "gauge", "Bulkhead leases taken now (calls in flight).");
   for (const Dep& d : deps) {
-    w.Sample("retryd_bulkhead_in_flight", d.label,
-             Taken(d.slot->bulkhead_leases, shm::kMaxBulkhead));
+    w.Sample("retryd_bulkhead_in_flight", d.label, uint64_t{d.view->bulkhead_in_use});
   }
   w.Family("retryd_bulkhead_limit", "gauge", "Bulkhead limit, 0 if there is no bulkhead.");
   for (const Dep& d : deps) {
-    w.Sample("retryd_bulkhead_limit", d.label,
-             uint64_t{shm::LoadPolicy(d.slot->policy).bulkhead_limit});
+    w.Sample("retryd_bulkhead_limit", d.label, uint64_t{d.view->policy.bulkhead_limit});
   }
   w.Family("retryd_window_calls", "gauge",
            "Calls in the breaker's sliding window (approximate at bucket edges).");
-  std::vector<shm::WindowStats> windows;
-  for (const Dep& d : deps) windows.push_back(shm::ReadWindow(*d.slot, now_ns));
-  for (size_t i = 0; i < deps.size(); ++i) {
-    w.Sample("retryd_window_calls", deps[i].label, windows[i].calls);
-  }
+  for (const Dep& d : deps) w.Sample("retryd_window_calls", d.label, d.view->window.calls);
   w.Family("retryd_window_failures", "gauge", "Failed calls in the breaker's sliding window.");
-  for (size_t i = 0; i < deps.size(); ++i) {
-    w.Sample("retryd_window_failures", deps[i].label, windows[i].failures);
-  }
+  for (const Dep& d : deps) w.Sample("retryd_window_failures", d.label, d.view->window.failures);
   w.Family("retryd_window_slow_calls", "gauge", "Slow calls in the breaker's sliding window.");
-  for (size_t i = 0; i < deps.size(); ++i) {
-    w.Sample("retryd_window_slow_calls", deps[i].label, windows[i].slow);
-  }
+  for (const Dep& d : deps) w.Sample("retryd_window_slow_calls", d.label, d.view->window.slow);
 
-  // --- Per dependency: counters ----------------------------------------------------------
-  struct Simple {
-    const char* name;
-    shm::Counter counter;
-    const char* help;
-  };
-  const Simple simple[] = {
-      {"retryd_first_attempts_total", shm::kFirstAttempts, "First attempts admitted."},
-      {"retryd_retries_granted_total", shm::kRetriesGranted,
-       "Retries admitted (a budget token withdrawn)."},
-      {"retryd_retries_denied_total", shm::kRetriesDenied,
-       "Retries rejected because the retry budget was empty."},
-      {"retryd_shadow_would_reject_total", shm::kShadowWouldReject,
-       "Shadow mode: attempts that would have been rejected, admitted instead."},
-      {"retryd_probes_total", shm::kProbesGranted, "Half-open probe leases granted."},
-      {"retryd_probe_timeouts_total", shm::kProbeTimeouts,
-       "Probe leases that expired (failed probes)."},
-      {"retryd_slow_calls_total", shm::kSlowCalls, "Calls at or over slow_call_duration."},
-  };
-  for (const Simple& s : simple) {
-    w.Family(s.name, "counter", s.help);
-    for (const Dep& d : deps) w.Sample(s.name, d.label, Counter(*d.slot, s.counter));
-  }
-  struct Labeled {
-    const char* value;
-    shm::Counter counter;
-  };
-  auto labeled = [&](const char* name, const char* help, const char* key,
-                     std::initializer_list<Labeled> values) {
-    w.Family(name, "counter", help);
+  // --- Per dependency: counters, as RETRYD_COUNTERS (shm/counters.h) declares them -------
+  const auto& rows = shm::kCounterInfo;
+  for (size_t first = 0, end = 0; first < std::size(rows); first = end) {
+    // [first, end): the rows of one family, adjacent in the list.
+    for (end = first + 1; end < std::size(rows); ++end) {
+      if (std::strcmp(rows[end].family, rows[first].family) != 0) break;
+    }
+    w.Family(rows[first].family, "counter", rows[first].help);
     for (const Dep& d : deps) {
-      for (const Labeled& v : values) {
-        w.Sample(name, d.label + "," + key + "=\"" + v.value + "\"", Counter(*d.slot, v.counter));
+      for (size_t k = first; k < end; ++k) {
+        std::string labels = d.label;
+        if (rows[k].label_key[0] != '\0') {
+          labels += std::string(",") + rows[k].label_key + "=\"" + rows[k].label_value + "\"";
+        }
+        w.Sample(rows[k].family, labels, d.view->counter(rows[k].counter));
       }
     }
-  };
-  labeled("retryd_rejections_total", "Attempts rejected, by reason (retry budget: retries_denied).",
-          "reason",
-          {{"open", shm::kRejectedOpen},
-           {"half_open_busy", shm::kRejectedHalfOpenBusy},
-           {"bulkhead_full", shm::kRejectedBulkheadFull}});
-  labeled("retryd_calls_total", "Completed calls, by outcome.", "outcome",
-          {{"success", shm::kSuccesses}, {"failure", shm::kFailures}, {"ignored", shm::kIgnored}});
-  labeled("retryd_state_transitions_total", "Circuit breaker transitions, by state entered.", "to",
-          {{"open", shm::kOpened}, {"half_open", shm::kHalfOpened}, {"closed", shm::kClosed}});
-  labeled("retryd_leases_reclaimed_total",
-          "Probe and bulkhead leases taken back: from dead owners, or after their timeout.", "why",
-          {{"dead", shm::kLeasesReclaimedDead}, {"expired", shm::kLeasesReclaimedExpired}});
+  }
   return w.Take();
+}
+
+std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error) {
+  const size_t active = view.dependencies.size();
+  const auto open = std::count_if(view.dependencies.begin(), view.dependencies.end(),
+                                  [](const shm::DependencyStatus& d) { return d.IsOpen(); });
+  const uint32_t attached = view.processes_attached;
+  std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
+                     std::to_string(open) + " open, " + std::to_string(attached) +
+                     (attached == 1 ? " process attached" : " processes attached");
+  if (!last_reload_error.empty()) line += "; last reload failed: " + last_reload_error;
+  return line;
 }
 
 }  // namespace retryd::daemon

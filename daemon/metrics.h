@@ -1,4 +1,5 @@
-// daemon/metrics.h: the segment as Prometheus text exposition format.
+// daemon/metrics.h: what the daemon tells the outside about a segment: the Prometheus text
+// exposition format, and the one-line summary it sends systemd as STATUS=.
 //
 // RenderPrometheus is shared by the daemon's metrics textfile (for node_exporter's textfile
 // collector) and `retryctl metrics`. Every metric is prefixed `retryd_`; per-dependency ones
@@ -6,20 +7,34 @@
 // dependency's slot was created (a retired-and-recreated dependency starts again at zero, which
 // Prometheus treats as a counter reset).
 //
-// The segment is read with relaxed loads while workers write it: values are each exact but
-// not a consistent snapshot of one instant.
-// Thread safety: thread-safe; reads the segment only.
+// Both render a view of the segment (shm/view.h), whose values are each exact but not a
+// consistent snapshot of one instant. Neither needs the daemon: retryd_metrics links only
+// retryd_view (no glog, gflags or systemd).
+// Thread safety: thread-safe; pure functions of their arguments (RenderPrometheus of a segment
+// reads the segment only).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "shm/segment.h"
+#include "shm/view.h"
 
 namespace retryd::daemon {
 
-// RenderPrometheus renders every active dependency of `seg` and the segment's health at
-// CLOCK_MONOTONIC `now_ns` (which dates the retry tokens and the heartbeat age).
+// RenderPrometheus renders every dependency of `view` (in slot order) and the segment's health
+// at `view.now_ns` (which dates the retry tokens and the heartbeat age).
+std::string RenderPrometheus(const shm::SegmentStatus& view);
+// RenderPrometheus renders every active dependency of `seg` at CLOCK_MONOTONIC `now_ns`.
 std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns);
+// DaemonViewOptions: the view the daemon's exports are rendered from, at `now_ns`: every
+// active dependency, and no liveness check of the daemon or of any process (no syscall, no
+// /proc read: it runs on every tick).
+shm::BuildOptions DaemonViewOptions(uint64_t now_ns);
+
+// StatusLine: "12 dependencies, 2 open, 37 processes attached", then "; last reload failed:
+// WHY" when `last_reload_error` is not empty. "open" is DependencyStatus::IsOpen, the same as
+// retryctl's; "attached" is SegmentStatus::processes_attached.
+std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error);
 
 }  // namespace retryd::daemon

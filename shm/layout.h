@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shm/counters.h"
 #include "shm/policy_knobs.h"
 
 namespace retryd::shm {
@@ -57,31 +58,11 @@ struct PolicyWords {
 #undef RETRYD_POLICY_WORD
 };
 
-// Per-dependency counters, cumulative since the slot was created. Indices into
-// DependencySlot::counters; one name per concept, shared by retryctl and the metrics. The
-// first eight, which the common path writes, share one cache line: a first attempt and its
-// completion write two lines of the slot (this one and a window bucket), not three.
-enum Counter : uint32_t {
-  kFirstAttempts = 0,       // first attempts admitted
-  kSuccesses,               // completions by outcome
-  kFailures,
-  kIgnored,
-  kRetriesGranted,          // retries admitted (a budget token withdrawn)
-  kRetriesDenied,           // retries rejected: retry budget empty
-  kSlowCalls,
-  kShadowWouldReject,       // shadow mode: would have rejected, admitted instead
-  kRejectedOpen,            // rejected: breaker open or mode forced-open
-  kRejectedHalfOpenBusy,    // rejected: half-open and every probe lease taken
-  kRejectedBulkheadFull,    // rejected: bulkhead full
-  kProbesGranted,           // half-open probe leases handed out
-  kOpened,                  // state transitions
-  kHalfOpened,
-  kClosed,
-  kProbeTimeouts,           // probe leases that expired (count as failed probes)
-  kLeasesReclaimedDead,     // leases taken back from dead owners (daemon)
-  kLeasesReclaimedExpired,  // leases taken back after their timeout
-  kCounterCount,
-};
+// Per-dependency counters, cumulative since the slot was created: `Counter` indexes
+// DependencySlot::counters, and every counter, its name and its export are declared once, in
+// RETRYD_COUNTERS (counters.h). The first eight slots, which the common path writes, share one
+// cache line: a first attempt and its completion write two lines of the slot (this one and a
+// window bucket), not three.
 inline constexpr uint32_t kCounterSlots = 24;
 static_assert(kCounterCount <= kCounterSlots);
 

@@ -19,16 +19,6 @@ namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
-uint64_t OwnerWord(pid_t pid, ProcessState st) {
-  return uint64_t(uint32_t(pid)) | (uint64_t(st) << 32);
-}
-pid_t OwnerPid(uint64_t w) {
-  return pid_t(uint32_t(w));
-}
-ProcessState OwnerState(uint64_t w) {
-  return ProcessState(uint32_t(w >> 32));
-}
-
 void ReadComm(uint64_t out[2]) {
   char buf[16] = {};
   if (FILE* f = std::fopen("/proc/self/comm", "re")) {
@@ -75,7 +65,7 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
     ProcessSlot& p = *seg.process(i);
     uint64_t cur = p.owner.load(kRelaxed);
     if (cur != 0) continue;
-    if (!p.owner.compare_exchange_strong(cur, OwnerWord(pid, ProcessState::kClaiming),
+    if (!p.owner.compare_exchange_strong(cur, ProcessOwner{pid, ProcessState::kClaiming}.Encode(),
                                          std::memory_order_acquire)) {
       continue;
     }
@@ -85,7 +75,7 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
     ReadComm(comm);
     p.comm[0].store(comm[0], kRelaxed);
     p.comm[1].store(comm[1], kRelaxed);
-    p.owner.store(OwnerWord(pid, ProcessState::kLive), std::memory_order_release);
+    p.owner.store(ProcessOwner{pid, ProcessState::kLive}.Encode(), std::memory_order_release);
     uint32_t high = seg.header().process_high_water.load(kRelaxed);
     while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
     }
@@ -99,7 +89,7 @@ void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid) {
   if (owner == 0 || owner == kUnknownOwner) return;
   ProcessSlot* p = seg.process(owner - 1u);
   if (!p) return;
-  uint64_t expected = OwnerWord(pid, ProcessState::kLive);
+  uint64_t expected = ProcessOwner{pid, ProcessState::kLive}.Encode();
   p->owner.compare_exchange_strong(expected, 0, std::memory_order_release);
 }
 
@@ -137,8 +127,9 @@ uint64_t ReclaimDeadProcesses(Segment& seg, const AliveFn& alive) {
     const uint64_t w = p.owner.load(std::memory_order_acquire);
     if (w == 0) continue;
     // A slot still being claimed has no start time yet: judge it by its pid alone.
-    const uint64_t start = OwnerState(w) == ProcessState::kLive ? p.start_time.load(kRelaxed) : 0;
-    if (alive(OwnerPid(w), start)) continue;
+    const ProcessOwner owner = ProcessOwner::Decode(w);
+    const uint64_t start = owner.live() ? p.start_time.load(kRelaxed) : 0;
+    if (alive(owner.pid, start)) continue;
     freed += ReclaimOwner(seg, uint16_t(i + 1), w);
   }
   return freed;
@@ -160,27 +151,27 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   const uint32_t high = std::max<uint32_t>(seg.process_high_water(), watched_high_);
   for (uint32_t i = 0; i < high; ++i) {
     const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
-    const uint64_t start =
-        OwnerState(w) == ProcessState::kLive ? seg.process(i)->start_time.load(kRelaxed) : 0;
+    const ProcessOwner owner = ProcessOwner::Decode(w);
+    const uint64_t start = owner.live() ? seg.process(i)->start_time.load(kRelaxed) : 0;
     Watched& watch = watched_[i];
     if (w != watch.owner_word || start != watch.start_time) {
       // A new owner (or none): verify it once, then watch it.
       if (watch.pidfd >= 0) close(watch.pidfd);
       watch = Watched{w, start, -1};
       if (w != 0) {
-        const int fd = int(syscall(SYS_pidfd_open, OwnerPid(w), 0));
+        const int fd = int(syscall(SYS_pidfd_open, owner.pid, 0));
         if (fd < 0 && errno == ESRCH) {
           dead.push_back(i);
           continue;
         }
         // Verified after the pidfd is open: if the start time matches now, the pidfd refers
         // to the registered process and not to a later one with a recycled pid.
-        if (!ProcessAliveByProc(OwnerPid(w), start)) {
+        if (!ProcessAliveByProc(owner.pid, start)) {
           if (fd >= 0) close(fd);
           dead.push_back(i);
           continue;
         }
-        if (OwnerState(w) != ProcessState::kLive) {
+        if (!owner.live()) {
           // Still claiming: look again next tick, once its start time is published.
           if (fd >= 0) close(fd);
           watch.owner_word = 0;

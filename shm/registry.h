@@ -23,6 +23,22 @@ namespace retryd::shm {
 // taken by a process that found the registry full (reclaimed by expiry only).
 inline constexpr uint16_t kUnknownOwner = 0xFFFF;
 
+// ProcessOwner is a ProcessSlot::owner word, decoded. The word is 0 for a free slot, else
+//   bits  0..31  pid
+//   bits 32..63  ProcessState: kClaiming while the slot is being filled in, then kLive
+// Invariant: a slot's start time and name are valid only while its state is kLive. A word a
+// client scribbled may hold any state value; it then counts as neither claiming nor live.
+struct ProcessOwner {
+  pid_t pid = 0;
+  ProcessState state = ProcessState(0);
+
+  static ProcessOwner Decode(uint64_t word) {
+    return {pid_t(uint32_t(word)), ProcessState(uint32_t(word >> 32))};
+  }
+  uint64_t Encode() const { return uint64_t(uint32_t(pid)) | (uint64_t(state) << 32); }
+  bool live() const { return state == ProcessState::kLive; }
+};
+
 // ProcessStartTime reads /proc/PID/stat's start time (clock ticks since boot), or nullopt if
 // the process does not exist or has exited (a zombie not yet reaped by its parent).
 std::optional<uint64_t> ProcessStartTime(pid_t pid);
@@ -33,9 +49,9 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid);
 // UnregisterProcess frees the slot of owner id `owner` if it still belongs to `pid`.
 void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid);
 
-// ProcessAlive: does the slot's owner still run (same pid, same start time)?
-// A slot still being claimed counts as alive for `claim_grace_ms` after nothing: callers pass
-// the liveness test; the default reads /proc.
+// AliveFn: does the slot's owner still run (same pid, same start time)? A start time of 0
+// (a slot still being claimed) is judged by the pid alone. ProcessAliveByProc reads /proc;
+// tests pass their own.
 using AliveFn = std::function<bool(pid_t pid, uint64_t start_time)>;
 bool ProcessAliveByProc(pid_t pid, uint64_t start_time);
 

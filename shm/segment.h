@@ -87,7 +87,7 @@ class Segment {
   // --- The dependency table (cold path) -------------------------------------------------
   // Find returns the index of the active dependency called `name`, or -1.
   int32_t Find(std::string_view name) const;
-  // CreateDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
+  // PutDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
   // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull.
   Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon

@@ -1,18 +1,14 @@
-// retryctl_lib in process: argument parsing, the status snapshot and its rendering, with the
-// liveness tests and the clock passed in.
-#include <unistd.h>
-
+// retryctl_lib in process: argument parsing, the command table and the rendering of a
+// segment's view.
 #include <cstdlib>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "cli/render.h"
-#include "cli/status_model.h"
-#include "shm/admission.h"
-#include "shm/clock.h"
-#include "shm/registry.h"
+#include "shm/view.h"
 
 namespace retryd::cli {
 namespace {
@@ -84,6 +80,28 @@ TEST(Args, ErrorsNameTheProblem) {
   EXPECT_EQ(inv.arguments, std::vector<std::string>{"--json"});
 }
 
+TEST(Commands, TheTableDrivesParsingDispatchAndHelp) {
+  const std::string general = GeneralHelp();
+  for (const Command& c : Commands()) {
+    Invocation inv;
+    ASSERT_TRUE(Parse({c.name}, &inv).ok()) << c.name;
+    EXPECT_EQ(FindCommand(c.name), &c);
+    EXPECT_NE(general.find("\n  " + std::string(c.synopsis) + " "), std::string::npos) << c.name;
+    if (c.usage == nullptr) {  // `help`
+      EXPECT_EQ(c.run, nullptr);
+      EXPECT_TRUE(inv.help);
+      EXPECT_EQ(CommandHelp(c.name), general);
+      continue;
+    }
+    EXPECT_NE(c.run, nullptr) << c.name;
+    EXPECT_EQ(inv.command, c.name);
+    EXPECT_EQ(CommandHelp(c.name).rfind(std::string("Usage: ") + c.usage + "\n\n", 0), 0u)
+        << c.name;
+  }
+  EXPECT_EQ(FindCommand("statuss"), nullptr);
+  EXPECT_EQ(CommandHelp("statuss"), "");
+}
+
 TEST(Args, SegmentNameAndColourResolution) {
   Invocation inv;
   ASSERT_TRUE(Parse({"status"}, &inv).ok());
@@ -119,111 +137,23 @@ TEST(Render, Durations) {
   EXPECT_EQ(FormatDurationMs(183'600'000), "2d03h");
 }
 
-class Snapshot : public ::testing::Test {
- protected:
-  void SetUp() override {
-    shm::Policy defaults;
-    seg_ = shm::Segment::CreatePrivate(8, 8, defaults);
-    shm::Policy p;
-    p.min_calls = 2;
-    p.open_for_ms = 5'000;
-    p.open_jitter_ms = 0;
-    ASSERT_TRUE(seg_->PutDependency("b-dep", p, &b_).ok());
-    ASSERT_TRUE(seg_->PutDependency("a-dep", p, &a_).ok());
-    caller_ = {shm::RegisterProcess(*seg_, getpid()), 0, 1};
-    seg_->header().daemon_pid.store(4242);
-    seg_->header().heartbeat_ns.store(now_ - 1'000'000'000);  // one second ago
-    opt_.now_ns = now_;
-    opt_.pid_alive = [](pid_t pid) { return pid == 4242; };
-    opt_.process_alive = [](pid_t, uint64_t) { return true; };
-  }
-  void Call(uint32_t i, uint32_t attempt, shm::Outcome o, uint64_t now_ns) {
-    shm::Permit p;
-    shm::Admit(*seg_->dependency(i), i, attempt, now_ns, caller_, &p);
-    shm::Complete(*seg_->dependency(i), &p, o, 0, now_ns, caller_);
-  }
-  std::unique_ptr<shm::Segment> seg_;
-  uint32_t a_ = 0, b_ = 0;
-  shm::Caller caller_{};
-  uint64_t now_ = shm::PreciseNowNs();
-  BuildOptions opt_;
-};
-
-TEST_F(Snapshot, SortsByNameAndReadsTheBreakerAtTheGivenTime) {
-  Call(b_, 0, shm::Outcome::kFailure, now_);
-  Call(b_, 0, shm::Outcome::kFailure, now_);
-  SegmentStatus s;
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
-  ASSERT_EQ(s.dependencies.size(), 2u);
-  EXPECT_EQ(s.dependencies[0].name, "a-dep");
-  EXPECT_EQ(s.dependencies[1].name, "b-dep");
-  EXPECT_EQ(s.daemon.state, DaemonState::kUp);
-  EXPECT_EQ(s.processes_live, 1u);
-  const DependencyStatus& b = s.dependencies[1];
-  EXPECT_EQ(b.breaker, shm::BreakerState::kOpen);
-  EXPECT_EQ(b.half_open_in_ms, 5'000);
-  EXPECT_TRUE(b.IsOpen());
-  EXPECT_TRUE(s.AnyOpen());
-
-  // Two seconds later, by the caller's clock: three to go; the heartbeat is now stale.
-  opt_.now_ns = now_ + 2'000'000'000;
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
-  EXPECT_EQ(s.dependencies[1].half_open_in_ms, 3'000);
-  EXPECT_EQ(s.daemon.state, DaemonState::kUp);  // 3 s old: at the threshold, not past it
-  opt_.now_ns = now_ + 2'500'000'000;
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
-  EXPECT_EQ(s.daemon.state, DaemonState::kStale);
-  opt_.pid_alive = [](pid_t) { return false; };
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
-  EXPECT_EQ(s.daemon.state, DaemonState::kDown);
-}
-
-TEST_F(Snapshot, FilterKeepsTheOrderAskedAndRejectsUnknownNames) {
-  SegmentStatus s;
-  opt_.only = {"b-dep", "a-dep", "b-dep"};
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
-  ASSERT_EQ(s.dependencies.size(), 2u);
-  EXPECT_EQ(s.dependencies[0].name, "b-dep");
-  opt_.only = {"c-dep"};
-  const Status st = BuildStatus(*seg_, opt_, &s);
-  EXPECT_EQ(st.code(), Status::Code::kNotFound);
-  EXPECT_THAT(st.message(), HasSubstr("known: a-dep, b-dep"));
-}
-
-TEST_F(Snapshot, DeltaSubtractsCountersAndKeepsGauges) {
-  for (int k = 0; k < 3; ++k) Call(a_, 0, shm::Outcome::kSuccess, now_);
-  SegmentStatus before, after;
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &before).ok());
-  for (int k = 0; k < 4; ++k) Call(a_, 0, shm::Outcome::kSuccess, now_);
-  ASSERT_TRUE(BuildStatus(*seg_, opt_, &after).ok());
-  const SegmentStatus d = Delta(after, before);
-  EXPECT_EQ(d.dependencies[0].counter(shm::kFirstAttempts), 4u);
-  EXPECT_EQ(d.dependencies[0].window.calls, 7u);  // a gauge: the window now
-
+TEST(Render, DeltasSayWhatTheCountersCover) {
+  shm::SegmentStatus view;
+  view.name = "s";
+  shm::DependencyStatus d;
+  d.name = "a-dep";
+  d.counters[shm::kFirstAttempts] = 4;
+  view.dependencies.push_back(d);
   RenderOptions r;
   r.deltas = true;
   r.interval_ms = 2'000;
-  const std::string table = RenderStatusTable(d, r);
+  const std::string table = RenderStatusTable(view, r);
   EXPECT_THAT(table, HasSubstr("RETRIES OK/DENIED LAST 2.0s"));
   EXPECT_THAT(table, HasSubstr("change over the last 2.0s"));
-  const nlohmann::ordered_json j = StatusJson(d, r);
+  const nlohmann::ordered_json j = StatusJson(view, r);
   EXPECT_EQ(j["counters_are"], "delta");
   EXPECT_EQ(j["interval_ms"], 2'000);
-}
-
-TEST_F(Snapshot, ModesDecideWhatCountsAsOpen) {
-  DependencyStatus d;
-  d.breaker = shm::BreakerState::kClosed;
-  d.mode = shm::Mode::kEnforce;
-  EXPECT_FALSE(d.IsOpen());
-  d.mode = shm::Mode::kForcedOpen;
-  EXPECT_TRUE(d.IsOpen());
-  d.mode = shm::Mode::kDisabled;
-  d.breaker = shm::BreakerState::kOpen;
-  EXPECT_FALSE(d.IsOpen()) << "disabled: the breaker word is not in force";
-  d.mode = shm::Mode::kShadow;
-  d.breaker = shm::BreakerState::kHalfOpen;
-  EXPECT_TRUE(d.IsOpen());
+  EXPECT_EQ(j["dependencies"][0]["counters"]["first_attempts"], 4);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Tests of daemon/metrics: RenderPrometheus on a process-private segment driven through the
-// real admission code, checked by a strict reader of the exposition format.
+// Tests of daemon/metrics: RenderPrometheus and StatusLine on process-private segments driven
+// through the real admission code; the exposition format is checked by a strict reader.
 #include "daemon/metrics.h"
 
 #include <gtest/gtest.h>
@@ -108,6 +108,51 @@ TEST(MetricsTest, EmptySegmentIsWellFormed) {
   ASSERT_EQ(testing::ParsePrometheus(text, &s), "") << text;
   EXPECT_EQ(s.at("retryd_dependencies"), 0);
   EXPECT_EQ(s.at("retryd_daemon_heartbeat_age_seconds"), 0);
+}
+
+TEST(MetricsTest, ScribbledModeIsExportedAsInvalid) {
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(2, 2, shm::Policy{});
+  uint32_t i = 0;
+  ASSERT_TRUE(seg->PutDependency("api", shm::Policy{}, &i).ok());
+  seg->dependency(i)->mode.store(9);
+  std::map<std::string, double> s;
+  ASSERT_EQ(testing::ParsePrometheus(RenderPrometheus(*seg, kSec), &s), "");
+  EXPECT_EQ(s.at("retryd_mode{dependency=\"api\",mode=\"invalid\"}"), 1);
+}
+
+TEST(StatusLineTest, CountsDependenciesOpenOnesAndAttachedProcesses) {
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(8, 4, shm::Policy{});
+  shm::Policy p;
+  p.min_calls = 1;
+  uint32_t tripped = 0, disabled = 0, forced = 0, fine = 0;
+  ASSERT_TRUE(seg->PutDependency("tripped", p, &tripped).ok());
+  ASSERT_TRUE(seg->PutDependency("disabled", p, &disabled).ok());
+  ASSERT_TRUE(seg->PutDependency("forced", p, &forced).ok());
+  ASSERT_TRUE(seg->PutDependency("fine", p, &fine).ok());
+  const uint64_t now = 100 * kSec;
+  shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 1};
+  for (uint32_t i : {tripped, disabled}) {
+    shm::Permit permit;
+    ASSERT_EQ(shm::Admit(*seg->dependency(i), i, 0, now, caller, &permit),
+              shm::Decision::kAdmitted);
+    shm::Complete(*seg->dependency(i), &permit, shm::Outcome::kFailure, 0, now, caller);
+  }
+  // Disabled admits everything: its open breaker is not in force, as retryctl status says.
+  seg->dependency(disabled)->mode.store(uint32_t(shm::Mode::kDisabled));
+  seg->dependency(forced)->mode.store(uint32_t(shm::Mode::kForcedOpen));
+
+  shm::SegmentStatus view;
+  ASSERT_TRUE(shm::BuildStatus(*seg, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(view.dependencies.size(), 4u);
+  EXPECT_EQ(StatusLine(view, ""), "4 dependencies, 2 open, 1 process attached");
+  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops"),
+            "4 dependencies, 2 open, 1 process attached; last reload failed: bad.toml:3: oops");
+
+  std::unique_ptr<shm::Segment> one = shm::Segment::CreatePrivate(1, 1, shm::Policy{});
+  uint32_t i = 0;
+  ASSERT_TRUE(one->PutDependency("only", shm::Policy{}, &i).ok());
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached");
 }
 
 TEST(PrometheusCheckTest, RejectsMalformedText) {

@@ -1,4 +1,4 @@
-#include "cli/status_model.h"
+#include "shm/view.h"
 
 #include <signal.h>
 
@@ -11,7 +11,7 @@
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
 
-namespace retryd::cli {
+namespace retryd::shm {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -24,34 +24,34 @@ uint32_t CountTaken(const std::atomic<uint64_t>* words, uint32_t count) {
 }
 
 // SlotsInUse: the dependency slots ever used, never more than the table holds.
-uint32_t SlotsInUse(const shm::Segment& seg) {
+uint32_t SlotsInUse(const Segment& seg) {
   return std::min(seg.header().dependency_high_water.load(kAcquire), seg.max_dependencies());
 }
 
-DependencyStatus ReadDependency(const shm::DependencySlot& slot, uint32_t index, uint64_t now_ns) {
+DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint64_t now_ns) {
   DependencyStatus d;
   d.index = index;
   d.generation = slot.generation.load(kAcquire);
-  d.name = shm::ReadName(slot);
-  const uint32_t mode = slot.mode.load(kRelaxed);
-  d.mode = mode < shm::kModeCount ? shm::Mode(mode) : shm::Mode::kEnforce;
-  d.policy = shm::LoadPolicy(slot.policy);
+  d.name = ReadName(slot);
+  d.mode_word = slot.mode.load(kRelaxed);
+  d.mode = d.mode_word < kModeCount ? Mode(d.mode_word) : Mode::kEnforce;
+  d.policy = LoadPolicy(slot.policy);
   d.policy.mode = d.mode;
 
-  const uint32_t now_ms = shm::NsToMs32(now_ns);
-  const shm::BreakerWord b = shm::BreakerWord::Decode(slot.breaker.load(kAcquire));
+  const uint32_t now_ms = NsToMs32(now_ns);
+  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kAcquire));
   d.breaker = b.state;
   d.reopens = b.reopens;
-  d.probe_successes = b.state == shm::BreakerState::kHalfOpen ? b.successes : 0;
+  d.probe_successes = b.state == BreakerState::kHalfOpen ? b.successes : 0;
   d.half_open_in_ms =
-      b.state == shm::BreakerState::kOpen ? int64_t(int32_t(b.time_ms - now_ms)) : 0;
-  d.probes_in_flight = CountTaken(slot.probe_leases, shm::kMaxProbes);
+      b.state == BreakerState::kOpen ? int64_t(int32_t(b.time_ms - now_ms)) : 0;
+  d.probes_in_flight = CountTaken(slot.probe_leases, kMaxProbes);
 
-  d.window = shm::ReadWindow(slot, now_ns);
-  d.tokens_available_milli = shm::RetryBudget::Available(
+  d.window = ReadWindow(slot, now_ns);
+  d.tokens_available_milli = RetryBudget::Available(
       slot.budget.load(kRelaxed), now_ms, d.policy.min_retries_per_sec, d.policy.retry_burst);
-  d.bulkhead_in_use = CountTaken(slot.bulkhead_leases, shm::kMaxBulkhead);
-  for (uint32_t c = 0; c < shm::kCounterCount; ++c) d.counters[c] = slot.counters[c].load(kRelaxed);
+  d.bulkhead_in_use = CountTaken(slot.bulkhead_leases, kMaxBulkhead);
+  for (uint32_t c = 0; c < kCounterCount; ++c) d.counters[c] = slot.counters[c].load(kRelaxed);
   return d;
 }
 
@@ -88,9 +88,9 @@ bool PidAliveByKill(pid_t pid) {
 }
 
 bool DependencyStatus::IsOpen() const {
-  if (mode == shm::Mode::kForcedOpen) return true;
-  if (mode == shm::Mode::kDisabled) return false;
-  return breaker != shm::BreakerState::kClosed;
+  if (mode == Mode::kForcedOpen) return true;
+  if (mode == Mode::kDisabled) return false;
+  return breaker != BreakerState::kClosed;
 }
 
 std::optional<double> DependencyStatus::FailureRate() const {
@@ -99,9 +99,9 @@ std::optional<double> DependencyStatus::FailureRate() const {
 }
 
 std::optional<double> DependencyStatus::RetryRatio() const {
-  const uint64_t first = counter(shm::kFirstAttempts);
+  const uint64_t first = counter(kFirstAttempts);
   if (first == 0) return std::nullopt;
-  return double(counter(shm::kRetriesGranted)) / double(first);
+  return double(counter(kRetriesGranted)) / double(first);
 }
 
 bool SegmentStatus::AnyOpen() const {
@@ -109,8 +109,8 @@ bool SegmentStatus::AnyOpen() const {
                      [](const DependencyStatus& d) { return d.IsOpen(); });
 }
 
-Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStatus* out) {
-  const shm::SegmentHeader& h = seg.header();
+Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* out) {
+  const SegmentHeader& h = seg.header();
   SegmentStatus s;
   s.name = seg.name();
   s.now_ns = opt.now_ns;
@@ -119,7 +119,7 @@ Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStat
   s.created_unix_ms = h.created_unix_ms.load(kRelaxed);
   s.max_dependencies = seg.max_dependencies();
   s.max_processes = seg.max_processes();
-  s.auto_create = (h.flags.load(kRelaxed) & shm::kFlagAutoCreate) != 0;
+  s.auto_create = (h.flags.load(kRelaxed) & kFlagAutoCreate) != 0;
   s.table_full_events = h.table_full_events.load(kRelaxed);
   s.registry_full_events = h.registry_full_events.load(kRelaxed);
   s.unknown_dependency_events = h.unknown_dependency_events.load(kRelaxed);
@@ -127,10 +127,12 @@ Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStat
   DaemonStatus& d = s.daemon;
   d.pid = h.daemon_pid.load(kAcquire);
   d.pid_alive = d.pid != 0 && opt.pid_alive && opt.pid_alive(pid_t(d.pid));
-  const uint64_t beat_ns = h.heartbeat_ns.load(kAcquire);
+  d.heartbeat_ns = h.heartbeat_ns.load(kAcquire);
   d.heartbeat_unix_ms = h.heartbeat_unix_ms.load(kRelaxed);
-  if (beat_ns != 0)
-    d.heartbeat_age_ms = opt.now_ns > beat_ns ? (opt.now_ns - beat_ns) / 1'000'000 : 0;
+  if (d.heartbeat_ns != 0) {
+    d.heartbeat_age_ms =
+        opt.now_ns > d.heartbeat_ns ? (opt.now_ns - d.heartbeat_ns) / 1'000'000 : 0;
+  }
   if (d.pid == 0 || !d.pid_alive) {
     d.state = DaemonState::kDown;
   } else if (!d.heartbeat_age_ms || *d.heartbeat_age_ms > opt.stale_after_ms) {
@@ -139,16 +141,20 @@ Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStat
     d.state = DaemonState::kUp;
   }
 
-  const ProcessAliveFn alive = opt.process_alive ? opt.process_alive : shm::ProcessAliveByProc;
-  for (const WorkerStatus& w : BuildWorkers(seg, alive)) {
-    if (w.state == WorkerState::kLive) ++s.processes_live;
-    if (w.state == WorkerState::kDead) ++s.processes_dead;
+  for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
+    s.processes_attached += ProcessOwner::Decode(seg.process(i)->owner.load(kRelaxed)).live();
+  }
+  if (opt.check_processes) {
+    for (const WorkerStatus& w : BuildWorkers(seg, opt.process_alive)) {
+      if (w.state == WorkerState::kLive) ++s.processes_live;
+      if (w.state == WorkerState::kDead) ++s.processes_dead;
+    }
   }
 
   const uint32_t used = SlotsInUse(seg);
   for (uint32_t i = 0; i < used; ++i) {
-    const shm::DependencySlot& slot = *seg.dependency(i);
-    if (slot.state.load(kAcquire) != uint32_t(shm::SlotState::kActive)) continue;
+    const DependencySlot& slot = *seg.dependency(i);
+    if (slot.state.load(kAcquire) != uint32_t(SlotState::kActive)) continue;
     s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns));
   }
   std::sort(s.dependencies.begin(), s.dependencies.end(),
@@ -185,7 +191,7 @@ SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before) {
                              return b.index == d.index && b.generation == d.generation;
                            });
     if (it == before.dependencies.end()) continue;
-    for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
+    for (uint32_t c = 0; c < kCounterCount; ++c) {
       // A counter never goes down; if it does (slot reassigned in between), show it whole.
       if (d.counters[c] >= it->counters[c]) d.counters[c] -= it->counters[c];
     }
@@ -193,16 +199,17 @@ SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before) {
   return out;
 }
 
-std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAliveFn& alive_in) {
-  const ProcessAliveFn alive = alive_in ? alive_in : shm::ProcessAliveByProc;
+std::vector<WorkerStatus> BuildWorkers(const Segment& seg, const AliveFn& alive_in) {
+  const AliveFn alive = alive_in ? alive_in : ProcessAliveByProc;
   std::vector<WorkerStatus> workers;
   for (uint32_t i = 0; i < seg.max_processes(); ++i) {
-    const shm::ProcessSlot& p = *seg.process(i);
-    const uint64_t owner = p.owner.load(kAcquire);
-    if (owner == 0) continue;
+    const ProcessSlot& p = *seg.process(i);
+    const uint64_t word = p.owner.load(kAcquire);
+    if (word == 0) continue;
+    const ProcessOwner owner = ProcessOwner::Decode(word);
     WorkerStatus w;
     w.slot = i;
-    w.pid = uint32_t(owner);
+    w.pid = uint32_t(owner.pid);
     w.start_time = p.start_time.load(kRelaxed);
     w.attach_unix_ms = p.attach_unix_ms.load(kRelaxed);
     char comm[17] = {};
@@ -214,8 +221,7 @@ std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAli
       if (c != '\0' && (c < 0x20 || c == 0x7f)) c = '?';  // never print control bytes
     }
     w.comm = comm;
-    const uint32_t state = uint32_t(owner >> 32);
-    if (state == uint32_t(shm::ProcessState::kLive)) {
+    if (owner.live()) {
       w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
     } else {
       w.state = WorkerState::kClaiming;
@@ -229,15 +235,15 @@ std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAli
   std::vector<uint32_t> by_slot_bulkhead(seg.max_processes() + 1, 0);
   const uint32_t used = SlotsInUse(seg);
   for (uint32_t i = 0; i < used; ++i) {
-    const shm::DependencySlot& slot = *seg.dependency(i);
+    const DependencySlot& slot = *seg.dependency(i);
     for (const auto& word : slot.probe_leases) {
       const uint64_t w = word.load(kRelaxed);
-      const uint16_t owner = shm::Lease::Owner(w);
+      const uint16_t owner = Lease::Owner(w);
       if (w != 0 && owner != 0 && owner <= seg.max_processes()) ++by_slot_probe[owner];
     }
     for (const auto& word : slot.bulkhead_leases) {
       const uint64_t w = word.load(kRelaxed);
-      const uint16_t owner = shm::Lease::Owner(w);
+      const uint16_t owner = Lease::Owner(w);
       if (w != 0 && owner != 0 && owner <= seg.max_processes()) ++by_slot_bulkhead[owner];
     }
   }
@@ -248,4 +254,4 @@ std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg, const ProcessAli
   return workers;
 }
 
-}  // namespace retryd::cli
+}  // namespace retryd::shm

@@ -1,11 +1,17 @@
-// cli/status_model.h: a snapshot of a segment as plain values, for retryctl to render.
+// shm/view.h: a read-only view of a segment, as plain values: the one read model that
+// `retryctl status`, `retryctl workers`, their JSON, the Prometheus metrics and the daemon's
+// systemd STATUS line all render from.
 //
-// BuildStatus and BuildWorkers read the shared words once (relaxed and acquire loads, no
-// writes) and turn them into numbers an operator can read: breaker state with the time until
+// BuildStatus and BuildWorkers read the shared words once (relaxed and acquire loads, never a
+// write) and turn them into numbers an operator can read: breaker state with the time until
 // it goes half-open, window failure rate, retry tokens available now, leases in use. Counters
 // are the segment's cumulative ones; `Delta` turns two snapshots into per-interval figures.
 // Reading is not atomic across words: a snapshot taken while workers run may mix values a few
-// microseconds apart, each valid on its own.
+// microseconds apart, each valid on its own. Nothing read is trusted: indices, modes and
+// capacities are clamped as the hot path clamps them.
+//
+// The view links nothing beyond retryd_shm (no glog, gflags or systemd), so the daemon,
+// retryctl and the tests share it.
 // Thread safety: value types; the Build functions only read the segment and are thread-safe.
 #pragma once
 
@@ -21,9 +27,11 @@
 #include "retryd/status.h"
 #include "shm/breaker.h"
 #include "shm/layout.h"
+#include "shm/policy.h"
+#include "shm/registry.h"
 #include "shm/segment.h"
 
-namespace retryd::cli {
+namespace retryd::shm {
 
 // Liveness of the daemon as the header tells it.
 enum class DaemonState {
@@ -36,6 +44,7 @@ const char* DaemonStateName(DaemonState s);
 struct DaemonStatus {
   uint32_t pid = 0;  // 0: none recorded
   bool pid_alive = false;
+  uint64_t heartbeat_ns = 0;                 // CLOCK_MONOTONIC of the last tick; 0: never beat
   std::optional<uint64_t> heartbeat_age_ms;  // nullopt: never beat
   uint64_t heartbeat_unix_ms = 0;
   DaemonState state = DaemonState::kDown;
@@ -45,26 +54,27 @@ struct DependencyStatus {
   uint32_t index = 0;
   uint32_t generation = 0;
   std::string name;
-  shm::Mode mode = shm::Mode::kEnforce;
-  shm::Policy policy;
+  Mode mode = Mode::kEnforce;  // an out-of-range mode word reads as enforce,
+  uint32_t mode_word = 0;                // as the hot path does; the word as read
+  Policy policy;
   // Breaker.
-  shm::BreakerState breaker = shm::BreakerState::kClosed;
+  BreakerState breaker = BreakerState::kClosed;
   uint32_t reopens = 0;
   uint32_t probe_successes = 0;   // half-open successes so far
   int64_t half_open_in_ms = 0;    // open: time until half-open (<= 0: due now)
   uint32_t probes_in_flight = 0;  // probe leases taken
   // Window (ReadWindow): approximate at bucket edges.
-  shm::WindowStats window;
+  WindowStats window;
   // Retry budget.
   uint64_t tokens_available_milli = 0;  // thousandths of a token, RetryBudget::Available
   // Bulkhead.
   uint32_t bulkhead_in_use = 0;  // bulkhead lease words taken
-  // Cumulative counters, indexed by shm::Counter.
-  std::array<uint64_t, shm::kCounterCount> counters{};
+  // Cumulative counters, indexed by Counter.
+  std::array<uint64_t, kCounterCount> counters{};
 
-  uint64_t counter(shm::Counter c) const { return counters[c]; }
+  uint64_t counter(Counter c) const { return counters[c]; }
   // IsOpen: the dependency does not pass all traffic: breaker open or half-open (enforce or
-  // shadow mode), or mode forced-open. Drives status's exit code 1.
+  // shadow mode), or mode forced-open. Drives status's exit code 1 and the daemon's "N open".
   bool IsOpen() const;
   // FailureRate of the window in [0, 1], nullopt when it holds no call.
   std::optional<double> FailureRate() const;
@@ -84,30 +94,38 @@ struct SegmentStatus {
   uint64_t registry_full_events = 0;
   uint64_t unknown_dependency_events = 0;
   DaemonStatus daemon;
+  // Process slots below the high-water mark whose owner word is live: what the segment says,
+  // with no check that the processes still run (cheap enough for every daemon tick).
+  uint32_t processes_attached = 0;
+  // With BuildOptions::check_processes (else 0): registered processes checked one by one.
   uint32_t processes_live = 0;  // registered and running
   uint32_t processes_dead = 0;  // registered, no longer running (leases pending reclaim)
   uint64_t now_ns = 0;          // CLOCK_MONOTONIC the snapshot was taken at
-  std::vector<DependencyStatus> dependencies;
+  std::vector<DependencyStatus> dependencies;  // active ones, by name (or as BuildOptions::only)
 
   bool AnyOpen() const;
 };
 
-// Liveness tests, swappable in tests. PidAliveFn: does `pid` exist (kill(pid, 0))?
+// PidAliveFn: does `pid` exist? PidAliveByKill asks kill(pid, 0).
 using PidAliveFn = std::function<bool(pid_t pid)>;
-using ProcessAliveFn = std::function<bool(pid_t pid, uint64_t start_time)>;
 bool PidAliveByKill(pid_t pid);
 
 struct BuildOptions {
-  uint64_t now_ns = 0;  // CLOCK_MONOTONIC (shm::PreciseNowNs)
+  uint64_t now_ns = 0;  // CLOCK_MONOTONIC (PreciseNowNs)
   uint64_t stale_after_ms = 3000;
   std::vector<std::string> only;  // dependency names to show; empty: all active
   PidAliveFn pid_alive = PidAliveByKill;
-  ProcessAliveFn process_alive;  // default: shm::ProcessAliveByProc
+  // check_processes: fill processes_live and processes_dead by testing every registered
+  // process with `process_alive` (default ProcessAliveByProc: one /proc read each).
+  // Off, the view reads no file at all.
+  bool check_processes = true;
+  AliveFn process_alive;
 };
 
 // BuildStatus snapshots `seg` into *out. Returns kNotFound naming the first name in
-// `opt.only` that is not an active dependency (and lists the known ones).
-Status BuildStatus(const shm::Segment& seg, const BuildOptions& opt, SegmentStatus* out);
+// `opt.only` that is not an active dependency (and lists the known ones); *out is then
+// unchanged.
+Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* out);
 
 // Delta returns `now` with every counter replaced by its increase since `before`, matching
 // dependencies by slot index and generation (a dependency new since `before` keeps its
@@ -128,8 +146,8 @@ struct WorkerStatus {
   WorkerState state = WorkerState::kLive;
 };
 
-// BuildWorkers lists every registered process slot, in slot order.
-std::vector<WorkerStatus> BuildWorkers(const shm::Segment& seg,
-                                       const ProcessAliveFn& alive = nullptr);
+// BuildWorkers lists every registered process slot, in slot order, judging each live one
+// with `alive` (nullptr: ProcessAliveByProc).
+std::vector<WorkerStatus> BuildWorkers(const Segment& seg, const AliveFn& alive = nullptr);
 
-}  // namespace retryd::cli
+}  // namespace retryd::shm

@@ -1,0 +1,149 @@
+// The read-only view of a segment (shm/view.h) on a process-private segment driven through
+// the real admission code, with the liveness tests and the clock passed in.
+#include "shm/view.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "shm/admission.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+
+namespace retryd::shm {
+namespace {
+
+using ::testing::HasSubstr;
+
+class Snapshot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Policy defaults;
+    seg_ = Segment::CreatePrivate(8, 8, defaults);
+    Policy p;
+    p.min_calls = 2;
+    p.open_for_ms = 5'000;
+    p.open_jitter_ms = 0;
+    ASSERT_TRUE(seg_->PutDependency("b-dep", p, &b_).ok());
+    ASSERT_TRUE(seg_->PutDependency("a-dep", p, &a_).ok());
+    caller_ = {RegisterProcess(*seg_, getpid()), 0, 1};
+    seg_->header().daemon_pid.store(4242);
+    seg_->header().heartbeat_ns.store(now_ - 1'000'000'000);  // one second ago
+    opt_.now_ns = now_;
+    opt_.pid_alive = [](pid_t pid) { return pid == 4242; };
+    opt_.process_alive = [](pid_t, uint64_t) { return true; };
+  }
+  void Call(uint32_t i, uint32_t attempt, Outcome o, uint64_t now_ns) {
+    Permit p;
+    Admit(*seg_->dependency(i), i, attempt, now_ns, caller_, &p);
+    Complete(*seg_->dependency(i), &p, o, 0, now_ns, caller_);
+  }
+  std::unique_ptr<Segment> seg_;
+  uint32_t a_ = 0, b_ = 0;
+  Caller caller_{};
+  uint64_t now_ = PreciseNowNs();
+  BuildOptions opt_;
+};
+
+TEST_F(Snapshot, SortsByNameAndReadsTheBreakerAtTheGivenTime) {
+  Call(b_, 0, Outcome::kFailure, now_);
+  Call(b_, 0, Outcome::kFailure, now_);
+  SegmentStatus s;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  ASSERT_EQ(s.dependencies.size(), 2u);
+  EXPECT_EQ(s.dependencies[0].name, "a-dep");
+  EXPECT_EQ(s.dependencies[1].name, "b-dep");
+  EXPECT_EQ(s.daemon.state, DaemonState::kUp);
+  EXPECT_EQ(s.processes_live, 1u);
+  const DependencyStatus& b = s.dependencies[1];
+  EXPECT_EQ(b.breaker, BreakerState::kOpen);
+  EXPECT_EQ(b.half_open_in_ms, 5'000);
+  EXPECT_TRUE(b.IsOpen());
+  EXPECT_TRUE(s.AnyOpen());
+
+  // Two seconds later, by the caller's clock: three to go; the heartbeat is now stale.
+  opt_.now_ns = now_ + 2'000'000'000;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.dependencies[1].half_open_in_ms, 3'000);
+  EXPECT_EQ(s.daemon.state, DaemonState::kUp);  // 3 s old: at the threshold, not past it
+  opt_.now_ns = now_ + 2'500'000'000;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.daemon.state, DaemonState::kStale);
+  opt_.pid_alive = [](pid_t) { return false; };
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.daemon.state, DaemonState::kDown);
+}
+
+TEST_F(Snapshot, FilterKeepsTheOrderAskedAndRejectsUnknownNames) {
+  SegmentStatus s;
+  opt_.only = {"b-dep", "a-dep", "b-dep"};
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  ASSERT_EQ(s.dependencies.size(), 2u);
+  EXPECT_EQ(s.dependencies[0].name, "b-dep");
+  opt_.only = {"c-dep"};
+  const Status st = BuildStatus(*seg_, opt_, &s);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("known: a-dep, b-dep"));
+}
+
+TEST_F(Snapshot, DeltaSubtractsCountersAndKeepsGauges) {
+  for (int k = 0; k < 3; ++k) Call(a_, 0, Outcome::kSuccess, now_);
+  SegmentStatus before, after;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &before).ok());
+  for (int k = 0; k < 4; ++k) Call(a_, 0, Outcome::kSuccess, now_);
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &after).ok());
+  const SegmentStatus d = Delta(after, before);
+  EXPECT_EQ(d.dependencies[0].counter(kFirstAttempts), 4u);
+  EXPECT_EQ(d.dependencies[0].window.calls, 7u);  // a gauge: the window now
+}
+
+TEST_F(Snapshot, ModesDecideWhatCountsAsOpen) {
+  DependencyStatus d;
+  d.breaker = BreakerState::kClosed;
+  d.mode = Mode::kEnforce;
+  EXPECT_FALSE(d.IsOpen());
+  d.mode = Mode::kForcedOpen;
+  EXPECT_TRUE(d.IsOpen());
+  d.mode = Mode::kDisabled;
+  d.breaker = BreakerState::kOpen;
+  EXPECT_FALSE(d.IsOpen()) << "disabled: the breaker word is not in force";
+  d.mode = Mode::kShadow;
+  d.breaker = BreakerState::kHalfOpen;
+  EXPECT_TRUE(d.IsOpen());
+}
+
+TEST_F(Snapshot, ProcessesAttachedNeedNoLivenessCheck) {
+  // A second registered process that no longer runs, and one still claiming its slot.
+  seg_->process(1)->owner.store(ProcessOwner{pid_t(999'999), ProcessState::kLive}.Encode());
+  seg_->process(2)->owner.store(ProcessOwner{pid_t(555), ProcessState::kClaiming}.Encode());
+  seg_->header().process_high_water.store(3);
+  opt_.process_alive = [](pid_t pid, uint64_t) { return pid == getpid(); };
+  SegmentStatus s;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.processes_attached, 2u);  // live owner words, checked or not
+  EXPECT_EQ(s.processes_live, 1u);
+  EXPECT_EQ(s.processes_dead, 1u);
+
+  opt_.check_processes = false;
+  opt_.process_alive = [](pid_t, uint64_t) -> bool {
+    ADD_FAILURE() << "checked a process";
+    return true;
+  };
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.processes_attached, 2u);
+  EXPECT_EQ(s.processes_live, 0u);
+  EXPECT_EQ(s.processes_dead, 0u);
+}
+
+TEST_F(Snapshot, ScribbledModeReadsAsEnforceAndKeepsItsWord) {
+  seg_->dependency(a_)->mode.store(9);
+  SegmentStatus s;
+  ASSERT_TRUE(BuildStatus(*seg_, opt_, &s).ok());
+  EXPECT_EQ(s.dependencies[0].mode, Mode::kEnforce);
+  EXPECT_EQ(s.dependencies[0].mode_word, 9u);
+  EXPECT_EQ(s.daemon.heartbeat_ns, now_ - 1'000'000'000);
+  EXPECT_EQ(s.daemon.heartbeat_age_ms, 1'000u);
+}
+
+}  // namespace
+}  // namespace retryd::shm
