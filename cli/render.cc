@@ -300,6 +300,18 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
         {"probe_successes", dep.probe_successes},
         {"close_after", dep.policy.close_after},
     };
+    // The policy as the config spells it, one key per row of the knob table.
+    json policy = json::object();
+    policy["mode"] = shm::ModeName(dep.policy.mode);
+    for (const shm::KnobSpec& k : shm::kKnobs) {
+      const uint32_t v = dep.policy.*k.field;
+      switch (k.kind) {
+        case shm::KnobKind::kCount:
+        case shm::KnobKind::kPercent: policy[k.key] = v; break;
+        case shm::KnobKind::kRatio: policy[k.key] = double(v) / 1000.0; break;
+        case shm::KnobKind::kDuration: policy[k.key] = shm::FormatKnobValue(k, v); break;
+      }
+    }
     deps.push_back({
         {"name", dep.name},
         {"index", dep.index},
@@ -331,6 +343,7 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
           {"budget_empty", dep.counter(shm::kRetriesDenied)},
           {"shadow_would_reject", dep.counter(shm::kShadowWouldReject)}}},
         {"counters", counters},
+        {"policy", policy},
     });
   }
   doc["dependencies"] = deps;

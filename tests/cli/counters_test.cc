@@ -2,6 +2,7 @@
 // retryctl's JSON and its documented schema. A counter added to the list without an export,
 // or a schema that drifts from the list, fails here.
 #include "shm/counters.h"
+#include "shm/policy.h"
 
 #include <gtest/gtest.h>
 
@@ -73,6 +74,31 @@ TEST_F(CountersTest, SchemaNamesExactlyTheListedCounters) {
   for (const shm::CounterInfo& c : shm::kCounterInfo) in_list.insert(c.name);
   EXPECT_EQ(in_schema, in_list);
   EXPECT_EQ(required.size(), in_schema.size()) << "a name appears twice in the schema";
+}
+
+// The JSON's "policy" object and its schema name every knob of the table, and only those.
+TEST_F(CountersTest, SchemaAndJsonNameExactlyTheKnobs) {
+  std::ifstream in(RETRYD_SOURCE_DIR "/docs/retryctl-json-schema.json");
+  ASSERT_TRUE(in) << "cannot read the schema";
+  const nlohmann::json schema = nlohmann::json::parse(in);
+  const nlohmann::json& required =
+      schema.at("$defs").at("dependency").at("properties").at("policy").at("required");
+  std::set<std::string> in_schema;
+  for (const auto& name : required) in_schema.insert(name.get<std::string>());
+  std::set<std::string> in_table = {"mode"};
+  for (const shm::KnobSpec& k : shm::kKnobs) in_table.insert(k.key);
+  EXPECT_EQ(in_schema, in_table);
+  EXPECT_EQ(required.size(), in_schema.size()) << "a key appears twice in the schema";
+
+  const nlohmann::ordered_json doc = StatusJson(view_, RenderOptions());
+  const nlohmann::ordered_json& policy = doc["dependencies"][0]["policy"];
+  std::set<std::string> in_json;
+  for (const auto& [key, value] : policy.items()) in_json.insert(key);
+  EXPECT_EQ(in_json, in_table);
+  EXPECT_EQ(policy.at("window"), "10s");
+  EXPECT_EQ(policy.at("retry_ratio"), 0.2);
+  EXPECT_EQ(policy.at("min_calls"), 20);
+  EXPECT_EQ(policy.at("mode"), "enforce");
 }
 
 }  // namespace
