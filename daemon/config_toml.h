@@ -4,9 +4,9 @@
 // Thread safety: thread-safe; a pure function of its arguments.
 #pragma once
 
-#include <string>
-
 #include <toml++/toml.h>
+
+#include <string>
 
 #include "retryd/status.h"
 #include "shm/policy.h"
@@ -18,7 +18,6 @@ namespace retryd::daemon {
 // result. On error returns kInvalidArgument as "SOURCE:LINE:COL: key 'PREFIXKEY': problem",
 // the same messages as a daemon config; *policy may then hold some of the new values.
 Status ReadPolicyTable(const toml::table& table, const std::string& source,
-                       const std::string& section, const std::string& prefix,
-                       shm::Policy* policy);
+                       const std::string& section, const std::string& prefix, shm::Policy* policy);
 
 }  // namespace retryd::daemon

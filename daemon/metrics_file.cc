@@ -1,13 +1,12 @@
 // The daemon's Prometheus textfile: rendered from the segment and replaced atomically (write a
 // temporary file, then rename), so that node_exporter never reads half a file.
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include <glog/logging.h>
 
 #include "daemon/daemon.h"
 #include "daemon/metrics.h"

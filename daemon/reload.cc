@@ -1,11 +1,10 @@
 // The daemon's config: what the command line overrides, who owns the segment, and publishing a
 // config (at start, and on every reload) into the segment.
+#include <glog/logging.h>
 #include <grp.h>
 #include <pwd.h>
 
 #include <cstdio>
-
-#include <glog/logging.h>
 
 #include "daemon/daemon.h"
 
@@ -65,8 +64,8 @@ void Daemon::Publish(const Config& cfg, const Config* previous) {
     const uint32_t live_mode = seen_[index].mode;
     if (previous == nullptr && seen_[index].state == uint32_t(shm::SlotState::kActive) &&
         live_mode != uint32_t(policy.mode)) {
-      LOG(INFO) << "dependency " << name << ": mode " << shm::ModeName(shm::Mode(live_mode)) << " -> "
-                << shm::ModeName(policy.mode) << " (from the config)";
+      LOG(INFO) << "dependency " << name << ": mode " << shm::ModeName(shm::Mode(live_mode))
+                << " -> " << shm::ModeName(policy.mode) << " (from the config)";
     }
     if (previous != nullptr) LOG(INFO) << "dependency " << name << ": " << what;
     Observe(index, false);

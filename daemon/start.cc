@@ -1,5 +1,6 @@
 // Starting the daemon: load the config, then create, adopt or replace the segment and publish
 // the config into it.
+#include <glog/logging.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -9,8 +10,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-
-#include <glog/logging.h>
 
 #include "daemon/daemon.h"
 

@@ -53,8 +53,9 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
       }
     } else {
       if (now.mode != old.mode && LogAllowed(now_ns_)) {
-        LOG(INFO) << "dependency " << shm::ReadName(slot) << ": mode " << shm::ModeName(shm::Mode(old.mode))
-                  << " -> " << shm::ModeName(shm::Mode(now.mode));
+        LOG(INFO) << "dependency " << shm::ReadName(slot) << ": mode "
+                  << shm::ModeName(shm::Mode(old.mode)) << " -> "
+                  << shm::ModeName(shm::Mode(now.mode));
       }
       const shm::BreakerWord was = shm::BreakerWord::Decode(old.breaker);
       const shm::BreakerWord is = shm::BreakerWord::Decode(now.breaker);

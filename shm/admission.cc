@@ -47,10 +47,9 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
       continue;  // whoever moved it, look again
     }
     // Half-open: a probe lease, or nothing.
-    const uint64_t lease =
-        MakeLease(caller, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
-    const int i =
-        Lease::TryAcquire(slot.probe_leases, LoadKnob<Knob::half_open_probes>(slot.policy), 0, lease);
+    const uint64_t lease = MakeLease(caller, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
+    const int i = Lease::TryAcquire(slot.probe_leases,
+                                    LoadKnob<Knob::half_open_probes>(slot.policy), 0, lease);
     if (i < 0) {
       if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
       return Decision::kRejectedHalfOpenBusy;
@@ -239,9 +238,10 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
     }
   };
   sweep_words(slot.probe_leases, kMaxProbes, true);
-  sweep_words(slot.bulkhead_leases,
-              sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy),
-              false);
+  sweep_words(
+      slot.bulkhead_leases,
+      sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy),
+      false);
   // A probe that outlived its timeout failed: a half-open breaker reopens.
   if (probe_expired) {
     ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, 0, caller.rng);

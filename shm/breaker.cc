@@ -138,8 +138,7 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
     case BreakerEvent::kProbeExpired:
       if (!half_open) return std::nullopt;
       return Reopened(policy, b, now_ms, random).Encode();
-    case BreakerEvent::kReset:
-      return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
+    case BreakerEvent::kReset: return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
   }
   return std::nullopt;
 }
@@ -151,8 +150,8 @@ bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns
                      event == BreakerEvent::kProbeExpired;
   for (int round = 0; round < kMaxEventRounds; ++round) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
-    const std::optional<uint64_t> next = NextBreakerWord(slot.policy, word, event, now_ms,
-                                                         probe_seq, opens ? NextRandom(rng) : 0);
+    const std::optional<uint64_t> next =
+        NextBreakerWord(slot.policy, word, event, now_ms, probe_seq, opens ? NextRandom(rng) : 0);
     if (!next) return false;
     if (Commit(slot, word, *next, now_ns)) return true;
   }
@@ -175,17 +174,15 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   return w;
 }
 
-void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
-                   uint32_t& rng) {
+void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng) {
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
   RecordCall(slot, now_ns, failure, slow);
   if (!(failure || slow) || !ShouldTrip(slot, ReadWindow(slot, now_ns))) return;
   // From the word read before the call was recorded: if the breaker moved since (another
   // process tripped it, or it closed anew and the window restarted), this trip is stale.
-  if (const std::optional<uint64_t> next =
-          NextBreakerWord(slot.policy, word, BreakerEvent::kTrip, NsToMs32(now_ns), 0,
-                          NextRandom(rng))) {
+  if (const std::optional<uint64_t> next = NextBreakerWord(slot.policy, word, BreakerEvent::kTrip,
+                                                           NsToMs32(now_ns), 0, NextRandom(rng))) {
     Commit(slot, word, *next, now_ns);
   }
 }

@@ -131,8 +131,7 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 // RecordOutcome records one completed call of a closed breaker (not a probe) in the window and,
 // for a failure or a slow call, trips the breaker if the window says so (kTrip), drawing the
 // open period's jitter from `rng`. Thread-safe; `rng` is the calling thread's.
-void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow,
-                   uint32_t& rng);
+void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng);
 
 // ShouldTrip: calls >= min_calls and a rate at or over its threshold.
 bool ShouldTrip(const DependencySlot& slot, const WindowStats& w);

@@ -66,8 +66,8 @@ PolicyProblem Validate(const Policy& p) {
     const uint32_t lo = MinOf(s, p);
     if (v >= lo && v <= s.max) continue;
     if (lo != s.min) {  // open_for_max under open_for
-      return {s.key, std::string(s.key) + " must be at least open_for (" +
-                         FormatKnobValue(s, lo) + "), got " + FormatKnobValue(s, v)};
+      return {s.key, std::string(s.key) + " must be at least open_for (" + FormatKnobValue(s, lo) +
+                         "), got " + FormatKnobValue(s, v)};
     }
     return {s.key, Range(s, v)};
   }
@@ -99,8 +99,7 @@ Policy LoadPolicy(const PolicyWords& w) {
 std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
   switch (s.kind) {
     case KnobKind::kCount:
-    case KnobKind::kPercent:
-      return std::to_string(v);
+    case KnobKind::kPercent: return std::to_string(v);
     case KnobKind::kRatio: {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%u.%03u", v / 1000, v % 1000);
@@ -122,8 +121,8 @@ std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
 
 std::string DefaultPolicyToml() {
   const Policy defaults;
-  std::string out = "[defaults]\n" + Comment(kModeDoc) + "mode = \"" +
-                    ModeName(defaults.mode) + "\"\n";
+  std::string out =
+      "[defaults]\n" + Comment(kModeDoc) + "mode = \"" + ModeName(defaults.mode) + "\"\n";
   for (const KnobSpec& s : kKnobs) {
     std::string doc = s.doc;
     if (s.min != 0 || s.max != UINT32_MAX) {

@@ -69,7 +69,9 @@ inline constexpr KnobSpec kKnobs[] = {
 };
 static_assert(std::size(kKnobs) == kKnobCount);
 
-constexpr const KnobSpec& Spec(Knob k) { return kKnobs[static_cast<size_t>(k)]; }
+constexpr const KnobSpec& Spec(Knob k) {
+  return kKnobs[static_cast<size_t>(k)];
+}
 // FindKnob returns the row whose config key is `key`, or nullptr.
 const KnobSpec* FindKnob(std::string_view key);
 

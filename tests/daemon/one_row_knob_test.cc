@@ -3,10 +3,10 @@
 // see CMakeLists.txt), and checks that everything that handles knobs handles the new one with
 // no other change: parsing with units and ranges, messages that name it, clamping, publishing,
 // and the documented default config.
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "daemon/config.h"
 #include "shm/policy.h"
@@ -58,8 +58,9 @@ TEST(OneRowKnobTest, TheSegmentWordsCarryAndClampIt) {
 }
 
 TEST(OneRowKnobTest, TheDefaultConfigDocumentsIt) {
-  EXPECT_THAT(shm::DefaultPolicyToml(),
-              HasSubstr("# A knob only this test knows. Valid: 0s..10s.\ntest_grace = \"1500ms\"\n"));
+  EXPECT_THAT(
+      shm::DefaultPolicyToml(),
+      HasSubstr("# A knob only this test knows. Valid: 0s..10s.\ntest_grace = \"1500ms\"\n"));
 }
 
 }  // namespace

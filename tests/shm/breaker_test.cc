@@ -54,7 +54,8 @@ TEST_F(BreakerTableTest, OpenGoesHalfOpenOnlyOnceItsPeriodIsOver) {
 }
 
 TEST_F(BreakerTableTest, ProbeSuccessCountsUnderTheSameSeqThenCloses) {
-  const auto one = Next(Word(BreakerState::kHalfOpen, 1, 0, 9, kNow), BreakerEvent::kProbeSucceeded, 9);
+  const auto one =
+      Next(Word(BreakerState::kHalfOpen, 1, 0, 9, kNow), BreakerEvent::kProbeSucceeded, 9);
   ASSERT_TRUE(one);
   EXPECT_EQ(one->state, BreakerState::kHalfOpen);
   EXPECT_EQ(one->successes, 1u);
@@ -73,7 +74,8 @@ TEST_F(BreakerTableTest, ProbeFailureReopensOneStepLonger) {
   EXPECT_EQ(b->state, BreakerState::kOpen);
   EXPECT_EQ(b->reopens, 2u);
   EXPECT_EQ(b->time_ms, kNow + 4'000);  // open_for x 2^2
-  const auto capped = Next(Word(BreakerState::kHalfOpen, 62, 0, 9, kNow), BreakerEvent::kProbeExpired);
+  const auto capped =
+      Next(Word(BreakerState::kHalfOpen, 62, 0, 9, kNow), BreakerEvent::kProbeExpired);
   ASSERT_TRUE(capped);
   EXPECT_EQ(capped->reopens, 63u);
   EXPECT_EQ(capped->time_ms, kNow + 8'000);  // open_for_max
@@ -101,7 +103,8 @@ TEST_F(BreakerTableTest, EventsOfOtherStatesDoNotApply) {
 }
 
 TEST_F(BreakerTableTest, ResetClosesFromEveryState) {
-  for (const BreakerState s : {BreakerState::kClosed, BreakerState::kOpen, BreakerState::kHalfOpen}) {
+  for (const BreakerState s :
+       {BreakerState::kClosed, BreakerState::kOpen, BreakerState::kHalfOpen}) {
     const auto b = Next(Word(s, 5, 1, 3, 0), BreakerEvent::kReset);
     ASSERT_TRUE(b);
     EXPECT_EQ(b->state, BreakerState::kClosed);

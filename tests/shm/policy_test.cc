@@ -2,13 +2,13 @@
 // clamping, publishing, and the [defaults] section of the shipped config.
 #include "shm/policy.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace retryd::shm {
 namespace {
