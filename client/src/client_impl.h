@@ -5,6 +5,10 @@
 // shm algorithms; everything that may make a syscall (registration after fork, reattach to a
 // replaced segment, moving from private state to the host's segment) is a cold path taken
 // under `mu_`, detected on the hot path with one relaxed load each.
+// `mu_` is never held while waiting on another process: creating a dependency in the segment
+// may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so a
+// fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
+// released and take it again to publish what they found.
 // Thread safety: thread-safe.
 #pragma once
 
@@ -66,12 +70,22 @@ class ClientImpl final : public Client {
   };
   static_assert(sizeof(PermitState) <= sizeof(retryd_permit_t::opaque));
 
+  // What looking a name up in a segment gave: `index` is its slot there if `status` is OK.
+  struct Lookup {
+    Status status;
+    uint32_t index = 0;
+  };
+
   ClientImpl() = default;
   // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
   void SlowPath();
   Status AttachShared(std::unique_ptr<shm::Segment>* seg);
-  // Bind points `e` at a slot for its name in the current segment (cold, under mu_).
-  Status Bind(Entry& e);
+  // LookUp finds or creates `name` in `seg`. It may wait for the segment's create lock, held
+  // by another process: call it without mu_.
+  static Lookup LookUp(shm::Segment& seg, std::string_view name);
+  // Bind points `e` at its slot in `seg`, which `found` came from, or at a per-process slot
+  // if `seg` refused the name (cold, under mu_). Leaves `e` as it was on error.
+  Status Bind(Entry& e, shm::Segment& seg, const Lookup& found);
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
 
