@@ -77,7 +77,8 @@ Status LoadConfigFile(const std::string& path, Config* out);
 // Returns false for anything else, or for more than 2^32-1 ms.
 bool ParseDurationMs(std::string_view text, uint32_t* ms);
 
-// FormatDurationMs renders a duration in the largest unit that divides it ("10s", "1500ms").
-std::string FormatDurationMs(uint64_t ms);
+// FormatConfigDuration renders a duration as the config writes it, in the largest unit that
+// divides it ("10s", "1500ms"); ParseDurationMs reads it back exactly (up to 2^32-1 ms).
+std::string FormatConfigDuration(uint64_t ms);
 
 }  // namespace retryd::daemon
