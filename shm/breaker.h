@@ -81,11 +81,11 @@ struct Bucket {
   }
 };
 
-// Window reads the breaker window of `slot` at `now_ns`, honoring the last close.
+// ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 
-// RecordCall adds one call to the window. Returns the window after it if the call was a
-// failure or slow (the caller then decides whether to trip); otherwise returns no stats.
+// RecordCall adds one call to the window. To decide whether to trip, the caller reads the
+// window afterwards (ReadWindow, ShouldTrip).
 void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow);
 
 // ShouldTrip: calls >= min_calls and a rate at or over its threshold.

@@ -34,8 +34,9 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid);
 void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid);
 
 // ProcessAlive: does the slot's owner still run (same pid, same start time)?
-// A slot still being claimed counts as alive for `claim_grace_ms` after nothing: callers pass
-// the liveness test; the default reads /proc.
+// A slot still being claimed has no start time yet and is judged by its pid alone (a
+// `start_time` of 0 matches any process with that pid). Callers pass the liveness test; the
+// default reads /proc.
 using AliveFn = std::function<bool(pid_t pid, uint64_t start_time)>;
 bool ProcessAliveByProc(pid_t pid, uint64_t start_time);
 
