@@ -167,7 +167,9 @@ TEST(ClientTest, ForkWhileAnotherThreadWaitsForTheCreateLockDoesNotHangTheChild)
   // Another process (pid 1 in the lock word) holds the segment's create lock and keeps it
   // fresh until the child has been reaped, so a Resolve of a new name waits all that time.
   std::atomic<uint64_t>& create_lock = seg.seg->header().create_lock;
-  const auto stamp = [] { return uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32); };
+  const auto stamp = [] {
+    return uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32);
+  };
   create_lock.store(stamp());
   std::atomic<bool> child_reaped{false};
   std::thread holder([&] {
