@@ -113,7 +113,7 @@ Table::Cell BreakerCell(const shm::DependencyStatus& d) {
       return {"closed", kGreen};
     case shm::BreakerState::kOpen:
       if (d.half_open_in_ms <= 0) return {"OPEN (half-open due)", kRed};
-      return {"OPEN (half-open in " + FormatDurationMs(uint64_t(d.half_open_in_ms)) + ")", kRed};
+      return {"OPEN (half-open in " + FormatHumanDuration(uint64_t(d.half_open_in_ms)) + ")", kRed};
     case shm::BreakerState::kHalfOpen:
       return {"half-open (probes " + std::to_string(d.probes_in_flight) + "/" +
                   std::to_string(d.policy.half_open_probes) + ")",
@@ -140,7 +140,7 @@ json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr
 
 }  // namespace
 
-std::string FormatDurationMs(uint64_t ms) {
+std::string FormatHumanDuration(uint64_t ms) {
   char buf[32];
   if (ms < 1000) {
     std::snprintf(buf, sizeof buf, "%" PRIu64 "ms", ms);
@@ -166,7 +166,7 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
   out += Paint("segment", kBold, color) + " '" + s.name + "'  generation " +
          std::to_string(s.generation) + "  daemon pid " +
          (d.pid == 0 ? std::string("none") : std::to_string(d.pid)) + "  heartbeat " +
-         (d.heartbeat_age_ms ? FormatDurationMs(*d.heartbeat_age_ms) + " ago" : "never") +
+         (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " ago" : "never") +
          "  attached processes " + std::to_string(s.processes_live);
   if (s.processes_dead > 0) out += " (+" + std::to_string(s.processes_dead) + " dead)";
   out += "\n";
@@ -178,8 +178,8 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
       why = "pid " + std::to_string(d.pid) + " is not running";
     } else {
       why = "pid " + std::to_string(d.pid) + " runs but has not beaten for " +
-            (d.heartbeat_age_ms ? FormatDurationMs(*d.heartbeat_age_ms) : std::string("ever")) +
-            " (threshold " + FormatDurationMs(opt.stale_after_ms) + ")";
+            (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) : std::string("ever")) +
+            " (threshold " + FormatHumanDuration(opt.stale_after_ms) + ")";
     }
     const char* title = d.state == shm::DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
     out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
@@ -199,7 +199,7 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
   }
 
   const std::string span =
-      opt.deltas ? "LAST " + FormatDurationMs(opt.interval_ms) : std::string("TOTAL");
+      opt.deltas ? "LAST " + FormatHumanDuration(opt.interval_ms) : std::string("TOTAL");
   Table t;
   const char* hs = kBold;
   t.AddRow({{"DEPENDENCY", hs},
@@ -244,7 +244,7 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
   out += "\n";
   if (opt.deltas) {
     out += "RETRIES, RETRY RATIO and REJECTED: change over the last " +
-           FormatDurationMs(opt.interval_ms) + "; BREAKER, WINDOW, TOKENS and BULKHEAD: now.\n";
+           FormatHumanDuration(opt.interval_ms) + "; BREAKER, WINDOW, TOKENS and BULKHEAD: now.\n";
   } else {
     out +=
         "RETRIES, RETRY RATIO and REJECTED: totals since each dependency was created "
@@ -368,7 +368,7 @@ std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<sh
   for (const shm::WorkerStatus& w : workers) {
     std::string attached = UnixMsToLocal(w.attach_unix_ms);
     if (w.attach_unix_ms != 0 && now_unix_ms >= w.attach_unix_ms) {
-      attached += " (" + FormatDurationMs(now_unix_ms - w.attach_unix_ms) + " ago)";
+      attached += " (" + FormatHumanDuration(now_unix_ms - w.attach_unix_ms) + " ago)";
     }
     const uint32_t leases = w.probe_leases + w.bulkhead_leases;
     std::string lease_text = std::to_string(leases);

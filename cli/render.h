@@ -26,8 +26,8 @@ struct RenderOptions {
   uint64_t stale_after_ms = 3000;  // echoed in the header and the JSON
 };
 
-// FormatDurationMs: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
-std::string FormatDurationMs(uint64_t ms);
+// FormatHumanDuration: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
+std::string FormatHumanDuration(uint64_t ms);
 
 // RenderStatusTable: the header lines (segment, generation, daemon, processes; a daemon that
 // is down or stale is called out on a line of its own) and one row per dependency.

@@ -151,7 +151,8 @@ class Reader {
     if (Status st = Duration(n, path, &v); !st.ok()) return st;
     if (v < lo_ms || v > hi_ms) {
       return Error(n, path, "duration " + Render(n) + " out of range (valid: " +
-                                FormatDurationMs(lo_ms) + " to " + FormatDurationMs(hi_ms) + ")");
+                                shm::FormatConfigDuration(lo_ms) + " to " +
+                                shm::FormatConfigDuration(hi_ms) + ")");
     }
     *ms = v;
     return Status::Ok();
@@ -442,13 +443,6 @@ bool ParseDurationMs(std::string_view text, uint32_t* ms) {
   if (n * scale > std::numeric_limits<uint32_t>::max()) return false;
   *ms = uint32_t(n * scale);
   return true;
-}
-
-std::string FormatDurationMs(uint64_t ms) {
-  if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
-  if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
-  if (ms % 1'000 == 0) return std::to_string(ms / 1'000) + "s";
-  return std::to_string(ms) + "ms";
 }
 
 Status ParseConfig(std::string_view text, const std::string& source_name, Config* out) {

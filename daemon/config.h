@@ -75,7 +75,6 @@ Status LoadConfigFile(const std::string& path, Config* out);
 // Returns false for anything else, or for more than 2^32-1 ms.
 bool ParseDurationMs(std::string_view text, uint32_t* ms);
 
-// FormatDurationMs renders a duration in the largest unit that divides it ("10s", "1500ms").
-std::string FormatDurationMs(uint64_t ms);
+// shm::FormatConfigDuration (shm/policy.h) writes what ParseDurationMs reads.
 
 }  // namespace retryd::daemon

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -113,9 +114,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // A previous input may have left a header that no longer validates: start clean.
       shm::Segment::Remove(g_fixture->segment_name);
       StartDaemon();
-      shm::Segment::Attach(g_fixture->segment_name, shm::Access::kReadWrite, &seg);
+      if (Status s = shm::Segment::Attach(g_fixture->segment_name, shm::Access::kReadWrite, &seg);
+          !s.ok()) {
+        std::fprintf(stderr, "tick_fuzzer: cannot attach a fresh segment: %s\n",
+                     s.ToString().c_str());
+        std::abort();
+      }
     }
-    if (!seg || seg->size() != g_fixture->snapshot.size()) std::abort();
+    if (seg->size() != g_fixture->snapshot.size()) std::abort();
     std::memcpy(const_cast<shm::SegmentHeader*>(&seg->header()), g_fixture->snapshot.data(),
                 g_fixture->snapshot.size());
   }
@@ -188,7 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // The create lock is client-writable too; a lock stamped in the future stalls each
         // creator for its 2 s give-up, which is a stall, not a crash: tested elsewhere.
         seg.header().create_lock.store(0);
-        d->Reload();
+        // Refused or applied, the daemon must go on ticking: either outcome is fine here.
+        (void)d->Reload();
         break;
       case 14:  // time moves, forwards mostly, sometimes by a lot or backwards
         now_ns += (b & 0x8000'0000'0000'0000ull) ? uint64_t(-int64_t(b % 10'000'000'000ull))

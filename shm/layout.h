@@ -81,7 +81,7 @@ struct alignas(kCacheLine) DependencySlot {
   // Line 3: the breaker state word and the retry budget word (see breaker.h, retry_budget.h).
   alignas(kCacheLine) std::atomic<uint64_t> breaker;
   std::atomic<uint64_t> budget;
-  // Lines 3-4: breaker window buckets (see breaker.h).
+  // Lines 4-5: breaker window buckets (see breaker.h).
   alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
   // Lines 6-8: counters.
   alignas(kCacheLine) std::atomic<uint64_t> counters[kCounterSlots];

@@ -96,6 +96,13 @@ Policy LoadPolicy(const PolicyWords& w) {
   return Clamped(p);
 }
 
+std::string FormatConfigDuration(uint64_t ms) {
+  if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+  if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+  if (ms % 1'000 == 0) return std::to_string(ms / 1'000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
 std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
   switch (s.kind) {
     case KnobKind::kCount:
@@ -108,13 +115,8 @@ std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
       if (out.back() == '.') out.pop_back();
       return out;
     }
-    case KnobKind::kDuration: {
-      const uint64_t ms = v;
-      if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
-      if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
-      if (ms % 1'000 == 0) return std::to_string(ms / 1'000) + "s";
-      return std::to_string(ms) + "ms";
-    }
+    case KnobKind::kDuration:
+      return FormatConfigDuration(v);
   }
   return std::to_string(v);
 }

@@ -109,6 +109,10 @@ void StorePolicy(const Policy& p, PolicyWords& words);
 // Reads `words` back, clamped (a client may have scribbled on them). Thread-safe.
 Policy LoadPolicy(const PolicyWords& words);
 
+// FormatConfigDuration renders a duration as the config writes it, in the largest unit that
+// divides it ("10s", "1500ms"); the config loader's ParseDurationMs reads it back exactly (up to
+// 2^32-1 ms).
+std::string FormatConfigDuration(uint64_t ms);
 // FormatKnobValue renders a value as a config file spells it: 0.2, 10, "10s".
 std::string FormatKnobValue(const KnobSpec& spec, uint32_t value);
 // DefaultPolicyToml renders the [defaults] section of the default config from the table: each

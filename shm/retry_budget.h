@@ -42,8 +42,8 @@ class RetryBudget {
   }
 
   // TryWithdraw takes one token at `now_ms`, refilling first; false if less than one token.
-  static bool TryWithdraw(std::atomic<uint64_t>& word, uint32_t now_ms, uint32_t floor_per_sec,
-                          uint32_t burst) {
+  [[nodiscard]] static bool TryWithdraw(std::atomic<uint64_t>& word, uint32_t now_ms,
+                                        uint32_t floor_per_sec, uint32_t burst) {
     uint64_t cur = word.load(std::memory_order_relaxed);
     for (;;) {
       const uint64_t tokens = Refilled(cur, now_ms, floor_per_sec, burst);

@@ -11,9 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "shm/breaker.h"
 #include "shm/clock.h"
-#include "shm/retry_budget.h"
 
 namespace bip = boost::interprocess;
 
@@ -27,8 +25,6 @@ struct Segment::Mapping {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
-// A create lock older than this belongs to a process that died holding it.
-constexpr uint64_t kCreateLockStaleMs = 1'000;
 
 std::string Quoted(std::string_view name) {
   return "segment '" + std::string(name) + "'";
@@ -47,76 +43,7 @@ Status FromException(std::string_view name, const bip::interprocess_exception& e
   return Status::IoError(what);
 }
 
-void EncodeName(std::string_view name, uint64_t words[6]) {
-  char buf[48] = {};
-  std::memcpy(buf, name.data(), std::min<size_t>(name.size(), kMaxNameLen));
-  std::memcpy(words, buf, sizeof(buf));
-}
-
-bool NameIs(const DependencySlot& slot, std::string_view name) {
-  if (slot.name_len.load(kRelaxed) != name.size()) return false;
-  uint64_t words[6];
-  EncodeName(name, words);
-  for (int i = 0; i < 6; ++i) {
-    if (slot.name_words[i].load(kRelaxed) != words[i]) return false;
-  }
-  return true;
-}
-
-// CreateLock serializes creators of dependency slots (the daemon and clients creating on the
-// fly). A cold path only; a holder that died is detected by age. The lock word is
-// pid | (ms << 32), the time in ms modulo 2^32 like every stamp in the segment (clock.h).
-class CreateLock {
- public:
-  explicit CreateLock(SegmentHeader& h) : h_(h) {
-    const uint64_t pid = uint64_t(uint32_t(getpid()));
-    for (int spins = 0;; ++spins) {
-      const uint32_t now_ms = NsToMs32(PreciseNowNs());
-      uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
-      // Stale: taken too long ago, or stamped in the future (a clock from another boot, or
-      // a client's scribble), which would otherwise stall every creator.
-      const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
-      const bool stale = cur != 0 && (age_ms > int32_t(kCreateLockStaleMs) ||
-                                      age_ms < -int32_t(kCreateLockStaleMs));
-      const uint64_t mine = pid | (uint64_t{now_ms} << 32);
-      if ((cur == 0 || stale) &&
-          h_.create_lock.compare_exchange_strong(cur, mine, std::memory_order_acquire)) {
-        mine_ = mine;
-        return;
-      }
-      if (spins > 2'000) return;  // about 2 s of other creators: held() says so
-      usleep(1000);
-    }
-  }
-  ~CreateLock() {
-    uint64_t expected = mine_;
-    if (mine_) h_.create_lock.compare_exchange_strong(expected, 0, std::memory_order_release);
-  }
-  bool held() const { return mine_ != 0; }
-
- private:
-  SegmentHeader& h_;
-  uint64_t mine_ = 0;
-};
-
 }  // namespace
-
-bool ValidDependencyName(std::string_view name) {
-  if (name.empty() || name.size() > kMaxNameLen) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '.' || c == ':' || c == '-';
-  });
-}
-
-std::string ReadName(const DependencySlot& slot) {
-  char buf[48];
-  uint64_t words[6];
-  for (int i = 0; i < 6; ++i) words[i] = slot.name_words[i].load(kRelaxed);
-  std::memcpy(buf, words, sizeof(buf));
-  const size_t len = std::min<size_t>(slot.name_len.load(kRelaxed), kMaxNameLen);
-  return std::string(buf, strnlen(buf, len));
-}
 
 Segment::~Segment() = default;
 
@@ -361,115 +288,6 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
   seg->Initialize(Policy{}, kFlagAutoCreate);
   *out = std::move(seg);
   return Status::Ok();
-}
-
-int32_t Segment::Find(std::string_view name) const {
-  const uint32_t n =
-      std::min(header_->dependency_high_water.load(std::memory_order_acquire), max_dependencies_);
-  for (uint32_t i = 0; i < n; ++i) {
-    if (SlotState(dependencies_[i].state.load(std::memory_order_acquire)) == SlotState::kActive &&
-        NameIs(dependencies_[i], name)) {
-      return int32_t(i);
-    }
-  }
-  return -1;
-}
-
-Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index) {
-  if (!ValidDependencyName(name)) {
-    return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
-                                   std::to_string(kMaxNameLen) +
-                                   " characters of A-Z a-z 0-9 _ . : -");
-  }
-  CreateLock lock(*header_);
-  if (!lock.held()) {
-    // Creating without it could give two names one slot: refuse, the caller may retry.
-    return Status::IoError("dependency '" + std::string(name) +
-                           "': other creators held the segment's create lock for 2 s");
-  }
-  // Every slot, not only those under the shared high-water mark: a client may have lowered
-  // it, and a live dependency's slot must never be re-initialized or given another name.
-  const uint32_t high = max_dependencies_;
-  // The same name, active or retired, keeps its slot and its live state.
-  int32_t found = -1, free_slot = -1, retired_slot = -1;
-  for (uint32_t i = 0; i < high; ++i) {
-    const SlotState st = SlotState(dependencies_[i].state.load(kRelaxed));
-    if (st != SlotState::kFree && NameIs(dependencies_[i], name)) {
-      found = int32_t(i);
-      break;
-    }
-    if (st == SlotState::kFree && free_slot < 0) free_slot = int32_t(i);
-    if (st == SlotState::kRetired && retired_slot < 0) retired_slot = int32_t(i);
-  }
-  if (found >= 0) {
-    DependencySlot& d = dependencies_[found];
-    StorePolicy(policy, d.policy);
-    d.mode.store(uint32_t(policy.mode), kRelaxed);
-    d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
-    *index = uint32_t(found);
-    return Status::Ok();
-  }
-  if (free_slot < 0) free_slot = retired_slot;
-  if (free_slot < 0) {
-    return Status::Full("dependency table full (" + std::to_string(max_dependencies_) +
-                        " slots): raise [daemon] max_dependencies");
-  }
-  DependencySlot& d = dependencies_[free_slot];
-  d.state.store(uint32_t(SlotState::kFree), kRelaxed);
-  d.generation.fetch_add(1, kRelaxed);
-  uint64_t words[6];
-  EncodeName(name, words);
-  for (int i = 0; i < 6; ++i) d.name_words[i].store(words[i], kRelaxed);
-  d.name_len.store(uint32_t(name.size()), kRelaxed);
-  StorePolicy(policy, d.policy);
-  d.mode.store(uint32_t(policy.mode), kRelaxed);
-  const uint64_t now_ns = PreciseNowNs();
-  BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(now_ns)};
-  d.breaker.store(closed.Encode(), kRelaxed);
-  d.budget.store(
-      RetryBudget::Make(uint64_t{LoadPolicy(d.policy).retry_burst} * RetryBudget::kTokenScale,
-                        NsToMs32(now_ns)),
-      kRelaxed);
-  for (auto& b : d.buckets) b.store(0, kRelaxed);
-  for (auto& c : d.counters) c.store(0, kRelaxed);
-  for (auto& l : d.probe_leases) l.store(0, kRelaxed);
-  for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
-  d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
-  if (uint32_t(free_slot) >= header_->dependency_high_water.load(kRelaxed)) {
-    header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);
-  }
-  *index = uint32_t(free_slot);
-  return Status::Ok();
-}
-
-Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index) {
-  if (!ValidDependencyName(name)) {
-    return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
-                                   std::to_string(kMaxNameLen) +
-                                   " characters of A-Z a-z 0-9 _ . : -");
-  }
-  if (const int32_t i = Find(name); i >= 0) {
-    *index = uint32_t(i);
-    return Status::Ok();
-  }
-  if (!(header_->flags.load(kRelaxed) & kFlagAutoCreate)) {
-    header_->unknown_dependency_events.fetch_add(1, kRelaxed);
-    return Status::NotFound("dependency '" + std::string(name) +
-                            "' is not configured and retryd does not create unknown ones "
-                            "(auto_create = false)");
-  }
-  Policy p = LoadPolicy(header_->defaults);
-  const uint32_t mode = header_->default_mode.load(kRelaxed);
-  p.mode = mode < kModeCount ? Mode(mode) : Mode::kEnforce;
-  Status s = PutDependency(name, p, index);
-  if (s.code() == Status::Code::kFull) header_->table_full_events.fetch_add(1, kRelaxed);
-  return s;
-}
-
-void Segment::Retire(uint32_t index) {
-  if (DependencySlot* d = dependency(index)) {
-    d->state.store(uint32_t(SlotState::kRetired), std::memory_order_release);
-  }
 }
 
 }  // namespace retryd::shm

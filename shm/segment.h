@@ -4,7 +4,9 @@
 // access to its tables. The daemon creates or adopts one; clients and retryctl attach to one
 // and refuse anything they cannot fully trust (foreign magic, other layout, truncated file,
 // retired). A process-private segment with the same layout serves the client's fallback, the
-// tests and the simulator.
+// tests and the simulator. The mapping's lifecycle is defined in segment.cc; the dependency
+// table's operations, declared here because every part calls them on a Segment, are defined
+// with the table's create lock and name rules in dependency_table.{h,cc}.
 // Thread safety: a Segment object is immutable after construction; its accessors are
 // thread-safe. The shared words it points to follow the rules of layout.h.
 #pragma once
@@ -17,6 +19,7 @@
 #include <string_view>
 
 #include "retryd/status.h"
+#include "shm/dependency_table.h"
 #include "shm/layout.h"
 #include "shm/policy.h"
 
@@ -84,15 +87,17 @@ class Segment {
   // Descriptor of the shm object (daemon: fchown/fchmod); -1 for a private segment.
   int fd() const { return fd_; }
 
-  // --- The dependency table (cold path) -------------------------------------------------
+  // --- The dependency table (cold path; defined in dependency_table.cc) -----------------
   // Find returns the index of the active dependency called `name`, or -1.
   int32_t Find(std::string_view name) const;
   // PutDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
-  // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull.
+  // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull, kIoError
+  // (other creators held the create lock for 2 s: nothing created, the caller may retry).
   Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
-  // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock.
-  // Errors: kNotFound (auto-create off), kFull (table full: counted in the header).
+  // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock:
+  // it may wait up to 2 s for that lock. Errors: those of PutDependency, kNotFound (auto-create
+  // off: counted in the header), kFull (table full: counted in the header).
   Status CreateOnTheFly(std::string_view name, uint32_t* index);
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);
@@ -114,10 +119,5 @@ class Segment {
   void BindTables();
   void Initialize(const Policy& defaults, uint32_t flags);
 };
-
-// ValidDependencyName: 1..kMaxNameLen bytes of [A-Za-z0-9_.:-].
-bool ValidDependencyName(std::string_view name);
-// ReadName copies a slot's name out (cold path; clamped to kMaxNameLen).
-std::string ReadName(const DependencySlot& slot);
 
 }  // namespace retryd::shm

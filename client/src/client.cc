@@ -24,12 +24,12 @@ constexpr uint32_t kPrivateDependencies = 256;
 std::atomic<uint64_t> g_fork_generation{0};
 std::once_flag g_atfork_once;
 
-std::mutex g_log_mu;
-LogFn g_log;
+Mutex g_log_mu;
+LogFn g_log GUARDED_BY(g_log_mu);
 
 // Every live client, so that fork() can take their locks first: a child must never inherit a
 // mutex that another thread of the parent held (its first admit would wait on it forever).
-std::mutex g_clients_mu;
+Mutex g_clients_mu;
 std::vector<ClientImpl*>& Clients() {
   static auto* clients = new std::vector<ClientImpl*>;
   return *clients;
@@ -50,7 +50,7 @@ uint32_t SeedRandom() {
 }  // namespace
 
 void Log(int level, const std::string& line) {
-  std::lock_guard<std::mutex> lock(g_log_mu);
+  MutexLock lock(&g_log_mu);
   if (g_log) {
     g_log(level, line);
   } else {
@@ -59,25 +59,25 @@ void Log(int level, const std::string& line) {
 }
 
 void ClientImpl::BeforeFork() {
-  g_clients_mu.lock();
-  for (ClientImpl* c : Clients()) c->mu_.lock();
-  g_log_mu.lock();
+  g_clients_mu.Lock();
+  for (ClientImpl* c : Clients()) c->mu_.Lock();
+  g_log_mu.Lock();
 }
 
 void ClientImpl::AfterFork(bool child) {
-  g_log_mu.unlock();
-  for (ClientImpl* c : Clients()) c->mu_.unlock();
-  g_clients_mu.unlock();
+  g_log_mu.Unlock();
+  for (ClientImpl* c : Clients()) c->mu_.Unlock();
+  g_clients_mu.Unlock();
   if (child) g_fork_generation.fetch_add(1, kRelaxed);
 }
 
 ClientImpl::~ClientImpl() {
   {
-    std::lock_guard<std::mutex> lock(g_clients_mu);
+    MutexLock lock(&g_clients_mu);
     auto& clients = Clients();
     clients.erase(std::remove(clients.begin(), clients.end(), this), clients.end());
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (seg_ && !seg_->is_private() && owner_pid_ == getpid()) {
     shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
   }
@@ -109,30 +109,41 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
     c->local_.store(true, kRelaxed);
     c->next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
   }
-  c->owner_pid_ = getpid();
-  c->owner_.store(seg->is_private() ? 1 : shm::RegisterProcess(*seg, c->owner_pid_), kRelaxed);
+  {
+    // Not shared yet: the lock costs nothing and keeps every access to what it guards under it.
+    MutexLock lock(&c->mu_);
+    c->owner_pid_ = getpid();
+    c->owner_.store(seg->is_private() ? 1 : shm::RegisterProcess(*seg, c->owner_pid_), kRelaxed);
+    c->header_.store(&seg->header(), kRelaxed);
+    c->seg_ = std::move(seg);
+  }
   if (c->owner_.load(kRelaxed) == shm::kUnknownOwner) {
     Log(1, "segment '" + c->name_ +
                "': process registry full; leases of this process are "
                "reclaimed by expiry only");
   }
-  c->header_.store(&seg->header(), kRelaxed);
-  c->seg_ = std::move(seg);
   {
-    std::lock_guard<std::mutex> lock(g_clients_mu);
+    MutexLock lock(&g_clients_mu);
     Clients().push_back(c.get());
   }
   *out = std::move(c);
   return Status::Ok();
 }
 
-Status ClientImpl::Bind(Entry& e) {
-  uint32_t index = 0;
-  Status s = seg_->CreateOnTheFly(e.name, &index);
-  shm::DependencySlot* slot = s.ok() ? seg_->dependency(index) : nullptr;
+ClientImpl::Lookup ClientImpl::LookUp(shm::Segment& seg, std::string_view name) {
+  Lookup found;
+  found.status = seg.CreateOnTheFly(name, &found.index);
+  return found;
+}
+
+Status ClientImpl::Bind(Entry& e, shm::Segment& seg, const Lookup& found) {
+  uint32_t index = found.index;
+  const Status& s = found.status;
+  shm::DependencySlot* slot = s.ok() ? seg.dependency(index) : nullptr;
   if (!slot) {
     if (s.code() == Status::Code::kInvalidArgument) return s;
-    // Refused or table full: per-process limits for this name, said once.
+    // Refused or table full: per-process limits for this name, said once. Only this client,
+    // under mu_, creates in `private_`, so its create lock is never waited for.
     if (!private_) private_ = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
     Status p = private_->CreateOnTheFly(e.name, &index);
     if (!p.ok()) return p;
@@ -150,27 +161,40 @@ Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
                                    std::to_string(shm::kMaxNameLen) +
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint32_t n = entry_count_.load(kRelaxed);
-  for (uint32_t i = 0; i < n; ++i) {
-    if (entries_[i].name == name) {
-      out->id = int32_t(i);
+  MutexLock lock(&mu_);
+  shm::Segment* looked_in = nullptr;
+  Lookup found;
+  for (;;) {
+    const uint32_t n = entry_count_.load(kRelaxed);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (entries_[i].name == name) {
+        out->id = int32_t(i);
+        return Status::Ok();
+      }
+    }
+    if (n == kMaxResolved) {
+      return Status::Full("more than " + std::to_string(kMaxResolved) + " dependencies resolved");
+    }
+    if (looked_in == seg_.get()) {
+      Entry& e = entries_[n];
+      e.name = std::string(name);
+      if (Status s = Bind(e, *seg_, found); !s.ok()) return s;
+      entry_count_.store(n + 1, std::memory_order_release);
+      out->id = int32_t(n);
       return Status::Ok();
     }
+    // Without mu_ (see client_impl.h). Meanwhile another thread may resolve the same name or
+    // move this client to another segment: the loop looks again. A replaced segment stays
+    // mapped (old_), so `looked_in` stays valid.
+    looked_in = seg_.get();
+    lock.Unlock();
+    found = LookUp(*looked_in, name);
+    lock.Lock();
   }
-  if (n == kMaxResolved) {
-    return Status::Full("more than " + std::to_string(kMaxResolved) + " dependencies resolved");
-  }
-  Entry& e = entries_[n];
-  e.name = std::string(name);
-  if (Status s = Bind(e); !s.ok()) return s;
-  entry_count_.store(n + 1, std::memory_order_release);
-  out->id = int32_t(n);
-  return Status::Ok();
 }
 
 void ClientImpl::SlowPath() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // 1. A forked child is a new process: register it.
   const uint64_t gen = g_fork_generation.load(kRelaxed);
   if (fork_generation_.load(kRelaxed) != gen) {
@@ -189,6 +213,20 @@ void ClientImpl::SlowPath() {
     // Keep what we have: a retired segment's limits still hold among the workers left on it.
     return;
   }
+  // Look every resolved name up in the fresh segment before moving to it, without mu_ (see
+  // client_impl.h); names resolved meanwhile are looked up in the next round.
+  shm::Segment* const current = seg_.get();
+  std::vector<Lookup> found;
+  for (uint32_t n; (n = entry_count_.load(kRelaxed)) > found.size();) {
+    std::vector<std::string> names;
+    for (uint32_t i = uint32_t(found.size()); i < n; ++i) names.push_back(entries_[i].name);
+    lock.Unlock();
+    for (const std::string& name : names) found.push_back(LookUp(*fresh, name));
+    lock.Lock();
+    // Another thread moved this client while this one looked (its lookups took over the
+    // reattach interval): it is current, drop ours.
+    if (seg_.get() != current) return;
+  }
   Log(0, retired ? "segment '" + name_ + "' was replaced; reattached"
                  : "segment '" + name_ + "' appeared; moving to host-wide limits");
   if (!seg_->is_private()) shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
@@ -197,8 +235,14 @@ void ClientImpl::SlowPath() {
   local_.store(false, kRelaxed);
   owner_pid_ = getpid();
   owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
-  const uint32_t n = entry_count_.load(kRelaxed);
-  for (uint32_t i = 0; i < n; ++i) Bind(entries_[i]);
+  for (uint32_t i = 0; i < found.size(); ++i) {
+    if (Status s = Bind(entries_[i], *seg_, found[i]); !s.ok()) {
+      // The entry stays on the segment it was on, still mapped: its limits keep holding among
+      // the workers left there.
+      Log(1, "dependency '" + entries_[i].name + "': " + s.message() +
+                 "; keeping the limits of the segment it was on");
+    }
+  }
   header_.store(&seg_->header(), std::memory_order_release);
 }
 
@@ -261,7 +305,7 @@ const char* DecisionName(Decision d) {
 }
 
 void SetLogCallback(LogFn fn) {
-  std::lock_guard<std::mutex> lock(internal::g_log_mu);
+  internal::MutexLock lock(&internal::g_log_mu);
   internal::g_log = std::move(fn);
 }
 

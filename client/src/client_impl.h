@@ -5,15 +5,19 @@
 // shm algorithms; everything that may make a syscall (registration after fork, reattach to a
 // replaced segment, moving from private state to the host's segment) is a cold path taken
 // under `mu_`, detected on the hot path with one relaxed load each.
-// Thread safety: thread-safe.
+// `mu_` is never held while waiting on another process: creating a dependency in the segment
+// may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so a
+// fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
+// released and take it again to publish what they found.
+// Thread safety: thread-safe. What `mu_` guards is annotated for clang's -Wthread-safety.
 #pragma once
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "client/src/mutex.h"
 #include "retryd/client.h"
 #include "shm/admission.h"
 #include "shm/registry.h"
@@ -31,7 +35,7 @@ class ClientImpl final : public Client {
   ~ClientImpl() override;
   static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
 
-  Status Resolve(std::string_view name, Dependency* out) override;
+  Status Resolve(std::string_view name, Dependency* out) override EXCLUDES(mu_);
   bool Admit(Dependency dep, uint32_t attempt, Permit* permit) override {
     const int d = AdmitRaw(dep.id, attempt, permit->raw());
     return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
@@ -44,8 +48,9 @@ class ClientImpl final : public Client {
 
   // fork() handlers: take every client's lock (and the log's) before the fork, release them
   // in both processes after it, so that the child inherits none held by another thread.
-  static void BeforeFork();
-  static void AfterFork(bool child);
+  // Not analysed: they take and release a list of locks in two functions.
+  static void BeforeFork() NO_THREAD_SAFETY_ANALYSIS;
+  static void AfterFork(bool child) NO_THREAD_SAFETY_ANALYSIS;
 
   // The C ABI calls these directly. AdmitRaw returns the decision or RETRYD_EINVAL.
   int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
@@ -57,7 +62,7 @@ class ClientImpl final : public Client {
   struct Entry {
     std::atomic<shm::DependencySlot*> slot{nullptr};
     std::atomic<uint32_t> index{0};
-    std::string name;
+    std::string name;  // written under mu_ before the entry is published (entry_count_)
   };
   // The permit's private words: the shm permit plus the slot it was admitted on.
   struct PermitState {
@@ -66,25 +71,36 @@ class ClientImpl final : public Client {
   };
   static_assert(sizeof(PermitState) <= sizeof(retryd_permit_t::opaque));
 
+  // What looking a name up in a segment gave: `index` is its slot there if `status` is OK.
+  struct Lookup {
+    Status status;
+    uint32_t index = 0;
+  };
+
   ClientImpl() = default;
   // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
-  void SlowPath();
+  void SlowPath() EXCLUDES(mu_);
   Status AttachShared(std::unique_ptr<shm::Segment>* seg);
-  // Bind points `e` at a slot for its name in the current segment (cold, under mu_).
-  Status Bind(Entry& e);
+  // LookUp finds or creates `name` in `seg`. It may wait for the segment's create lock, held
+  // by another process: call it without mu_.
+  static Lookup LookUp(shm::Segment& seg, std::string_view name);
+  // Bind points `e` at its slot in `seg`, which `found` came from, or at a per-process slot
+  // if `seg` refused the name (cold, under mu_). Leaves `e` as it was on error.
+  Status Bind(Entry& e, shm::Segment& seg, const Lookup& found) REQUIRES(mu_);
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
 
   std::string name_;
   bool fallback_to_local_ = true;
-  std::mutex mu_;
-  std::unique_ptr<shm::Segment> seg_;                 // current segment
-  std::vector<std::unique_ptr<shm::Segment>> old_;    // replaced segments, kept mapped for permits
-  std::unique_ptr<shm::Segment> private_;             // per-process state for refused names
+  Mutex mu_;
+  std::unique_ptr<shm::Segment> seg_ GUARDED_BY(mu_);  // current segment
+  // Replaced segments, kept mapped for the permits and lookups still on them.
+  std::vector<std::unique_ptr<shm::Segment>> old_ GUARDED_BY(mu_);
+  std::unique_ptr<shm::Segment> private_ GUARDED_BY(mu_);  // per-process state for refused names
   std::atomic<shm::SegmentHeader*> header_{nullptr};
   std::atomic<bool> local_{false};
   std::atomic<uint16_t> owner_{shm::kUnknownOwner};
-  pid_t owner_pid_ = 0;
+  pid_t owner_pid_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> fork_generation_{0};
   std::atomic<uint64_t> next_upgrade_ns_{0};
   std::unique_ptr<Entry[]> entries_{new Entry[kMaxResolved]};

@@ -128,13 +128,13 @@ TEST(Args, SegmentNameAndColourResolution) {
 }
 
 TEST(Render, Durations) {
-  EXPECT_EQ(FormatDurationMs(0), "0ms");
-  EXPECT_EQ(FormatDurationMs(999), "999ms");
-  EXPECT_EQ(FormatDurationMs(4'250), "4.2s");
-  EXPECT_EQ(FormatDurationMs(42'000), "42s");
-  EXPECT_EQ(FormatDurationMs(725'000), "12m05s");
-  EXPECT_EQ(FormatDurationMs(11'520'000), "3h12m");
-  EXPECT_EQ(FormatDurationMs(183'600'000), "2d03h");
+  EXPECT_EQ(FormatHumanDuration(0), "0ms");
+  EXPECT_EQ(FormatHumanDuration(999), "999ms");
+  EXPECT_EQ(FormatHumanDuration(4'250), "4.2s");
+  EXPECT_EQ(FormatHumanDuration(42'000), "42s");
+  EXPECT_EQ(FormatHumanDuration(725'000), "12m05s");
+  EXPECT_EQ(FormatHumanDuration(11'520'000), "3h12m");
+  EXPECT_EQ(FormatHumanDuration(183'600'000), "2d03h");
 }
 
 TEST(Render, DeltasSayWhatTheCountersCover) {

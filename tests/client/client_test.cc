@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -157,31 +158,58 @@ TEST(ClientTest, ForkedChildRegistersItself) {
   c->Complete(&after, Outcome::kSuccess, milliseconds(1));
 }
 
-TEST(ClientTest, ForkWhileAnotherThreadHoldsTheClientLockDoesNotHangTheChild) {
+TEST(ClientTest, ForkWhileAnotherThreadWaitsForTheCreateLockDoesNotHangTheChild) {
   testing::NamedSegment seg("forklock");
   testing::AddDependency(*seg.seg, "orders", shm::Policy{});
   auto c = OpenOrDie(seg.name, false);
   Dependency d;
   ASSERT_TRUE(c->Resolve("orders", &d).ok());
-  // Another creator holds the segment's create lock (fresh, so it takes a second to go
-  // stale): a Resolve of a new name waits for it inside the client's lock.
-  seg.seg->header().create_lock.store(
-      uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32));
-  std::thread resolver([&] {
-    Dependency other;
-    EXPECT_TRUE(c->Resolve("payments", &other).ok());
+  // Another process (pid 1 in the lock word) holds the segment's create lock and keeps it
+  // fresh until the child has been reaped, so a Resolve of a new name waits all that time.
+  std::atomic<uint64_t>& create_lock = seg.seg->header().create_lock;
+  const auto stamp = [] {
+    return uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32);
+  };
+  create_lock.store(stamp());
+  std::atomic<bool> child_reaped{false};
+  std::thread holder([&] {
+    while (!child_reaped.load()) {
+      uint64_t mine = create_lock.load();
+      if (uint32_t(mine) == 1) create_lock.compare_exchange_strong(mine, stamp());
+      usleep(10'000);
+    }
+    uint64_t mine = create_lock.load();
+    if (uint32_t(mine) == 1) create_lock.compare_exchange_strong(mine, 0);
   });
-  usleep(100'000);  // the resolver is now waiting, holding the client's lock
+  std::atomic<bool> resolving{false};
+  std::thread resolver([&] {
+    resolving.store(true);
+    Dependency other;
+    Status s;
+    // A creator refuses after 2 s without the lock; the child may take longer on a loaded box.
+    do {
+      s = c->Resolve("payments", &other);
+    } while (s.code() == Status::Code::kIoError);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    // A thread that ended unjoined before the fork is a leak in the child's eyes (TSan): stay.
+    while (!child_reaped.load()) usleep(1'000);
+  });
+  while (!resolving.load()) std::this_thread::yield();
   const int status = testing::RunChild([&] {
     alarm(10);  // a hang is a SIGALRM death
+    // The fork came while the resolver still waited: the name is not created yet.
+    if (seg.seg->Find("payments") >= 0) return 3;
     Permit p;
     if (!c->Admit(d, 0, &p)) return 1;
     c->Complete(&p, Outcome::kSuccess, milliseconds(1));
     return 0;
   });
+  child_reaped.store(true);
+  holder.join();
   resolver.join();
   ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_GE(seg.seg->Find("payments"), 0);
 }
 
 TEST(ClientTest, MovesToAReplacementSegment) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -302,11 +303,29 @@ TEST(DurationTest, ParsesUnits) {
 }
 
 TEST(DurationTest, FormatsInTheLargestUnit) {
-  EXPECT_EQ(FormatDurationMs(0), "0s");
-  EXPECT_EQ(FormatDurationMs(1500), "1500ms");
-  EXPECT_EQ(FormatDurationMs(10'000), "10s");
-  EXPECT_EQ(FormatDurationMs(120'000), "2m");
-  EXPECT_EQ(FormatDurationMs(3'600'000), "1h");
+  EXPECT_EQ(shm::FormatConfigDuration(0), "0s");
+  EXPECT_EQ(shm::FormatConfigDuration(1500), "1500ms");
+  EXPECT_EQ(shm::FormatConfigDuration(10'000), "10s");
+  EXPECT_EQ(shm::FormatConfigDuration(120'000), "2m");
+  EXPECT_EQ(shm::FormatConfigDuration(3'600'000), "1h");
+}
+
+TEST(DurationTest, WhatIsFormattedParsesBackToTheSameDuration) {
+  std::vector<uint32_t> durations = {0,         1,         999,        1'000,     1'001,
+                                     1'500,     59'999,    60'000,     61'000,    3'599'999,
+                                     3'600'000, 3'660'000, 86'400'000, 4'294'967'295u};
+  // Every unit boundary, and the rest at random (a fixed seed: the same set every run).
+  for (uint32_t unit : {1'000u, 60'000u, 3'600'000u}) {
+    for (uint32_t k = 1; k < 1'000; ++k) durations.push_back(k * unit);
+  }
+  std::mt19937 random(42);
+  for (int i = 0; i < 10'000; ++i) durations.push_back(uint32_t(random()));
+  for (uint32_t ms : durations) {
+    const std::string text = shm::FormatConfigDuration(ms);
+    uint32_t parsed = 0;
+    ASSERT_TRUE(ParseDurationMs(text, &parsed)) << ms << " -> " << text;
+    EXPECT_EQ(parsed, ms) << text;
+  }
 }
 
 }  // namespace

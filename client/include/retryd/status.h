@@ -2,6 +2,8 @@
 //
 // A `Status` is OK or carries a code and a message that names the problem ("segment 'retryd':
 // layout version 3 is newer than this library's 1"). The hot path never returns one.
+// The class is `[[nodiscard]]`: a dropped Status is an error nobody sees, so every function
+// returning one is checked. Drop one only with `(void)` and a comment that says why.
 // Thread safety: a value type; const methods are safe to call concurrently.
 #pragma once
 
@@ -10,7 +12,7 @@
 
 namespace retryd {
 
-class Status {
+class [[nodiscard]] Status {
  public:
   // The codes match the C ABI's RETRYD_E* values (retryd.h).
   enum class Code : int {
