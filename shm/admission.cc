@@ -64,7 +64,6 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     p->probe_index = uint16_t(i);
     p->breaker_seq = b.seq;
     p->flags |= kPermitProbe;
-    Count(slot, kProbesGranted);
     return Decision::kAdmittedProbe;
   }
   return Decision::kRejectedHalfOpenBusy;
@@ -171,6 +170,8 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
   } else {
     return Reject(slot, p, Decision::kRejectedBudgetEmpty, false);
   }
+  // A probe counts once it goes out: the bulkhead or the budget may still have refused it.
+  if (d == Decision::kAdmittedProbe) Count(slot, kProbesGranted);
   p->decision = uint8_t(d);
   return d;
 }

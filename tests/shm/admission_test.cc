@@ -218,6 +218,23 @@ TEST_F(AdmissionTest, OneFailedProbeReopensWhateverTheOthersReport) {
   }
 }
 
+// A retry that wins a probe lease but finds the budget empty does not go out: it is counted as a
+// denied retry, not as a probe, and its lease is free again for the next attempt.
+TEST_F(AdmissionTest, AProbeRefusedByTheBudgetIsNotCountedAsAProbe) {
+  slot_->policy.min_retries_per_sec.store(0);
+  slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+  slot_->breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, 3, NsToMs32(now_)}.Encode());
+  Permit p;
+  EXPECT_EQ(Admit(1, &p), Decision::kRejectedBudgetEmpty);
+  EXPECT_EQ(Counter(kProbesGranted), 0u);
+  EXPECT_EQ(Counter(kRetriesDenied), 1u);
+  for (const auto& l : slot_->probe_leases) EXPECT_EQ(l.load(), 0u);
+  Permit q;
+  EXPECT_EQ(Admit(0, &q), Decision::kAdmittedProbe);
+  EXPECT_EQ(Counter(kProbesGranted), 1u);
+  Complete(&q, Outcome::kSuccess);
+}
+
 TEST_F(AdmissionTest, RetriesSpendTheBudgetFirstAttemptsRefillIt) {
   slot_->policy.min_retries_per_sec.store(0);
   slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
