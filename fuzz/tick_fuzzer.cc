@@ -179,7 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 9: {
         const shm::WindowStats w = shm::ReadWindow(slot, now_ns);
         (void)shm::ShouldTrip(slot, w);
-        (void)shm::OpenPeriodMs(slot, uint32_t(b % 128), uint32_t(b >> 32));
+        (void)shm::OpenPeriodMs(slot.policy, uint32_t(b % 128), uint32_t(b >> 32));
         break;
       }
       case 10:

@@ -38,7 +38,7 @@
   COUNTER(kShadowWouldReject, 7, "shadow_would_reject", "retryd_shadow_would_reject_total",    \
           "", "", "Shadow mode: attempts that would have been rejected, admitted instead.")    \
   COUNTER(kProbesGranted, 11, "probes_granted", "retryd_probes_total", "", "",                 \
-          "Half-open probe leases granted.")                                                   \
+          "Half-open probes admitted (attempts that went out as probes).")                     \
   COUNTER(kProbeTimeouts, 15, "probe_timeouts", "retryd_probe_timeouts_total", "", "",         \
           "Probe leases that expired (failed probes).")                                        \
   COUNTER(kSlowCalls, 6, "slow_calls", "retryd_slow_calls_total", "", "",                      \
