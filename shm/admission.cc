@@ -19,8 +19,8 @@ void Count(DependencySlot& slot, Counter c) {
   slot.counters[c].fetch_add(1, kRelaxed);
 }
 
-uint64_t MakeLease(Caller& caller, uint32_t now_ms, uint32_t timeout_ms) {
-  return Lease::Make(caller.owner, ++caller.lease_tag, now_ms + std::max<uint32_t>(timeout_ms, 1));
+uint64_t MakeLease(uint16_t owner, uint16_t tag, uint32_t now_ms, uint32_t timeout_ms) {
+  return Lease::Make(owner, tag, now_ms + std::max<uint32_t>(timeout_ms, 1));
 }
 
 void ReleaseLeases(DependencySlot& slot, Permit* p) {
@@ -46,10 +46,13 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
       ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, caller.rng);
       continue;  // whoever moved it, look again
     }
-    // Half-open: a probe lease, or nothing.
-    const uint64_t lease = MakeLease(caller, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
-    const int i = Lease::TryAcquire(slot.probe_leases,
-                                    LoadKnob<Knob::half_open_probes>(slot.policy), 0, lease);
+    // Half-open: a probe lease tagged with this half-open's seq, or nothing.
+    const uint64_t lease =
+        MakeLease(caller.owner, b.seq, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
+    bool voided = false;
+    const int i = Lease::TryAcquireProbe(
+        slot.probe_leases, LoadKnob<Knob::half_open_probes>(slot.policy), b.seq, lease, &voided);
+    if (voided) Count(slot, kLeasesReclaimedVoided);
     if (i < 0) {
       if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
       return Decision::kRejectedHalfOpenBusy;
@@ -144,8 +147,8 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
   // offset so that processes do not all contend on word 0.
   if (const uint32_t limit = LoadKnob<Knob::bulkhead_limit>(slot.policy); limit > 0) {
     const uint32_t now_ms = NsToMs32(now_ns());
-    const uint64_t lease =
-        MakeLease(caller, now_ms, LoadKnob<Knob::bulkhead_timeout_ms>(slot.policy));
+    const uint64_t lease = MakeLease(caller.owner, ++caller.lease_tag, now_ms,
+                                     LoadKnob<Knob::bulkhead_timeout_ms>(slot.policy));
     const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
     int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
     if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
@@ -208,11 +211,15 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
   const bool failed = outcome == Outcome::kFailure || slow;
 
   if (p->flags & kPermitProbe) {
-    // Only the half-open the probe was granted under hears of it; an ignored outcome says
-    // nothing about the dependency.
-    if (failed) {
+    // Only the half-open the probe was granted in hears of it, and only while the probe still
+    // holds its lease: one that expired was counted as failed already, and one voided belongs
+    // to a half-open that has ended. An ignored outcome says nothing about the dependency.
+    const bool held =
+        Lease::Release(slot.probe_leases[p->probe_index % kMaxProbes], p->probe_lease);
+    p->flags &= uint8_t(~kPermitProbe);
+    if (held && failed) {
       ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq, caller.rng);
-    } else if (outcome != Outcome::kIgnored) {
+    } else if (held && outcome != Outcome::kIgnored) {
       ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, caller.rng);
     }
   } else if (outcome != Outcome::kIgnored) {
@@ -224,28 +231,32 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
 uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, Sweep sweep) {
   const uint32_t now_ms = NsToMs32(now_ns);
   uint32_t freed = 0;
-  bool probe_expired = false;
-  auto sweep_words = [&](std::atomic<uint64_t>* words, uint32_t count, bool probes) {
-    for (uint32_t i = 0; i < count; ++i) {
-      uint64_t w = words[i].load(kRelaxed);
-      if (!Lease::Expired(w, now_ms)) continue;
-      if (!words[i].compare_exchange_strong(w, 0, kRelaxed)) continue;
-      ++freed;
-      Count(slot, kLeasesReclaimedExpired);
-      if (probes) {
-        Count(slot, kProbeTimeouts);
-        probe_expired = true;
-      }
+  // A probe of the current half-open that outlived its timeout failed: the breaker reopens. A
+  // probe of an earlier half-open only gives its word back.
+  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
+  bool current_probe_expired = false;
+  for (auto& word : slot.probe_leases) {
+    uint64_t w = word.load(kRelaxed);
+    if (!Lease::Expired(w, now_ms) || !word.compare_exchange_strong(w, 0, kRelaxed)) continue;
+    ++freed;
+    Count(slot, kLeasesReclaimedExpired);
+    if (b.state == BreakerState::kHalfOpen && Lease::Tag(w) == b.seq) {
+      Count(slot, kProbeTimeouts);
+      current_probe_expired = true;
     }
-  };
-  sweep_words(slot.probe_leases, kMaxProbes, true);
-  sweep_words(
-      slot.bulkhead_leases,
-      sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy),
-      false);
-  // A probe that outlived its timeout failed: a half-open breaker reopens.
-  if (probe_expired) {
-    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, 0, caller.rng);
+  }
+  if (current_probe_expired) {
+    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, b.seq, caller.rng);
+  }
+  const uint32_t bulkhead_words =
+      sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy);
+  for (uint32_t i = 0; i < bulkhead_words; ++i) {
+    uint64_t w = slot.bulkhead_leases[i].load(kRelaxed);
+    if (!Lease::Expired(w, now_ms) || !slot.bulkhead_leases[i].compare_exchange_strong(w, 0, kRelaxed)) {
+      continue;
+    }
+    ++freed;
+    Count(slot, kLeasesReclaimedExpired);
   }
   return freed;
 }

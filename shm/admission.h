@@ -77,13 +77,16 @@ Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t 
                Caller& caller, Permit* permit);
 
 // Complete records how the admitted attempt in *permit ended and releases its leases.
-// `latency_ns` decides whether the call was slow. Calling it twice with one permit is a no-op
-// the second time. Thread-safe.
+// `latency_ns` decides whether the call was slow. A probe's outcome reaches the breaker only if
+// the probe still held its lease (not expired and reclaimed, which counted as a failed probe,
+// nor voided because its half-open ended); the counters count every completion. Calling it
+// twice with one permit is a no-op the second time. Thread-safe.
 void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t latency_ns,
               uint64_t now_ns, Caller& caller);
 
 // ReclaimExpired (daemon tick, and Admit when it finds every lease taken) frees leases past
-// their expiry; an expired probe is a failed probe and reopens a half-open breaker. kLimits
+// their expiry; an expired probe of the current half-open is a failed probe and reopens the
+// breaker (one of an earlier half-open only gives its word back). kLimits
 // sweeps every probe word and the bulkhead words under the current limit; kAllWords also the
 // bulkhead words above it, which a reload that lowered the limit may have left taken (the
 // daemon does this now and then). Returns the number of leases freed. Thread-safe.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shm/clock.h"
+#include "shm/leases.h"
 #include "shm/policy.h"
 
 namespace retryd::shm {
@@ -66,6 +67,20 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) 
   }
 }
 
+// VoidEarlierProbes frees the probe words of earlier half-opens when half-open `seq` begins, so
+// that a probe still out from an earlier half-open neither takes a probe place in this one nor
+// reports into it (its holder's release fails, and Complete then ignores its outcome). A word
+// this misses (its voider died first) is taken over by TryAcquireProbe, and freed by expiry.
+void VoidEarlierProbes(DependencySlot& slot, uint16_t seq) {
+  for (auto& word : slot.probe_leases) {
+    uint64_t w = word.load(kRelaxed);
+    if (w == 0 || Lease::Tag(w) == seq) continue;
+    if (word.compare_exchange_strong(w, 0, kRelaxed)) {
+      slot.counters[kLeasesReclaimedVoided].fetch_add(1, kRelaxed);
+    }
+  }
+}
+
 // Commit CASes the breaker from `from` to `to` and does what a transition entails. Returns
 // false if another process moved the word first.
 bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
@@ -80,6 +95,7 @@ bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
                                                              : kClosed;
   slot.counters[c].fetch_add(1, kRelaxed);
   if (after.state == BreakerState::kClosed) RestartWindow(slot, now_ns);
+  if (after.state == BreakerState::kHalfOpen) VoidEarlierProbes(slot, after.seq);
   return true;
 }
 
@@ -133,10 +149,8 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
       return next.Encode();
     }
     case BreakerEvent::kProbeFailed:
-      if (!half_open || b.seq != probe_seq) return std::nullopt;
-      return Reopened(policy, b, now_ms, random).Encode();
     case BreakerEvent::kProbeExpired:
-      if (!half_open) return std::nullopt;
+      if (!half_open || b.seq != probe_seq) return std::nullopt;
       return Reopened(policy, b, now_ms, random).Encode();
     case BreakerEvent::kReset: return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
   }

@@ -16,11 +16,17 @@
 //   HalfOpen  | kProbeSucceeded, successes+1 < close_after| HalfOpen (successes + 1, same seq)
 //   HalfOpen  | kProbeSucceeded, reaching close_after     | Closed (window restarts)
 //   HalfOpen  | kProbeFailed                              | Open (reopens + 1)
-//   HalfOpen  | kProbeExpired: a probe lease timed out    | Open (reopens + 1)
+//   HalfOpen  | kProbeExpired: a probe lease of this      | Open (reopens + 1)
+//             | half-open timed out                       |
 //   any       | kReset: an operator's reset               | Closed
 //
-// kProbeSucceeded and kProbeFailed apply only to the half-open the probe was granted under
-// (its seq); an event that does not apply to the state it finds changes nothing.
+// The probe events apply only to the half-open the probe was granted in (its seq, which its
+// lease word carries as its tag: leases.h); an event that does not apply to the state it finds
+// changes nothing. Entering half-open voids the probe leases of earlier half-opens, and a probe
+// reports only while it still holds its lease (admission.h), so an old probe cannot become
+// current again when the 16-bit seq wraps: its lease is gone by then (voided when the next
+// half-open began, or, if the process that began it died before voiding, taken over by a new
+// probe or freed at its expiry).
 // Open lasts min(open_for x 2^reopens, open_for_max) + uniform [0, open_jitter], so hosts that
 // tripped together do not probe together.
 //

@@ -65,10 +65,16 @@
           "Circuit breaker transitions, by state entered.")                                    \
   COUNTER(kLeasesReclaimedDead, 16, "leases_reclaimed_dead", "retryd_leases_reclaimed_total",  \
           "why", "dead",                                                                       \
-          "Probe and bulkhead leases taken back: from dead owners, or after their timeout.")   \
+          "Probe and bulkhead leases taken back: from dead owners, after their timeout, or "  \
+          "(probes) when the half-open they were granted in had ended.")   \
   COUNTER(kLeasesReclaimedExpired, 17, "leases_reclaimed_expired",                             \
           "retryd_leases_reclaimed_total", "why", "expired",                                   \
-          "Probe and bulkhead leases taken back: from dead owners, or after their timeout.")
+          "Probe and bulkhead leases taken back: from dead owners, after their timeout, or "  \
+          "(probes) when the half-open they were granted in had ended.")                    \
+  COUNTER(kLeasesReclaimedVoided, 18, "leases_reclaimed_voided",                               \
+          "retryd_leases_reclaimed_total", "why", "voided",                                    \
+          "Probe and bulkhead leases taken back: from dead owners, after their timeout, or "  \
+          "(probes) when the half-open they were granted in had ended.")
 // clang-format on
 
 namespace retryd::shm {

@@ -4,8 +4,13 @@
 // Lease word (DependencySlot::probe_leases[i], bulkhead_leases[i]):
 //   0             free
 //   bits  0..15   owner id (process slot index + 1, kUnknownOwner if unregistered)
-//   bits 16..31   tag, per taker, so that a word is never taken twice with the same value
+//   bits 16..31   tag. Bulkhead: per taker, bumped per lease. Probe: the seq of the half-open
+//                 the probe was granted in (its epoch, see breaker.h), so that a probe of an
+//                 earlier half-open is known as such: it is void, and its word is free to take.
 //   bits 32..63   expiry, ms modulo 2^32
+// A word is never taken twice with the same value: a bulkhead taker's tag changes, and a
+// probe word taken again under the same seq expires later than before (it was freed by its
+// holder, or reclaimed once its expiry had passed).
 // Acquire is one CAS from 0; Release is one CAS from the exact value taken back to 0, so a
 // lease that expired and was handed to someone else is never released by its former holder.
 // Invariant: at every instant, leases taken <= the number of words scanned (the limit). Calls
@@ -24,6 +29,7 @@ namespace retryd::shm {
 
 struct Lease {
   static uint16_t Owner(uint64_t w) { return uint16_t(w); }
+  static uint16_t Tag(uint64_t w) { return uint16_t(w >> 16); }
   static uint32_t ExpiryMs(uint64_t w) { return uint32_t(w >> 32); }
   static uint64_t Make(uint16_t owner, uint16_t tag, uint32_t expiry_ms) {
     // Owner is never 0, so a taken lease is never the free value.
@@ -43,6 +49,23 @@ struct Lease {
       uint64_t cur = words[i].load(std::memory_order_relaxed);
       if (cur == 0 && words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
                                                        std::memory_order_relaxed)) {
+        return int(i);
+      }
+    }
+    return -1;
+  }
+
+  // TryAcquireProbe takes the first of `count` probe words that is free or holds a void probe
+  // (a tag other than `seq`: a probe of an earlier half-open). Returns its index, or -1; sets
+  // *voided when the word it took held a void probe.
+  static int TryAcquireProbe(std::atomic<uint64_t>* words, uint32_t count, uint16_t seq,
+                             uint64_t value, bool* voided) {
+    for (uint32_t i = 0; i < count; ++i) {
+      uint64_t cur = words[i].load(std::memory_order_relaxed);
+      if (cur != 0 && Tag(cur) == seq) continue;
+      if (words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
+                                           std::memory_order_relaxed)) {
+        *voided = cur != 0;
         return int(i);
       }
     }

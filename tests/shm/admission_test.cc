@@ -174,6 +174,90 @@ TEST_F(AdmissionTest, ExpiredProbeCountsAsFailureAndFreesTheLease) {
   EXPECT_EQ(State(), BreakerState::kOpen);
 }
 
+// A probe of an earlier half-open neither takes a probe place in a later one nor reopens it
+// when its lease expires: with two probes, A (of half-open #1) hangs, B fails, and half-open #2
+// collects two successes; then A's lease would have expired.
+TEST_F(AdmissionTest, AStaleProbeNeitherOccupiesNorReopensALaterHalfOpen) {
+  slot_->policy.half_open_probes.store(2);
+  slot_->policy.close_after.store(3);
+  slot_->policy.probe_timeout_ms.store(5'000);
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  Permit a, b;
+  ASSERT_EQ(Admit(0, &a, 2), Decision::kAdmittedProbe);  // hangs
+  ASSERT_EQ(Admit(0, &b, 3), Decision::kAdmittedProbe);
+  Complete(&b, Outcome::kFailure);  // reopens: half-open #1 is over
+  ASSERT_EQ(State(), BreakerState::kOpen);
+  now_ += 2 * kSec;  // open for 2 s after one reopen; A's lease has 3 s left
+  Permit c, d;
+  ASSERT_EQ(Admit(0, &c, 4), Decision::kAdmittedProbe);  // half-open #2
+  EXPECT_EQ(Counter(kLeasesReclaimedVoided), 1u) << "A's lease was voided when #2 began";
+  ASSERT_EQ(Admit(0, &d, 5), Decision::kAdmittedProbe) << "A must not hold one of #2's places";
+  Complete(&c, Outcome::kSuccess);
+  Complete(&d, Outcome::kSuccess);
+  ASSERT_EQ(State(), BreakerState::kHalfOpen);
+  const uint64_t reopens = Counter(kOpened);
+  now_ += 4 * kSec;  // past A's expiry
+  EXPECT_EQ(ReclaimExpired(*slot_, now_, caller_), 0u);
+  Complete(&a, Outcome::kFailure);  // A's late failure
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  EXPECT_EQ(Counter(kOpened), reopens);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).successes, 2u);
+  EXPECT_EQ(Counter(kProbeTimeouts), 0u);
+}
+
+// The same when A's lease is still there when it expires (its voider died before voiding):
+// the expiry frees it without reopening half-open #2.
+TEST_F(AdmissionTest, AnExpiredProbeOfAnEarlierHalfOpenDoesNotReopen) {
+  slot_->policy.half_open_probes.store(2);
+  slot_->policy.close_after.store(3);
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  Permit a;
+  ASSERT_EQ(Admit(0, &a, 2), Decision::kAdmittedProbe);
+  const uint64_t a_word = slot_->probe_leases[a.probe_index].load();
+  // Half-open #2 begins, and its beginner dies before voiding: the word stays A's.
+  const BreakerWord h = BreakerWord::Decode(slot_->breaker.load());
+  slot_->breaker.store(BreakerWord{BreakerState::kHalfOpen, 1, 2, uint16_t(h.seq + 2),
+                                   NsToMs32(now_)}.Encode());
+  now_ += 3 * kSec;  // past A's 2 s probe timeout
+  EXPECT_EQ(ReclaimExpired(*slot_, now_, caller_), 1u);
+  EXPECT_EQ(slot_->probe_leases[a.probe_index].load(), 0u) << std::hex << a_word;
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  EXPECT_EQ(Counter(kProbeTimeouts), 0u);
+  EXPECT_EQ(Counter(kLeasesReclaimedExpired), 1u);
+}
+
+// A probe granted under seq S must not report into another half-open whose seq is S again
+// after 2^16 transitions (32,768 open/half-open cycles while it is out).
+TEST_F(AdmissionTest, AProbeOutWhileTheSeqWrapsCannotCloseTheBreaker) {
+  slot_->policy.open_for_ms.store(1);
+  slot_->policy.open_for_max_ms.store(1);
+  slot_->policy.probe_timeout_ms.store(86'400'000);
+  slot_->policy.close_after.store(1);
+  slot_->policy.half_open_probes.store(2);
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 2 * kMs;
+  Permit stale;
+  ASSERT_EQ(Admit(0, &stale, 2), Decision::kAdmittedProbe);
+  const uint16_t seq = stale.breaker_seq;
+  for (int cycle = 0; cycle < 32'768; ++cycle) {
+    Permit failing;
+    ASSERT_EQ(Admit(0, &failing, 3), Decision::kAdmittedProbe) << cycle;
+    Complete(&failing, Outcome::kFailure);  // reopens
+    now_ += 2 * kMs;
+  }
+  Permit again;
+  ASSERT_EQ(Admit(0, &again, 3), Decision::kAdmittedProbe);
+  ASSERT_EQ(BreakerWord::Decode(slot_->breaker.load()).seq, seq) << "the seq has wrapped";
+  const uint64_t closed = Counter(kClosed);
+  Complete(&stale, Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  EXPECT_EQ(Counter(kClosed), closed);
+  Complete(&again, Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
 TEST_F(AdmissionTest, AnOpenBreakerUntouchedForAMonthHalfOpensOnTheNextAdmit) {
   for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
   ASSERT_EQ(State(), BreakerState::kOpen);

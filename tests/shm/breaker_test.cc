@@ -75,7 +75,7 @@ TEST_F(BreakerTableTest, ProbeFailureReopensOneStepLonger) {
   EXPECT_EQ(b->reopens, 2u);
   EXPECT_EQ(b->time_ms, kNow + 4'000);  // open_for x 2^2
   const auto capped =
-      Next(Word(BreakerState::kHalfOpen, 62, 0, 9, kNow), BreakerEvent::kProbeExpired);
+      Next(Word(BreakerState::kHalfOpen, 62, 0, 9, kNow), BreakerEvent::kProbeExpired, 9);
   ASSERT_TRUE(capped);
   EXPECT_EQ(capped->reopens, 63u);
   EXPECT_EQ(capped->time_ms, kNow + 8'000);  // open_for_max
@@ -85,6 +85,7 @@ TEST_F(BreakerTableTest, AProbeOfAnotherHalfOpenChangesNothing) {
   const uint64_t w = Word(BreakerState::kHalfOpen, 0, 0, 9, kNow);
   EXPECT_FALSE(Next(w, BreakerEvent::kProbeSucceeded, 8));
   EXPECT_FALSE(Next(w, BreakerEvent::kProbeFailed, 8));
+  EXPECT_FALSE(Next(w, BreakerEvent::kProbeExpired, 8));
 }
 
 TEST_F(BreakerTableTest, EventsOfOtherStatesDoNotApply) {
