@@ -91,13 +91,16 @@ class Segment {
   // Find returns the index of the active dependency called `name`, or -1.
   int32_t Find(std::string_view name) const;
   // PutDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
-  // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull, kIoError
-  // (other creators held the create lock for 2 s: nothing created, the caller may retry).
-  Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index);
+  // new policy, its live state untouched. It waits at most `lock_wait_ms` for the create lock
+  // (dependency_table.h). Errors: kInvalidArgument (bad name), kFull, kIoError (another
+  // creator held the create lock all that time: nothing written, the caller may retry).
+  Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index,
+                       uint32_t lock_wait_ms = kCreateLockWaitMs);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
   // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock:
-  // it may wait up to 2 s for that lock. Errors: those of PutDependency, kNotFound (auto-create
-  // off: counted in the header), kFull (table full: counted in the header).
+  // it may wait up to kCreateLockWaitMs (2 s) for that lock. Errors: those of PutDependency,
+  // kNotFound (auto-create off: counted in the header), kFull (table full: counted in the
+  // header).
   Status CreateOnTheFly(std::string_view name, uint32_t* index);
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <new>
@@ -28,6 +29,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/dependency_table.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
 #include "tests/reliability/reliability_util.h"
@@ -545,6 +547,65 @@ TEST_P(PidReuseTest, RecycledPidDoesNotKeepLeasesAlive) {
 
 INSTANTIATE_TEST_SUITE_P(DaemonState, PidReuseTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "DaemonRestarted" : "DaemonStopped"; });
+
+// The create lock's holder is judged by whether it runs, not by the age of its stamp alone.
+TEST(CreateLockTest, StoppedHolderKeepsTheCreateLockAndADeadOneLosesItAtOnce) {
+  const std::string name = UniqueName("holder");
+  shm::CreateOptions opt;
+  opt.name = name;
+  opt.max_dependencies = 8;
+  opt.max_processes = 8;
+  opt.mode = 0600;
+  std::unique_ptr<shm::Segment> seg;
+  bool adopted = false;
+  std::string note;
+  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+  std::atomic<uint64_t>& lock = seg->header().create_lock;
+  // A child takes the lock as a creator does, then stops (SIGSTOP, or a throttled cgroup)
+  // or dies before releasing it.
+  const auto holder = [&](bool stop) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      uint64_t free = 0;
+      while (!lock.compare_exchange_strong(
+          free, shm::CreateLockStamp(shm::NsToMs32(shm::PreciseNowNs())))) {
+        free = 0;
+      }
+      if (stop) raise(SIGSTOP);
+      _exit(0);
+    }
+    return pid;
+  };
+  uint32_t index = 0;
+
+  const pid_t stopped = holder(true);
+  int status = 0;
+  ASSERT_EQ(waitpid(stopped, &status, WUNTRACED), stopped);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const uint64_t taken = lock.load();
+  ASSERT_EQ(taken & shm::kCreateLockPidMask, uint64_t(stopped));
+  // Older than any age rule: the stamp is over 1.5 s old.
+  ASSERT_TRUE(WaitUntil([&] {
+    return int32_t(shm::NsToMs32(shm::PreciseNowNs()) - uint32_t(taken >> 32)) > 1'500;
+  }, 10'000));
+  const Status refused = seg->PutDependency("orders", shm::Policy{}, &index, 100);
+  EXPECT_EQ(refused.code(), Status::Code::kIoError) << refused.ToString();
+  EXPECT_EQ(lock.load(), taken) << "a live, stopped holder lost the create lock";
+  EXPECT_EQ(seg->Find("orders"), -1);
+
+  // Killed while stopped, or dead right after taking it: no wait at all (a single try).
+  kill(stopped, SIGKILL);
+  ASSERT_EQ(waitpid(stopped, &status, 0), stopped);
+  Status s = seg->PutDependency("orders", shm::Policy{}, &index, 0);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  const pid_t died = holder(false);
+  ASSERT_EQ(waitpid(died, &status, 0), died);
+  ASSERT_EQ(lock.load() & shm::kCreateLockPidMask, uint64_t(died));
+  s = seg->PutDependency("payments", shm::Policy{}, &index, 0);
+  EXPECT_TRUE(s.ok()) << s.ToString() << ": a fresh stamp of a dead holder held the lock";
+  EXPECT_EQ(lock.load(), 0u);
+  shm::Segment::Remove(name);
+}
 
 }  // namespace
 }  // namespace retryd::reliability
