@@ -65,6 +65,14 @@ void Daemon::Tick(uint64_t now_ns) {
   shm::SegmentHeader& h = seg.header();
   h.heartbeat_ns.store(now_ns, kRelaxed);
   h.heartbeat_unix_ms.store(shm::UnixNowMs(), kRelaxed);
+  // The word is for people (retryctl shows it); who owns the segment is the daemon lock's to
+  // say, but a word someone else wrote must not stand beside this daemon's heartbeat.
+  const uint32_t pid = uint32_t(getpid());
+  const uint32_t was = h.daemon_pid.exchange(pid, kRelaxed);
+  if (was != pid && LogAllowed(now_ns)) {
+    LOG(WARNING) << "segment: daemon_pid was " << was << ", not this daemon's " << pid
+                 << " (another writer changed it); put back";
+  }
 
   uint32_t dead = 0;
   const uint64_t reclaimed = reaper_.Tick(seg, &dead);

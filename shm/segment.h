@@ -32,6 +32,18 @@ struct CreateOptions {
   uint32_t mode = 0660;               // permission bits of the shm object
   uid_t owner = uid_t(-1);            // -1: leave as created
   gid_t group = gid_t(-1);
+  // as_daemon: take the daemon lock (below) on the shm object before adopting, retiring or
+  // replacing it, and keep it for the Segment's life. A segment whose lock another process
+  // holds is left untouched and refused (kInvalidArgument naming it and the holder's pid).
+  bool as_daemon = false;
+};
+
+// DaemonLock: who holds a segment's daemon lock, as far as the kernel tells.
+enum class DaemonLock {
+  kHeldHere,   // this Segment object took it (CreateOptions::as_daemon)
+  kHeld,       // another open of the object holds it: a daemon runs
+  kFree,       // nobody holds it: no daemon of this build runs on the segment
+  kUnknown,    // no shm object (private segment), or the probe failed
 };
 
 enum class Access { kReadOnly, kReadWrite };
@@ -86,6 +98,13 @@ class Segment {
   uint64_t size() const { return size_; }
   // Descriptor of the shm object (daemon: fchown/fchmod); -1 for a private segment.
   int fd() const { return fd_; }
+  // ProbeDaemonLock tells whether a daemon holds the segment. The daemon lock is
+  // flock(LOCK_EX) on the shm object, taken by CreateOrAdopt(as_daemon) and released by the
+  // kernel when the holder's descriptor closes, its death included: the one fact about the
+  // daemon that no writer of the segment can change. The probe takes LOCK_SH | LOCK_NB on this
+  // object's own descriptor and drops it at once (a daemon starting in that instant retries);
+  // on the holder's own Segment it makes no syscall. Thread-compatible.
+  DaemonLock ProbeDaemonLock() const;
 
   // --- The dependency table (cold path; defined in dependency_table.cc) -----------------
   // Find returns the index of the active dependency called `name`, or -1.
@@ -118,6 +137,7 @@ class Segment {
   int fd_ = -1;
   bool private_ = false;
   bool read_only_ = false;
+  bool holds_daemon_lock_ = false;
   std::string name_;
   void BindTables();
   void Initialize(const Policy& defaults, uint32_t flags);

@@ -548,6 +548,57 @@ TEST_P(PidReuseTest, RecycledPidDoesNotKeepLeasesAlive) {
 INSTANTIATE_TEST_SUITE_P(DaemonState, PidReuseTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "DaemonRestarted" : "DaemonStopped"; });
 
+// Exactly one daemon per segment, whatever a writer of the segment puts in `daemon_pid`: the
+// kernel's lock on the shm object decides, and retryctl asks it too.
+TEST(DaemonLockTest, OneDaemonPerSegmentWhateverThePidWordSays) {
+  const std::string name = UniqueName("onedaemon");
+  const std::string config = TempFile(".toml");
+  WriteFile(config, ClientConfig(name, 64));
+  const std::vector<std::string> args{"--config=" + config};
+  auto first = std::make_unique<Daemon>(args);
+  std::unique_ptr<shm::Segment> seg;
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << first->Log();
+  std::atomic<uint32_t>& pid_word = seg->header().daemon_pid;
+  std::atomic<uint64_t>& beat = seg->header().heartbeat_ns;
+
+  // 0, and a live process that is not a retryd (this test).
+  for (const uint32_t scribble : {0u, uint32_t(getpid())}) {
+    pid_word.store(scribble);
+    Daemon second(args);
+    EXPECT_EQ(second.Wait(20'000), 1) << second.Log();
+    EXPECT_NE(second.Log().find("segment '" + name + "' is owned by a running retryd (pid " +
+                                std::to_string(first->pid()) + ")"),
+              std::string::npos)
+        << second.Log();
+    const uint64_t before = beat.load();
+    EXPECT_TRUE(WaitUntil([&] { return beat.load() > before; }, 10'000)) << "the first stopped";
+    EXPECT_TRUE(WaitUntil([&] { return pid_word.load() == uint32_t(first->pid()); }, 10'000))
+        << "the first puts its pid back";
+  }
+
+#ifdef RETRYCTL_BINARY
+  // The first, stopped where it cannot put its pid back, with the word scribbled: retryctl
+  // says stale (the kernel's lock is held), never down.
+  first->Signal(SIGSTOP);
+  pid_word.store(0);
+  ASSERT_TRUE(WaitUntil([&] { return NowNs() - beat.load() > 4'000'000'000u; }, 20'000));
+  const RunResult status = RunBinary(RETRYCTL_BINARY, {"--segment", name, "status"});
+  first->Signal(SIGCONT);
+  EXPECT_EQ(status.out.find("DAEMON DOWN"), std::string::npos) << status.out << status.err;
+  EXPECT_NE(status.out.find("DAEMON STALE"), std::string::npos) << status.out << status.err;
+#endif
+
+  // Gone for good: the kernel drops its lock, and the next daemon adopts the segment.
+  first->KillHard();
+  Daemon next(args);
+  EXPECT_TRUE(WaitUntil([&] { return pid_word.load() == uint32_t(next.pid()); }, 10'000))
+      << next.Log();
+  EXPECT_TRUE(next.WaitForLog("segment: adopted '" + name + "'", 10'000)) << next.Log();
+  next.KillHard();
+  shm::Segment::Remove(name);
+  unlink(config.c_str());
+}
+
 // The create lock's holder is judged by whether it runs, not by the age of its stamp alone.
 TEST(CreateLockTest, StoppedHolderKeepsTheCreateLockAndADeadOneLosesItAtOnce) {
   const std::string name = UniqueName("holder");
