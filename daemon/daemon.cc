@@ -56,7 +56,9 @@ std::string Daemon::StatusLine() const {
   shm::SegmentStatus view;
   // BuildStatus fails only for a name in `only`, which is empty here.
   (void)shm::BuildStatus(*segment_, DaemonViewOptions(now_ns_), &view);
-  return daemon::StatusLine(view, last_reload_error_);
+  std::string line = daemon::StatusLine(view, last_reload_error_);
+  if (!pending_.empty()) line += "; " + PendingSummary();
+  return line;
 }
 
 void Daemon::Tick(uint64_t now_ns) {
@@ -73,7 +75,6 @@ void Daemon::Tick(uint64_t now_ns) {
     LOG(WARNING) << "segment: daemon_pid was " << was << ", not this daemon's " << pid
                  << " (another writer changed it); put back";
   }
-
   uint32_t dead = 0;
   const uint64_t reclaimed = reaper_.Tick(seg, &dead);
   if (reclaimed > 0 && LogAllowed(now_ns)) {
@@ -98,6 +99,7 @@ void Daemon::Tick(uint64_t now_ns) {
     }
   }
   CheckEvents(now_ns);
+  RetryPending(now_ns);
 
   if (watchdog_interval_ns_ != 0 && now_ns - last_watchdog_ns_ >= watchdog_interval_ns_) {
     last_watchdog_ns_ = now_ns;

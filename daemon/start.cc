@@ -95,6 +95,7 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   LOG(INFO) << "config: " << d->config_.source << ": " << d->config_.dependencies.size()
             << " dependencies configured, tick " << d->config_.daemon.tick_ms << "ms, auto_create "
             << (d->config_.daemon.auto_create ? "on" : "off");
+  if (!d->pending_.empty()) LOG(WARNING) << "config: " << d->PendingSummary();
   *out = std::move(d);
   return Status::Ok();
 }
