@@ -73,7 +73,8 @@ class CreateLock {
             // Stale: taken too long ago, or stamped in the future (a clock from another
             // boot, or a client's scribble), which would otherwise stall every creator.
             const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
-            takeable = age_ms > int32_t(kCreateLockStaleMs) || age_ms < -int32_t(kCreateLockStaleMs);
+            takeable = age_ms > int32_t(kCreateLockStaleMs) ||
+                       age_ms < -int32_t(kCreateLockStaleMs);
             break;
           }
         }

@@ -294,14 +294,16 @@ TEST_F(DaemonProcessTest, ReloadBlockedByTheCreateLockSaysPendingKeepsTickingAnd
   const auto config = [&](int burst) {
     std::string deps;
     for (int i = 0; i < kDeps; ++i) {
-      deps += "[dependency.d" + std::to_string(i) + "]\nretry_burst = " + std::to_string(burst) + "\n";
+      deps += "[dependency.d" + std::to_string(i) + "]\nretry_burst = " +
+              std::to_string(burst) + "\n";
     }
     return Config(deps);
   };
   const auto bursts_are = [&](const shm::Segment& seg, uint32_t burst) {
     for (int i = 0; i < kDeps; ++i) {
       const int32_t index = seg.Find("d" + std::to_string(i));
-      if (index < 0 || shm::LoadPolicy(seg.dependency(uint32_t(index))->policy).retry_burst != burst) {
+      if (index < 0) return false;
+      if (shm::LoadPolicy(seg.dependency(uint32_t(index))->policy).retry_burst != burst) {
         return false;
       }
     }
