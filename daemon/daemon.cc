@@ -56,7 +56,9 @@ std::string Daemon::StatusLine() const {
   shm::SegmentStatus view;
   // BuildStatus fails only for a name in `only`, which is empty here.
   (void)shm::BuildStatus(*segment_, DaemonViewOptions(now_ns_), &view);
-  return daemon::StatusLine(view, last_reload_error_);
+  std::string line = daemon::StatusLine(view, last_reload_error_);
+  if (!pending_.empty()) line += "; " + PendingSummary();
+  return line;
 }
 
 void Daemon::Tick(uint64_t now_ns) {
@@ -65,7 +67,14 @@ void Daemon::Tick(uint64_t now_ns) {
   shm::SegmentHeader& h = seg.header();
   h.heartbeat_ns.store(now_ns, kRelaxed);
   h.heartbeat_unix_ms.store(shm::UnixNowMs(), kRelaxed);
-
+  // The word is for people (retryctl shows it); who owns the segment is the daemon lock's to
+  // say, but a word someone else wrote must not stand beside this daemon's heartbeat.
+  const uint32_t pid = uint32_t(getpid());
+  const uint32_t was = h.daemon_pid.exchange(pid, kRelaxed);
+  if (was != pid && LogAllowed(now_ns)) {
+    LOG(WARNING) << "segment: daemon_pid was " << was << ", not this daemon's " << pid
+                 << " (another writer changed it); put back";
+  }
   uint32_t dead = 0;
   const uint64_t reclaimed = reaper_.Tick(seg, &dead);
   if (reclaimed > 0 && LogAllowed(now_ns)) {
@@ -90,6 +99,7 @@ void Daemon::Tick(uint64_t now_ns) {
     }
   }
   CheckEvents(now_ns);
+  RetryPending(now_ns);
 
   if (watchdog_interval_ns_ != 0 && now_ns - last_watchdog_ns_ >= watchdog_interval_ns_) {
     last_watchdog_ns_ = now_ns;

@@ -8,9 +8,12 @@
 // the segment while it is stopped or restarting.
 //
 // Lifecycle:
-//   start    create, adopt (state kept: open breakers stay open) or retire-and-replace the
-//            segment; apply owner, group and mode; publish the config; READY=1
-//   tick     every `tick_ms` (see Tick)
+//   start    take the segment's daemon lock (a kernel lock: one daemon per segment; a second
+//            is refused), create, adopt (state kept: open breakers stay open) or
+//            retire-and-replace the segment; apply owner, group and mode; publish the config;
+//            READY=1
+//   tick     every `tick_ms` (see Tick); never waits for the create lock more than
+//            kLockWaitPerPassNs (10 ms)
 //   SIGHUP   reload the config file; a bad file is logged and the running config stays
 //   SIGTERM  exit 0, leaving the segment in place for workers and the next daemon
 //
@@ -74,17 +77,21 @@ class Daemon {
   // SIGINT. Returns the process exit code (0 on a clean stop).
   int Run();
 
-  // Tick does one housekeeping pass at CLOCK_MONOTONIC `now_ns`: heartbeat, reclaim of dead
-  // owners' leases and expired leases, change and event logging, watchdog, status line and,
-  // when due, the metrics textfile.
+  // Tick does one housekeeping pass at CLOCK_MONOTONIC `now_ns`: heartbeat (and the daemon's
+  // pid, put back if another writer changed it), reclaim of dead owners' leases and expired
+  // leases, pending dependencies, change and event logging, watchdog, status line and, when
+  // due, the metrics textfile.
   void Tick(uint64_t now_ns);
 
   // Reload re-reads the config file. On error the running config stays unchanged and the
   // error is returned (and logged). Capacity, segment, ownership and mode changes are logged
-  // and ignored until a restart.
+  // and ignored until a restart. A dependency that cannot be written now (the create lock is
+  // held by another creator, the table is full) is logged as pending, named in the STATUS
+  // line, and written by a later tick; the log says "applied" only when all of it was.
   Status Reload();
 
-  // StatusLine: "12 dependencies, 2 open, 37 processes attached".
+  // StatusLine: "12 dependencies, 2 open, 37 processes attached", then the last reload's
+  // failure and the pending dependencies, if any.
   std::string StatusLine() const;
 
   const shm::Segment& segment() const { return *segment_; }
@@ -102,8 +109,30 @@ class Daemon {
 
   Daemon() = default;
   Status ApplyOwnership(const DaemonSettings& d);
-  // Publish writes `cfg` into the segment; `previous` is null at start.
-  void Publish(const Config& cfg, const Config* previous);
+  // What one Publish wrote into the segment.
+  struct PublishCounts {
+    size_t added = 0;    // dependencies the segment did not hold active
+    size_t changed = 0;  // dependencies it held, given a new policy
+    size_t retired = 0;
+  };
+  // A dependency of the config that the segment does not hold yet: PutDependency refused
+  // (another creator held the create lock, or the table was full). Tick tries it again.
+  struct PendingPut {
+    shm::Policy policy;
+    Status::Code code = Status::Code::kOk;  // why the last try failed
+    uint64_t since_ns = 0;                  // first failure
+  };
+  // Publish writes `cfg` into the segment; `previous` is null at start. What it cannot write
+  // goes to pending_.
+  PublishCounts Publish(const Config& cfg, const Config* previous);
+  // Put writes one dependency, waiting for the create lock until `deadline_ns` at most (one try
+  // past it), and keeps it in pending_ if refused. True if written, with its slot in *index.
+  bool Put(const std::string& name, const shm::Policy& policy, uint64_t deadline_ns,
+           uint32_t* index);
+  // RetryPending tries pending_ again, once per kPendingRetryNs.
+  void RetryPending(uint64_t now_ns);
+  // PendingSummary: "2 dependencies pending, not yet in the segment (a, b): WHY", or "".
+  std::string PendingSummary() const;
   void Observe(uint32_t index, bool log_changes);
   void ObserveAll(bool log_changes);
   void CheckEvents(uint64_t now_ns);
@@ -111,8 +140,18 @@ class Daemon {
   void Notify(const std::string& message);
   void ArmTimer();
 
+  // A pass of writes (a reload, a start, one tick's retry of pending_) waits for the create
+  // lock this long in total at most, then tries each remaining dependency once without
+  // waiting; so a create lock held by another creator delays a tick by this much, not by 2 s
+  // per dependency (the heartbeat, the reaper and the watchdog run on the tick).
+  static constexpr uint64_t kLockWaitPerPassNs = 10'000'000;
+  static constexpr uint64_t kPendingRetryNs = 250'000'000;
+
   DaemonOptions options_;
+  // The config file as last loaded; the segment holds all of it but pending_.
   Config config_;
+  std::map<std::string, PendingPut> pending_;
+  uint64_t next_pending_try_ns_ = 0;
   std::unique_ptr<shm::Segment> segment_;
   std::vector<SlotView> seen_;
   shm::Caller caller_{};

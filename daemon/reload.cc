@@ -4,14 +4,18 @@
 #include <grp.h>
 #include <pwd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 
 #include "daemon/daemon.h"
+#include "shm/clock.h"
 
 namespace retryd::daemon {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
+constexpr uint64_t kMsNs = 1'000'000;
 
 }  // namespace
 
@@ -43,31 +47,57 @@ Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_
   return Status::Ok();
 }
 
-void Daemon::Publish(const Config& cfg, const Config* previous) {
+bool Daemon::Put(const std::string& name, const shm::Policy& policy, uint64_t deadline_ns,
+                 uint32_t* index) {
+  const uint64_t now_ns = shm::PreciseNowNs();
+  const uint32_t wait_ms = now_ns < deadline_ns ? uint32_t((deadline_ns - now_ns) / kMsNs) : 0;
+  const Status st = segment_->PutDependency(name, policy, index, wait_ms);
+  if (st.ok()) {
+    pending_.erase(name);
+    return true;
+  }
+  auto [it, fresh] = pending_.try_emplace(name);
+  if (fresh || it->second.code != st.code()) {
+    LOG(WARNING) << "config: dependency " << name << ": not written: " << st.message()
+                 << "; pending, tried again every " << kPendingRetryNs / kMsNs << "ms";
+  }
+  it->second.policy = policy;
+  it->second.code = st.code();
+  if (fresh) it->second.since_ns = now_ns;
+  return false;
+}
+
+Daemon::PublishCounts Daemon::Publish(const Config& cfg, const Config* previous) {
   shm::Segment& seg = *segment_;
   shm::SegmentHeader& h = seg.header();
+  PublishCounts counts;
+  const uint64_t deadline_ns = shm::PreciseNowNs() + kLockWaitPerPassNs;
+  // A pending write of a name the new config dropped is dropped with it.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    it = cfg.dependencies.count(it->first) ? std::next(it) : pending_.erase(it);
+  }
   for (const auto& [name, policy] : cfg.dependencies) {
-    const char* what = "added";
+    const bool in_segment = seg.Find(name) >= 0;
     if (previous != nullptr) {
       auto it = previous->dependencies.find(name);
-      if (it != previous->dependencies.end()) {
-        // Unchanged: leave it alone, including a mode an operator set at runtime.
-        if (it->second == policy && seg.Find(name) >= 0) continue;
-        what = "policy changed";
+      // Unchanged and written: leave it alone, including a mode an operator set at runtime.
+      if (it != previous->dependencies.end() && it->second == policy && in_segment &&
+          !pending_.count(name)) {
+        continue;
       }
     }
     uint32_t index = 0;
-    if (Status st = seg.PutDependency(name, policy, &index); !st.ok()) {
-      LOG(ERROR) << "config: dependency " << name << ": " << st.message();
-      continue;
-    }
+    if (!Put(name, policy, deadline_ns, &index)) continue;
+    ++(in_segment ? counts.changed : counts.added);
     const uint32_t live_mode = seen_[index].mode;
     if (previous == nullptr && seen_[index].state == uint32_t(shm::SlotState::kActive) &&
         live_mode != uint32_t(policy.mode)) {
       LOG(INFO) << "dependency " << name << ": mode " << shm::ModeName(shm::Mode(live_mode))
                 << " -> " << shm::ModeName(policy.mode) << " (from the config)";
     }
-    if (previous != nullptr) LOG(INFO) << "dependency " << name << ": " << what;
+    if (previous != nullptr) {
+      LOG(INFO) << "dependency " << name << ": " << (in_segment ? "policy changed" : "added");
+    }
     Observe(index, false);
   }
   if (previous != nullptr) {
@@ -77,6 +107,7 @@ void Daemon::Publish(const Config& cfg, const Config* previous) {
       if (index < 0) continue;
       seg.Retire(uint32_t(index));
       Observe(uint32_t(index), false);
+      ++counts.retired;
       LOG(INFO) << "dependency " << name << ": retired (removed from the config)";
     }
   }
@@ -88,6 +119,51 @@ void Daemon::Publish(const Config& cfg, const Config* previous) {
     h.flags.fetch_and(~shm::kFlagAutoCreate, std::memory_order_release);
   }
   h.generation.fetch_add(1, std::memory_order_release);
+  return counts;
+}
+
+void Daemon::RetryPending(uint64_t now_ns) {
+  if (pending_.empty() || now_ns < next_pending_try_ns_) return;
+  next_pending_try_ns_ = now_ns + kPendingRetryNs;
+  const uint64_t deadline_ns = shm::PreciseNowNs() + kLockWaitPerPassNs;
+  const auto pending = pending_;  // Put erases what it writes
+  size_t written = 0;
+  for (const auto& [name, put] : pending) {
+    const bool in_segment = segment_->Find(name) >= 0;
+    uint32_t index = 0;
+    if (!Put(name, put.policy, deadline_ns, &index)) continue;
+    ++written;
+    LOG(INFO) << "dependency " << name << ": " << (in_segment ? "policy changed" : "added")
+              << " (pending for " << (shm::PreciseNowNs() - put.since_ns) / kMsNs << "ms)";
+    Observe(index, false);
+  }
+  if (written == 0) return;
+  segment_->header().generation.fetch_add(1, std::memory_order_release);
+  next_status_ns_ = 0;  // the STATUS line changes now
+  if (pending_.empty()) {
+    LOG(INFO) << "config: " << config_.source << ": every pending dependency written, generation "
+              << segment_->header().generation.load(kRelaxed);
+  }
+}
+
+std::string Daemon::PendingSummary() const {
+  if (pending_.empty()) return "";
+  std::string names;
+  size_t shown = 0;
+  for (const auto& [name, put] : pending_) {
+    if (shown++ == 3) {
+      names += ", ...";
+      break;
+    }
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  const bool lock = std::any_of(pending_.begin(), pending_.end(), [](const auto& p) {
+    return p.second.code == Status::Code::kIoError;
+  });
+  return std::to_string(pending_.size()) +
+         (pending_.size() == 1 ? " dependency" : " dependencies") +
+         " pending, not yet in the segment (" + names + "): " +
+         (lock ? "another creator holds the create lock" : "dependency table full");
 }
 
 Status Daemon::Reload() {
@@ -125,28 +201,27 @@ Status Daemon::Reload() {
   keep("max_dependencies", n.max_dependencies, o.max_dependencies, num);
   keep("max_processes", n.max_processes, o.max_processes, num);
 
-  size_t added = 0, changed = 0, retired = 0;
-  for (const auto& [name, policy] : next.dependencies) {
-    auto it = config_.dependencies.find(name);
-    if (it == config_.dependencies.end()) {
-      ++added;
-    } else if (!(it->second == policy)) {
-      ++changed;
-    }
-  }
-  for (const auto& [name, policy] : config_.dependencies) retired += !next.dependencies.count(name);
-
   const bool tick_changed = n.tick_ms != o.tick_ms;
   const bool metrics_changed =
       n.metrics_textfile != o.metrics_textfile || n.metrics_interval_ms != o.metrics_interval_ms;
-  Publish(next, &config_);
+  const PublishCounts wrote = Publish(next, &config_);
+  // config_ is the file as loaded; pending_ is what of it the segment does not hold yet.
   config_ = std::move(next);
   if (tick_changed && timer_fd_ >= 0) ArmTimer();
   if (metrics_changed) next_metrics_ns_ = 0;
   last_reload_error_.clear();
-  LOG(INFO) << "reload: " << config_.source << " applied: " << config_.dependencies.size()
-            << " dependencies (" << added << " added, " << changed << " changed, " << retired
-            << " retired), generation " << segment_->header().generation.load(kRelaxed);
+  const std::string counts = std::to_string(wrote.added) + " added, " +
+                             std::to_string(wrote.changed) + " changed, " +
+                             std::to_string(wrote.retired) + " retired";
+  const uint64_t generation = segment_->header().generation.load(kRelaxed);
+  if (pending_.empty()) {
+    LOG(INFO) << "reload: " << config_.source << " applied: " << config_.dependencies.size()
+              << " dependencies (" << counts << "), generation " << generation;
+  } else {
+    LOG(WARNING) << "reload: " << config_.source << ": wrote " << counts << "; "
+                 << PendingSummary() << "; tried again every " << kPendingRetryNs / kMsNs
+                 << "ms, generation " << generation;
+  }
   return Status::Ok();
 }
 

@@ -1,7 +1,6 @@
 // Starting the daemon: load the config, then create, adopt or replace the segment and publish
 // the config into it.
 #include <glog/logging.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "daemon/daemon.h"
 
@@ -17,13 +15,6 @@ namespace retryd::daemon {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
-
-std::string ReadComm(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
-  std::string comm;
-  std::getline(in, comm);
-  return comm;
-}
 
 // The workers' pidfds are held open by the reaper: make room for one per process slot.
 void RaiseFileLimit(uint32_t max_processes) {
@@ -62,6 +53,8 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   create.mode = cfg.daemon.mode;
   create.owner = uid;
   create.group = gid;
+  // Exactly one daemon per segment: a second one is refused here, by the kernel's lock.
+  create.as_daemon = true;
   bool adopted = false;
   std::string note;
   if (Status st = shm::Segment::CreateOrAdopt(create, &d->segment_, &adopted, &note); !st.ok()) {
@@ -69,14 +62,6 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   }
   shm::SegmentHeader& h = d->segment_->header();
   if (adopted) {
-    // Two daemons ticking one segment would fight over it: refuse to be the second.
-    const pid_t other = pid_t(h.daemon_pid.load(kRelaxed));
-    if (other != 0 && other != getpid() && (kill(other, 0) == 0 || errno == EPERM) &&
-        ReadComm(other) == ReadComm(getpid())) {
-      return Status::InvalidArgument("segment '" + create.name + "' is owned by a running " +
-                                     ReadComm(other) + " (pid " + std::to_string(other) +
-                                     "); stop it first or use another --segment");
-    }
     // A created segment got its owner and mode at creation; an adopted one gets them now.
     const int fd = d->segment_->fd();
     if ((uid != uid_t(-1) || gid != gid_t(-1)) && fchown(fd, uid, gid) != 0) {
@@ -110,6 +95,7 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   LOG(INFO) << "config: " << d->config_.source << ": " << d->config_.dependencies.size()
             << " dependencies configured, tick " << d->config_.daemon.tick_ms << "ms, auto_create "
             << (d->config_.daemon.auto_create ? "on" : "off");
+  if (!d->pending_.empty()) LOG(WARNING) << "config: " << d->PendingSummary();
   *out = std::move(d);
   return Status::Ok();
 }

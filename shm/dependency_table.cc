@@ -1,8 +1,11 @@
 #include "shm/dependency_table.h"
 
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "shm/breaker.h"
@@ -14,7 +17,8 @@ namespace retryd::shm {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
-// A create lock older than this belongs to a process that died holding it.
+// A create lock whose holder cannot be asked about (see CheckHolder) and is older than this
+// belongs to a process that died holding it.
 constexpr uint64_t kCreateLockStaleMs = 1'000;
 
 void EncodeName(std::string_view name, uint64_t words[6]) {
@@ -33,28 +37,55 @@ bool NameIs(const DependencySlot& slot, std::string_view name) {
   return true;
 }
 
+// HolderLiveness: what the checker can tell about the process that stamped `lock`.
+enum class Holder { kLive, kDead, kUnknown };
+
+Holder CheckHolder(uint64_t lock) {
+  const uint32_t tag = uint32_t(lock >> kCreateLockPidBits) & kCreateLockTagMask;
+  const pid_t pid = pid_t(lock & kCreateLockPidMask);
+  // Only a pid stamped in our own pid namespace names a process we can ask about; any other
+  // number (another namespace, a writer that stamps no namespace) may name someone else here.
+  if (tag == 0 || tag != PidNamespaceTag() || pid <= 0) return Holder::kUnknown;
+  if (kill(pid, 0) == 0 || errno == EPERM) return Holder::kLive;
+  return errno == ESRCH ? Holder::kDead : Holder::kUnknown;
+}
+
 // CreateLock serializes creators of dependency slots (the daemon and clients creating on the
-// fly). A cold path only; a holder that died is detected by age. The lock word is
-// pid | (ms << 32), the time in ms modulo 2^32 like every stamp in the segment (clock.h).
+// fly). A cold path only. The word is CreateLockStamp's; a holder is judged as
+// dependency_table.h says.
 class CreateLock {
  public:
-  explicit CreateLock(SegmentHeader& h) : h_(h) {
-    const uint64_t pid = uint64_t(uint32_t(getpid()));
-    for (int spins = 0;; ++spins) {
-      const uint32_t now_ms = NsToMs32(PreciseNowNs());
+  CreateLock(SegmentHeader& h, uint32_t wait_ms) : h_(h) {
+    const uint64_t deadline_ns = PreciseNowNs() + uint64_t{wait_ms} * 1'000'000;
+    for (;;) {
+      const uint64_t now_ns = PreciseNowNs();
+      const uint32_t now_ms = NsToMs32(now_ns);
       uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
-      // Stale: taken too long ago, or stamped in the future (a clock from another boot, or
-      // a client's scribble), which would otherwise stall every creator.
-      const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
-      const bool stale = cur != 0 && (age_ms > int32_t(kCreateLockStaleMs) ||
-                                      age_ms < -int32_t(kCreateLockStaleMs));
-      const uint64_t mine = pid | (uint64_t{now_ms} << 32);
-      if ((cur == 0 || stale) &&
+      bool takeable = cur == 0;
+      if (!takeable) {
+        switch (CheckHolder(cur)) {
+          case Holder::kLive:  // stalled (stopped, throttled) is not dead: wait
+            break;
+          case Holder::kDead:
+            takeable = true;
+            break;
+          case Holder::kUnknown: {
+            // Stale: taken too long ago, or stamped in the future (a clock from another
+            // boot, or a client's scribble), which would otherwise stall every creator.
+            const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
+            takeable = age_ms > int32_t(kCreateLockStaleMs) ||
+                       age_ms < -int32_t(kCreateLockStaleMs);
+            break;
+          }
+        }
+      }
+      const uint64_t mine = CreateLockStamp(now_ms);
+      if (takeable &&
           h_.create_lock.compare_exchange_strong(cur, mine, std::memory_order_acquire)) {
         mine_ = mine;
         return;
       }
-      if (spins > 2'000) return;  // about 2 s of other creators: held() says so
+      if (now_ns >= deadline_ns) return;  // held() says so
       usleep(1000);
     }
   }
@@ -70,6 +101,18 @@ class CreateLock {
 };
 
 }  // namespace
+
+uint32_t PidNamespaceTag() {
+  // Not cached: a process that unshared its pid namespace forks children into another one.
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return uint32_t(st.st_ino % kCreateLockTagMask) + 1;
+}
+
+uint64_t CreateLockStamp(uint32_t now_ms) {
+  const uint64_t pid = uint64_t(uint32_t(getpid())) & kCreateLockPidMask;
+  return pid | (uint64_t{PidNamespaceTag()} << kCreateLockPidBits) | (uint64_t{now_ms} << 32);
+}
 
 bool ValidDependencyName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLen) return false;
@@ -100,17 +143,19 @@ int32_t Segment::Find(std::string_view name) const {
   return -1;
 }
 
-Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index) {
+Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index,
+                              uint32_t lock_wait_ms) {
   if (!ValidDependencyName(name)) {
     return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
                                    std::to_string(kMaxNameLen) +
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
-  CreateLock lock(*header_);
+  CreateLock lock(*header_, lock_wait_ms);
   if (!lock.held()) {
     // Creating without it could give two names one slot: refuse, the caller may retry.
     return Status::IoError("dependency '" + std::string(name) +
-                           "': other creators held the segment's create lock for 2 s");
+                           "': another creator holds the segment's create lock (waited " +
+                           std::to_string(lock_wait_ms) + " ms)");
   }
   // Every slot, not only those under the shared high-water mark: a client may have lowered
   // it, and a live dependency's slot must never be re-initialized or given another name.

@@ -1,7 +1,9 @@
 #include "shm/segment.h"
 
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +11,11 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "shm/clock.h"
 
@@ -43,9 +49,62 @@ Status FromException(std::string_view name, const bip::interprocess_exception& e
   return Status::IoError(what);
 }
 
+// A probe (ProbeDaemonLock) holds LOCK_SH for the few microseconds between its two flock
+// calls; a daemon holds LOCK_EX for its life. A starting daemon that finds the lock taken
+// tries again every 10 ms for this long before it concludes that a daemon holds it.
+constexpr int kDaemonLockTries = 50;
+
+// FlockHolderPid: the pid /proc/locks gives for a flock on the file `fd` refers to; 0 if none
+// is listed (no /proc, or a holder in a pid namespace this process cannot see).
+pid_t FlockHolderPid(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return 0;
+  std::ifstream locks("/proc/locks");
+  for (std::string line; std::getline(locks, line);) {
+    std::istringstream in(line);
+    std::string id, kind, advisory, access, dev;
+    long pid = 0;
+    if (!(in >> id >> kind >> advisory >> access >> pid >> dev) || kind != "FLOCK") continue;
+    unsigned maj = 0, min = 0;
+    unsigned long long ino = 0;
+    if (std::sscanf(dev.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3) continue;
+    if (ino == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev) && pid > 0) {
+      return pid_t(pid);
+    }
+  }
+  return 0;
+}
+
+// TakeDaemonLock takes flock(LOCK_EX) on `fd` for the caller's daemon, or says who holds it.
+Status TakeDaemonLock(int fd, std::string_view name) {
+  for (int tries = 1;; ++tries) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return Status::Ok();
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      return Status::IoError(Quoted(name) + ": lock: " + std::strerror(errno));
+    }
+    if (tries >= kDaemonLockTries) break;
+    usleep(10'000);
+  }
+  const pid_t holder = FlockHolderPid(fd);
+  return Status::InvalidArgument(
+      Quoted(name) + " is owned by a running retryd (" +
+      (holder > 0 ? "pid " + std::to_string(holder) : std::string("pid unknown")) +
+      "); stop it first or use another --segment");
+}
+
 }  // namespace
 
 Segment::~Segment() = default;
+
+DaemonLock Segment::ProbeDaemonLock() const {
+  if (holds_daemon_lock_) return DaemonLock::kHeldHere;
+  if (fd_ < 0) return DaemonLock::kUnknown;
+  if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
+    flock(fd_, LOCK_UN);
+    return DaemonLock::kFree;
+  }
+  return errno == EWOULDBLOCK ? DaemonLock::kHeld : DaemonLock::kUnknown;
+}
 
 Status Segment::Validate(const void* base, uint64_t size) {
   if (size < sizeof(SegmentHeader)) {
@@ -199,6 +258,10 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
   std::unique_ptr<Segment> existing;
   Status s = Attach(opt.name, Access::kReadWrite, &existing);
   if (s.ok()) {
+    if (opt.as_daemon) {
+      if (Status st = TakeDaemonLock(existing->fd_, opt.name); !st.ok()) return st;
+      existing->holds_daemon_lock_ = true;
+    }
     if (existing->max_dependencies() == opt.max_dependencies &&
         existing->max_processes() == opt.max_processes) {
       *adopted = true;
@@ -216,6 +279,13 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
     // layout version), so that clients still mapping it move over; then replace it.
     try {
       bip::shared_memory_object obj(bip::open_only, opt.name.c_str(), bip::read_write);
+      // Held until `obj` closes, after the retire and the unlink: a running daemon of any
+      // layout keeps its segment.
+      if (opt.as_daemon) {
+        if (Status st = TakeDaemonLock(obj.get_mapping_handle().handle, opt.name); !st.ok()) {
+          return st;
+        }
+      }
       bip::offset_t size = 0;
       obj.get_size(size);
       if (uint64_t(size) < sizeof(SegmentHeader)) {
@@ -266,6 +336,12 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
     seg->mapping_->object =
         bip::shared_memory_object(bip::create_only, opt.name.c_str(), bip::read_write, perms);
     const int fd = seg->mapping_->object.get_mapping_handle().handle;
+    // Before the object has a size: a daemon that opens it meanwhile finds it held, not
+    // uninitialized (which it would retire).
+    if (opt.as_daemon) {
+      if (Status st = TakeDaemonLock(fd, opt.name); !st.ok()) return st;
+      seg->holds_daemon_lock_ = true;
+    }
     // shm_open applied the umask; the configured mode is what the admin asked for.
     if (fchmod(fd, opt.mode) != 0) {
       return Status::IoError(Quoted(opt.name) + ": chmod " + std::strerror(errno));

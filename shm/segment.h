@@ -32,6 +32,18 @@ struct CreateOptions {
   uint32_t mode = 0660;               // permission bits of the shm object
   uid_t owner = uid_t(-1);            // -1: leave as created
   gid_t group = gid_t(-1);
+  // as_daemon: take the daemon lock (below) on the shm object before adopting, retiring or
+  // replacing it, and keep it for the Segment's life. A segment whose lock another process
+  // holds is left untouched and refused (kInvalidArgument naming it and the holder's pid).
+  bool as_daemon = false;
+};
+
+// DaemonLock: who holds a segment's daemon lock, as far as the kernel tells.
+enum class DaemonLock {
+  kHeldHere,   // this Segment object took it (CreateOptions::as_daemon)
+  kHeld,       // another open of the object holds it: a daemon runs
+  kFree,       // nobody holds it: no daemon of this build runs on the segment
+  kUnknown,    // no shm object (private segment), or the probe failed
 };
 
 enum class Access { kReadOnly, kReadWrite };
@@ -86,18 +98,28 @@ class Segment {
   uint64_t size() const { return size_; }
   // Descriptor of the shm object (daemon: fchown/fchmod); -1 for a private segment.
   int fd() const { return fd_; }
+  // ProbeDaemonLock tells whether a daemon holds the segment. The daemon lock is
+  // flock(LOCK_EX) on the shm object, taken by CreateOrAdopt(as_daemon) and released by the
+  // kernel when the holder's descriptor closes, its death included: the one fact about the
+  // daemon that no writer of the segment can change. The probe takes LOCK_SH | LOCK_NB on this
+  // object's own descriptor and drops it at once (a daemon starting in that instant retries);
+  // on the holder's own Segment it makes no syscall. Thread-compatible.
+  DaemonLock ProbeDaemonLock() const;
 
   // --- The dependency table (cold path; defined in dependency_table.cc) -----------------
   // Find returns the index of the active dependency called `name`, or -1.
   int32_t Find(std::string_view name) const;
   // PutDependency (daemon) finds or creates `name` with `policy`; an existing one gets the
-  // new policy, its live state untouched. Errors: kInvalidArgument (bad name), kFull, kIoError
-  // (other creators held the create lock for 2 s: nothing created, the caller may retry).
-  Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index);
+  // new policy, its live state untouched. It waits at most `lock_wait_ms` for the create lock
+  // (dependency_table.h). Errors: kInvalidArgument (bad name), kFull, kIoError (another
+  // creator held the create lock all that time: nothing written, the caller may retry).
+  Status PutDependency(std::string_view name, const Policy& policy, uint32_t* index,
+                       uint32_t lock_wait_ms = kCreateLockWaitMs);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
   // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock:
-  // it may wait up to 2 s for that lock. Errors: those of PutDependency, kNotFound (auto-create
-  // off: counted in the header), kFull (table full: counted in the header).
+  // it may wait up to kCreateLockWaitMs (2 s) for that lock. Errors: those of PutDependency,
+  // kNotFound (auto-create off: counted in the header), kFull (table full: counted in the
+  // header).
   Status CreateOnTheFly(std::string_view name, uint32_t* index);
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);
@@ -115,6 +137,7 @@ class Segment {
   int fd_ = -1;
   bool private_ = false;
   bool read_only_ = false;
+  bool holds_daemon_lock_ = false;
   std::string name_;
   void BindTables();
   void Initialize(const Policy& defaults, uint32_t flags);

@@ -133,7 +133,9 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
     d.heartbeat_age_ms =
         opt.now_ns > d.heartbeat_ns ? (opt.now_ns - d.heartbeat_ns) / 1'000'000 : 0;
   }
-  if (d.pid == 0 || !d.pid_alive) {
+  d.lock = opt.probe_lock ? seg.ProbeDaemonLock() : DaemonLock::kUnknown;
+  const bool held = d.lock == DaemonLock::kHeldHere || d.lock == DaemonLock::kHeld;
+  if (!held && (d.pid == 0 || !d.pid_alive)) {
     d.state = DaemonState::kDown;
   } else if (!d.heartbeat_age_ms || *d.heartbeat_age_ms > opt.stale_after_ms) {
     d.state = DaemonState::kStale;

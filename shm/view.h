@@ -33,11 +33,15 @@
 
 namespace retryd::shm {
 
-// Liveness of the daemon as the header tells it.
+// Liveness of the daemon. The kernel's word comes first: while a daemon holds the segment's
+// daemon lock (Segment::ProbeDaemonLock) it runs, whatever pid the header carries, and the
+// heartbeat says whether it is up or stale. Only where the lock tells nothing (free: no daemon
+// of this build, e.g. one of an earlier build that takes no lock; or no probe possible) does
+// the header's pid decide as below.
 enum class DaemonState {
-  kUp,     // pid runs and the heartbeat is fresh
-  kStale,  // pid runs (or is unknown) but the heartbeat is older than the threshold
-  kDown,   // no daemon pid recorded, or that pid does not run
+  kUp,     // the lock is held, or the pid runs; and the heartbeat is fresh
+  kStale,  // the lock is held, or the pid runs; but the heartbeat is older than the threshold
+  kDown,   // the lock is not held, and no daemon pid is recorded or that pid does not run
 };
 const char* DaemonStateName(DaemonState s);
 
@@ -47,6 +51,7 @@ struct DaemonStatus {
   uint64_t heartbeat_ns = 0;                 // CLOCK_MONOTONIC of the last tick; 0: never beat
   std::optional<uint64_t> heartbeat_age_ms;  // nullopt: never beat
   uint64_t heartbeat_unix_ms = 0;
+  DaemonLock lock = DaemonLock::kUnknown;  // the daemon lock as probed (BuildOptions::probe_lock)
   DaemonState state = DaemonState::kDown;
 };
 
@@ -115,6 +120,9 @@ struct BuildOptions {
   uint64_t stale_after_ms = 3000;
   std::vector<std::string> only;  // dependency names to show; empty: all active
   PidAliveFn pid_alive = PidAliveByKill;
+  // probe_lock: ask the kernel whether a daemon holds the segment (Segment::ProbeDaemonLock:
+  // two flock calls; none on the daemon's own segment). Off, the header's pid decides.
+  bool probe_lock = true;
   // check_processes: fill processes_live and processes_dead by testing every registered
   // process with `process_alive` (default ProcessAliveByProc: one /proc read each).
   // Off, the view reads no file at all.

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/dependency_table.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
 #include "tests/daemon/daemon_harness.h"
@@ -42,6 +45,16 @@ bool LogHas(const DaemonProcess& d, const std::string& text, int timeout_ms = 3'
     if (waited >= timeout_ms) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+// WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms`.
+bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
+  const uint64_t deadline = shm::PreciseNowNs() + uint64_t(timeout_ms) * 1'000'000;
+  while (!cond()) {
+    if (shm::PreciseNowNs() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 shm::BreakerState StateOf(const shm::DependencySlot& slot) {
@@ -270,6 +283,92 @@ TEST_F(DaemonProcessTest, KillNineThenRestartAdoptsTheSegmentWithItsOpenBreaker)
   ASSERT_GE(db, 0);
   EXPECT_EQ(StateOf(*seg->dependency(uint32_t(db))), shm::BreakerState::kOpen);
   EXPECT_EQ(seg->header().daemon_pid.load(), uint32_t(again->pid()));
+}
+
+// Another creator (this test, as a worker creating a dependency would) holds the segment's
+// create lock, fresh and alive, while a reload changes many dependencies: the reload must
+// not claim what it could not write, the tick must go on, and the changes must land once the
+// lock is free, without another reload.
+TEST_F(DaemonProcessTest, ReloadBlockedByTheCreateLockSaysPendingKeepsTickingAndLandsLater) {
+  constexpr int kDeps = 20;  // at 2 s of waiting each, a stalled tick would stall for 40 s
+  const auto config = [&](int burst) {
+    std::string deps;
+    for (int i = 0; i < kDeps; ++i) {
+      deps += "[dependency.d" + std::to_string(i) + "]\nretry_burst = " +
+              std::to_string(burst) + "\n";
+    }
+    return Config(deps);
+  };
+  const auto bursts_are = [&](const shm::Segment& seg, uint32_t burst) {
+    for (int i = 0; i < kDeps; ++i) {
+      const int32_t index = seg.Find("d" + std::to_string(i));
+      if (index < 0) return false;
+      if (shm::LoadPolicy(seg.dependency(uint32_t(index))->policy).retry_burst != burst) {
+        return false;
+      }
+    }
+    return true;
+  };
+  auto d = StartDaemon(config(5));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  ASSERT_TRUE(bursts_are(*seg, 5));
+
+  std::atomic<uint64_t>& lock = seg->header().create_lock;
+  const uint64_t me = uint64_t(uint32_t(getpid()));
+  const auto stamp = [] { return shm::CreateLockStamp(shm::NsToMs32(shm::PreciseNowNs())); };
+  ASSERT_TRUE(WaitUntil([&] {
+    uint64_t free = 0;
+    return lock.compare_exchange_strong(free, stamp());
+  }, 10'000));
+  std::atomic<bool> release{false};
+  std::thread holder([&] {  // a live holder keeps its stamp fresh, as a slow creator would
+    while (!release.load()) {
+      uint64_t cur = lock.load();
+      if ((cur & shm::kCreateLockPidMask) == me) lock.compare_exchange_strong(cur, stamp());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    uint64_t cur = lock.load();
+    if ((cur & shm::kCreateLockPidMask) == me) lock.compare_exchange_strong(cur, 0);
+  });
+  struct Release {
+    std::atomic<bool>& flag;
+    std::thread& thread;
+    ~Release() {
+      flag.store(true);
+      thread.join();
+    }
+  } release_at_exit{release, holder};
+
+  WriteFile(config_, config(9));
+  const uint64_t beat = seg->header().heartbeat_ns.load();
+  d->Signal(SIGHUP);
+  // The tick goes on while the lock stays held: heartbeats, and the reload's end.
+  for (uint64_t last = beat, n = 0; n < 3; ++n) {
+    ASSERT_TRUE(WaitUntil([&] { return seg->header().heartbeat_ns.load() > last; }, 15'000))
+        << "the tick stalled behind the create lock; log:\n" << d->Log();
+    last = seg->header().heartbeat_ns.load();
+  }
+  const std::string ready = notify_.WaitFor("READY=1", 15'000);
+  ASSERT_NE(ready, "") << d->Log();
+  EXPECT_NE(ready.find(std::to_string(kDeps) + " dependencies pending, not yet in the segment"),
+            std::string::npos)
+      << ready;
+  EXPECT_TRUE(LogHas(*d, "wrote 0 added, 0 changed, 0 retired; " + std::to_string(kDeps) +
+                             " dependencies pending"))
+      << d->Log();
+  EXPECT_EQ(d->Log().find("applied"), std::string::npos) << d->Log();
+  EXPECT_TRUE(bursts_are(*seg, 5)) << "the segment keeps the old policy while the lock is held";
+  EXPECT_EQ(lock.load() & shm::kCreateLockPidMask, me) << "the lock was never taken from us";
+
+  release.store(true);
+  ASSERT_TRUE(WaitUntil([&] { return bursts_are(*seg, 9); }, 15'000))
+      << "the pending changes never landed; log:\n" << d->Log();
+  EXPECT_TRUE(LogHas(*d, "every pending dependency written")) << d->Log();
+  EXPECT_NE(notify_.WaitFor("STATUS=" + std::to_string(kDeps) +
+                                " dependencies, 0 open, 0 processes attached",
+                            15'000),
+            "");
 }
 
 TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSegmentRefusesToStart) {

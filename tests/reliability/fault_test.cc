@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <new>
@@ -28,6 +29,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/dependency_table.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
 #include "tests/reliability/reliability_util.h"
@@ -545,6 +547,116 @@ TEST_P(PidReuseTest, RecycledPidDoesNotKeepLeasesAlive) {
 
 INSTANTIATE_TEST_SUITE_P(DaemonState, PidReuseTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "DaemonRestarted" : "DaemonStopped"; });
+
+// Exactly one daemon per segment, whatever a writer of the segment puts in `daemon_pid`: the
+// kernel's lock on the shm object decides, and retryctl asks it too.
+TEST(DaemonLockTest, OneDaemonPerSegmentWhateverThePidWordSays) {
+  const std::string name = UniqueName("onedaemon");
+  const std::string config = TempFile(".toml");
+  WriteFile(config, ClientConfig(name, 64));
+  const std::vector<std::string> args{"--config=" + config};
+  auto first = std::make_unique<Daemon>(args);
+  std::unique_ptr<shm::Segment> seg;
+  ASSERT_TRUE(AttachWhenReady(name, &seg)) << first->Log();
+  std::atomic<uint32_t>& pid_word = seg->header().daemon_pid;
+  std::atomic<uint64_t>& beat = seg->header().heartbeat_ns;
+
+  // 0, and a live process that is not a retryd (this test).
+  for (const uint32_t scribble : {0u, uint32_t(getpid())}) {
+    pid_word.store(scribble);
+    Daemon second(args);
+    EXPECT_EQ(second.Wait(20'000), 1) << second.Log();
+    EXPECT_NE(second.Log().find("segment '" + name + "' is owned by a running retryd (pid " +
+                                std::to_string(first->pid()) + ")"),
+              std::string::npos)
+        << second.Log();
+    const uint64_t before = beat.load();
+    EXPECT_TRUE(WaitUntil([&] { return beat.load() > before; }, 10'000)) << "the first stopped";
+    EXPECT_TRUE(WaitUntil([&] { return pid_word.load() == uint32_t(first->pid()); }, 10'000))
+        << "the first puts its pid back";
+  }
+
+#ifdef RETRYCTL_BINARY
+  // The first, stopped where it cannot put its pid back, with the word scribbled: retryctl
+  // says stale (the kernel's lock is held), never down.
+  first->Signal(SIGSTOP);
+  pid_word.store(0);
+  ASSERT_TRUE(WaitUntil([&] { return NowNs() - beat.load() > 4'000'000'000u; }, 20'000));
+  const RunResult status = RunBinary(RETRYCTL_BINARY, {"--segment", name, "status"});
+  first->Signal(SIGCONT);
+  EXPECT_EQ(status.out.find("DAEMON DOWN"), std::string::npos) << status.out << status.err;
+  EXPECT_NE(status.out.find("DAEMON STALE"), std::string::npos) << status.out << status.err;
+#endif
+
+  // Gone for good: the kernel drops its lock, and the next daemon adopts the segment.
+  first->KillHard();
+  Daemon next(args);
+  EXPECT_TRUE(WaitUntil([&] { return pid_word.load() == uint32_t(next.pid()); }, 10'000))
+      << next.Log();
+  EXPECT_TRUE(next.WaitForLog("segment: adopted '" + name + "'", 10'000)) << next.Log();
+  next.KillHard();
+  shm::Segment::Remove(name);
+  unlink(config.c_str());
+}
+
+// The create lock's holder is judged by whether it runs, not by the age of its stamp alone.
+TEST(CreateLockTest, StoppedHolderKeepsTheCreateLockAndADeadOneLosesItAtOnce) {
+  const std::string name = UniqueName("holder");
+  shm::CreateOptions opt;
+  opt.name = name;
+  opt.max_dependencies = 8;
+  opt.max_processes = 8;
+  opt.mode = 0600;
+  std::unique_ptr<shm::Segment> seg;
+  bool adopted = false;
+  std::string note;
+  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+  std::atomic<uint64_t>& lock = seg->header().create_lock;
+  // A child takes the lock as a creator does, then stops (SIGSTOP, or a throttled cgroup)
+  // or dies before releasing it.
+  const auto holder = [&](bool stop) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      uint64_t free = 0;
+      while (!lock.compare_exchange_strong(
+          free, shm::CreateLockStamp(shm::NsToMs32(shm::PreciseNowNs())))) {
+        free = 0;
+      }
+      if (stop) raise(SIGSTOP);
+      _exit(0);
+    }
+    return pid;
+  };
+  uint32_t index = 0;
+
+  const pid_t stopped = holder(true);
+  int status = 0;
+  ASSERT_EQ(waitpid(stopped, &status, WUNTRACED), stopped);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const uint64_t taken = lock.load();
+  ASSERT_EQ(taken & shm::kCreateLockPidMask, uint64_t(stopped));
+  // Older than any age rule: the stamp is over 1.5 s old.
+  ASSERT_TRUE(WaitUntil([&] {
+    return int32_t(shm::NsToMs32(shm::PreciseNowNs()) - uint32_t(taken >> 32)) > 1'500;
+  }, 10'000));
+  const Status refused = seg->PutDependency("orders", shm::Policy{}, &index, 100);
+  EXPECT_EQ(refused.code(), Status::Code::kIoError) << refused.ToString();
+  EXPECT_EQ(lock.load(), taken) << "a live, stopped holder lost the create lock";
+  EXPECT_EQ(seg->Find("orders"), -1);
+
+  // Killed while stopped, or dead right after taking it: no wait at all (a single try).
+  kill(stopped, SIGKILL);
+  ASSERT_EQ(waitpid(stopped, &status, 0), stopped);
+  Status s = seg->PutDependency("orders", shm::Policy{}, &index, 0);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  const pid_t died = holder(false);
+  ASSERT_EQ(waitpid(died, &status, 0), died);
+  ASSERT_EQ(lock.load() & shm::kCreateLockPidMask, uint64_t(died));
+  s = seg->PutDependency("payments", shm::Policy{}, &index, 0);
+  EXPECT_TRUE(s.ok()) << s.ToString() << ": a fresh stamp of a dead holder held the lock";
+  EXPECT_EQ(lock.load(), 0u);
+  shm::Segment::Remove(name);
+}
 
 }  // namespace
 }  // namespace retryd::reliability

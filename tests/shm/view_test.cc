@@ -145,5 +145,54 @@ TEST_F(Snapshot, ScribbledModeReadsAsEnforceAndKeepsItsWord) {
   EXPECT_EQ(s.daemon.heartbeat_age_ms, 1'000u);
 }
 
+// The daemon lock, not the header's pid word, says whether a daemon runs: a held lock is
+// never "down", whatever pid is written, and a second daemon is refused with its holder named.
+TEST(DaemonLockView, AHeldLockIsNeverDownWhateverThePidWordSays) {
+  CreateOptions opt;
+  opt.name = "retryd-view-test-" + std::to_string(getpid());
+  opt.max_dependencies = 8;
+  opt.max_processes = 8;
+  opt.mode = 0600;
+  opt.as_daemon = true;
+  std::unique_ptr<Segment> daemon;
+  bool adopted = false;
+  std::string note;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &daemon, &adopted, &note).ok());
+  std::unique_ptr<Segment> reader;
+  ASSERT_TRUE(Segment::Attach(opt.name, Access::kReadOnly, &reader).ok());
+  EXPECT_EQ(daemon->ProbeDaemonLock(), DaemonLock::kHeldHere);
+  EXPECT_EQ(reader->ProbeDaemonLock(), DaemonLock::kHeld);
+
+  const uint64_t now = PreciseNowNs();
+  BuildOptions view;
+  view.now_ns = now;
+  view.check_processes = false;
+  view.pid_alive = [](pid_t) { return false; };  // the word names no running process
+  SegmentStatus s;
+  for (const uint32_t pid : {0u, 4242u}) {
+    daemon->header().daemon_pid.store(pid);
+    daemon->header().heartbeat_ns.store(now - 1'000'000'000);
+    ASSERT_TRUE(BuildStatus(*reader, view, &s).ok());
+    EXPECT_EQ(s.daemon.state, DaemonState::kUp) << "pid word " << pid;
+    daemon->header().heartbeat_ns.store(now - 10'000'000'000);
+    ASSERT_TRUE(BuildStatus(*reader, view, &s).ok());
+    EXPECT_EQ(s.daemon.state, DaemonState::kStale) << "pid word " << pid;
+  }
+
+  std::unique_ptr<Segment> second;
+  const Status refused = Segment::CreateOrAdopt(opt, &second, &adopted, &note);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("segment '" + opt.name +
+                                           "' is owned by a running retryd (pid " +
+                                           std::to_string(getpid()) + ")"));
+  EXPECT_EQ(reader->header().retired.load(), 0u);
+
+  daemon.reset();  // the kernel drops the lock with the last descriptor
+  EXPECT_EQ(reader->ProbeDaemonLock(), DaemonLock::kFree);
+  ASSERT_TRUE(BuildStatus(*reader, view, &s).ok());
+  EXPECT_EQ(s.daemon.state, DaemonState::kDown);
+  Segment::Remove(opt.name);
+}
+
 }  // namespace
 }  // namespace retryd::shm
