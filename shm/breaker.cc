@@ -109,9 +109,9 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) 
       for (;;) {
         if (Bucket::Period(cur) != uint16_t(period)) return;  // replaced by a late call
         if (Bucket::Calls(cur) == Bucket::kMax) return;  // saturated: see breaker.h
-        const uint64_t next =
-            Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
-                         Bucket::Failures(cur) + (failure ? 1 : 0), Bucket::Slow(cur) + (slow ? 1 : 0));
+        const uint64_t next = Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
+                                           Bucket::Failures(cur) + (failure ? 1 : 0),
+                                           Bucket::Slow(cur) + (slow ? 1 : 0));
         if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
       }
     }

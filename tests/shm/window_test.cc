@@ -36,7 +36,8 @@ class Window {
     p.window_buckets = shape.buckets;
     p.min_calls = 4'000'000'000u;
     StorePolicy(p, slot_.policy);
-    slot_.breaker.store(BreakerWord{BreakerState::kClosed, 0, 0, 0, NsToMs32(closed_at_ns)}.Encode());
+    const BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(closed_at_ns)};
+    slot_.breaker.store(closed.Encode());
   }
   void Record(uint64_t t_ns, bool failure) {
     uint32_t rng = 1;
