@@ -17,7 +17,9 @@
 #include "daemon/metrics.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/policy.h"
 #include "shm/registry.h"
+#include "shm/retry_budget.h"
 
 namespace retryd::daemon {
 namespace {
@@ -94,6 +96,10 @@ void Daemon::Tick(uint64_t now_ns) {
       shm::DependencySlot& slot = *seg.dependency(i);
       if (slot.state.load(std::memory_order_acquire) == uint32_t(shm::SlotState::kActive)) {
         shm::ReclaimExpired(slot, now_ns, caller_);
+        // Keeps the budget's refill stamp young, so no idle gap reaches the 2^32 ms wrap.
+        shm::RetryBudget::Refresh(slot.budget, shm::NsToMs32(now_ns),
+                                  shm::LoadKnob<shm::Knob::min_retries_per_sec>(slot.policy),
+                                  shm::LoadKnob<shm::Knob::retry_burst>(slot.policy));
       }
       Observe(i, true);
     }

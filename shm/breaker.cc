@@ -48,22 +48,86 @@ void RestartWindow(DependencySlot& slot, uint64_t now_ns) {
   slot.buckets[period % s.buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
 }
 
+// The newest period of a head, or kNoPeriod for a head too far ahead of `now_ns` to trust.
+constexpr uint64_t kNoPeriod = ~uint64_t{0};
+// A clock read lags another process's by far less than this (see retry_budget.h).
+constexpr uint64_t kMaxHeadAheadMs = 60'000;
+// Bound on the rounds of RecordCall; each failed round means the head moved under us.
+constexpr int kMaxRecordRounds = 64;
+
+uint64_t PeriodStartMs(uint64_t period, const WindowShape& s) {
+  return period * s.bucket_ns / 1'000'000u;
+}
+
+uint64_t NewestPeriod(uint64_t head, uint64_t now_ns, const WindowShape& s) {
+  const uint64_t start_ms = WindowHead::StartMs(head);
+  if (start_ms > now_ns / 1'000'000u + kMaxHeadAheadMs) return kNoPeriod;
+  // The period whose start, in whole ms, is start_ms (bucket_ns is at least 1 ms).
+  return (start_ms * 1'000'000u + s.bucket_ns - 1) / s.bucket_ns;
+}
+
+// The period of bucket `index` in the window ending with `newest`, or kNoPeriod before the
+// clock's first window.
+uint64_t ExpectedPeriod(uint64_t newest, uint32_t index, const WindowShape& s) {
+  const uint64_t back = (newest % s.buckets + s.buckets - index) % s.buckets;
+  return back > newest ? kNoPeriod : newest - back;
+}
+
+// The bits of `head` whose periods are still in the window ending with `period` > newest.
+uint32_t KeptBits(uint64_t head, uint64_t newest, uint64_t period, const WindowShape& s) {
+  if (newest == kNoPeriod || period - newest >= s.buckets) return 0;
+  uint32_t keep = 0;
+  for (uint64_t p = newest; p + s.buckets > period; --p) {
+    keep |= 1u << (p % s.buckets);
+    if (p == 0) break;
+  }
+  return WindowHead::Bits(head) & keep;
+}
+
 void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
+  const uint32_t bit = 1u << (period % s.buckets);
+  const uint64_t start_ms = PeriodStartMs(period, s);
   std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
-  uint64_t cur = word.load(kRelaxed);
-  for (;;) {
-    uint64_t calls = 0, failures = 0, slows = 0;
-    if (Bucket::Period(cur) == uint16_t(period)) {
-      calls = Bucket::Calls(cur);
-      failures = Bucket::Failures(cur);
-      slows = Bucket::Slow(cur);
-      if (calls == Bucket::kMax) return;  // saturated: see the approximation in breaker.h
+  uint64_t head = slot.window_head.load(std::memory_order_acquire);
+  for (int round = 0; round < kMaxRecordRounds; ++round) {
+    const uint64_t newest =
+        WindowHead::StartMs(head) == start_ms ? period : NewestPeriod(head, now_ns, s);
+    if (newest == kNoPeriod || newest < period) {
+      // A new bucket period: the newest moves to it, keeping the buckets still in its window.
+      const uint64_t next = WindowHead::Make(start_ms, KeptBits(head, newest, period, s));
+      if (slot.window_head.compare_exchange_weak(head, next, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire)) {
+        head = next;
+      }
+      continue;
     }
-    const uint64_t next = Bucket::Make(uint16_t(period), calls + 1, failures + (failure ? 1 : 0),
-                                       slows + (slow ? 1 : 0));
-    if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
+    if (period + s.buckets <= newest) return;  // a window older than the newest period
+    if (WindowHead::Bits(head) & bit) {
+      // The bucket holds this period: add the call.
+      uint64_t cur = word.load(kRelaxed);
+      for (;;) {
+        if (Bucket::Period(cur) != uint16_t(period)) return;  // replaced by a late call
+        if (Bucket::Calls(cur) == Bucket::kMax) return;  // saturated: see breaker.h
+        const uint64_t next = Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
+                                           Bucket::Failures(cur) + (failure ? 1 : 0),
+                                           Bucket::Slow(cur) + (slow ? 1 : 0));
+        if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
+      }
+    }
+    // The first call of this bucket period: whatever the bucket holds is from an older one.
+    word.store(Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0), kRelaxed);
+    uint64_t expected = head;
+    while (!slot.window_head.compare_exchange_weak(expected, expected | bit,
+                                                   std::memory_order_release, kRelaxed)) {
+      // Another process set this bit (it may have replaced our call), or moved the newest on.
+      if (WindowHead::StartMs(expected) != WindowHead::StartMs(head) ||
+          (WindowHead::Bits(expected) & bit)) {
+        return;
+      }
+    }
+    return;
   }
 }
 
@@ -176,11 +240,19 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
+  const uint64_t head = slot.window_head.load(std::memory_order_acquire);
+  const uint64_t newest = NewestPeriod(head, now_ns, s);
   WindowStats w;
+  if (newest == kNoPeriod) return w;
   for (uint32_t i = 0; i < s.buckets; ++i) {
+    if (!(WindowHead::Bits(head) & (1u << i))) continue;
+    const uint64_t expected = ExpectedPeriod(newest, i, s);
+    if (expected == kNoPeriod || expected > period || period - expected >= s.buckets ||
+        expected < floor) {
+      continue;
+    }
     const uint64_t word = slot.buckets[i].load(kRelaxed);
-    const uint16_t age = uint16_t(uint16_t(period) - Bucket::Period(word));
-    if (age >= s.buckets || period - age < floor) continue;
+    if (Bucket::Period(word) != uint16_t(expected)) continue;
     w.calls += Bucket::Calls(word);
     w.failures += Bucket::Failures(word);
     w.slow += Bucket::Slow(word);

@@ -40,11 +40,30 @@
 //
 // Window bucket word (DependencySlot::buckets[i], bucket i holds the periods p with
 // p % window_buckets == i, of length window_ms / window_buckets):
-//   bits  0..15  period number mod 2^16 (a bucket from another period counts as empty)
+//   bits  0..15  period number mod 2^16
 //   bits 16..31  calls   bits 32..47 failures   bits 48..63 slow calls  (each saturating)
+// Window head word (DependencySlot::window_head), written once per bucket period:
+//   bits  0..15  bit i set: bucket i holds the calls of its period in the window that ends
+//                with the newest period (the one period p <= newest, p > newest - buckets,
+//                with p % window_buckets == i)
+//   bits 16..63  the newest period's start, ms of the clock (48 bits: 8,900 years)
+// A 16-bit period number alone aliases: after 65,536 periods a stale bucket reads as current.
+// So a bucket counts only when its bit is set in the head and its period number is the one the
+// head expects, and the window is empty when the newest period is a window old: no idle gap of
+// any length, and no bucket left untouched by sparse traffic, reads as current. The first call
+// of a bucket period replaces the bucket and then sets its bit; a new newest period keeps only
+// the bits of periods still in its window. A later call in the period adds to the bucket: the
+// common path reads the head with the breaker word and writes nothing more than before.
+// A head more than a minute ahead of the clock (scribbled, or stamped under another clock) is
+// ignored: the window reads empty and the next call starts it anew.
 // Approximation: a bucket counts at most 65,535 calls (beyond, its rates are those of its
-// first 65,535 calls); a call completing at a period edge may land in either bucket; a window
-// that spans the breaker's last close ignores the buckets before it, at bucket granularity.
+// first 65,535 calls); a call completing at a period edge may land in either bucket; processes
+// racing to make the first call of a bucket period may replace each other's call (a bucket
+// loses at most one call per racing process); a call whose clock read lags a window behind the
+// newest period is not counted (and, in a race, may replace the bucket's newer calls); after a
+// reload changes the window's shape, buckets of the old shape whose period numbers happen to
+// match may count, for at most one window; a window that spans the breaker's last close
+// ignores the buckets before it, at bucket granularity.
 // Thread safety: thread-safe and process-safe.
 #pragma once
 
@@ -128,6 +147,16 @@ struct Bucket {
   static uint64_t Slow(uint64_t w) { return (w >> 48) & kMax; }
   static uint64_t Make(uint16_t period, uint64_t calls, uint64_t failures, uint64_t slow) {
     return uint64_t(period) | (calls << 16) | (failures << 32) | (slow << 48);
+  }
+};
+
+// The head word of the window (see above).
+struct WindowHead {
+  static constexpr uint64_t kBitsMask = 0xFFFF;
+  static uint32_t Bits(uint64_t w) { return uint32_t(w & kBitsMask); }
+  static uint64_t StartMs(uint64_t w) { return w >> 16; }
+  static uint64_t Make(uint64_t start_ms, uint32_t bits) {
+    return (start_ms << 16) | (bits & kBitsMask);
   }
 };
 

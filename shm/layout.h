@@ -23,7 +23,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
@@ -78,9 +78,12 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint64_t> name_words[6];  // name bytes, NUL padded
   // Lines 1-2: policy.
   alignas(kCacheLine) PolicyWords policy;
-  // Line 3: the breaker state word and the retry budget word (see breaker.h, retry_budget.h).
+  // Line 3: the breaker state word, the retry budget word and the window's head: which
+  // buckets hold the window's periods (see breaker.h, retry_budget.h). Written at most once
+  // per bucket period; read with the breaker word.
   alignas(kCacheLine) std::atomic<uint64_t> breaker;
   std::atomic<uint64_t> budget;
+  std::atomic<uint64_t> window_head;
   // Lines 4-5: breaker window buckets (see breaker.h).
   alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
   // Lines 6-8: counters.
@@ -138,7 +141,7 @@ struct alignas(kCacheLine) SegmentHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
-// Layout version 1 holds the 17 knobs of policy_knobs.h (a test may append one: see there).
+// Layout version 2 holds the 17 knobs of policy_knobs.h (a test may append one: see there).
 static_assert(offsetof(PolicyWords, bulkhead_timeout_ms) == 16 * 4);
 #ifndef RETRYD_TEST_ONLY_KNOBS
 static_assert(sizeof(PolicyWords) == 17 * 4);
@@ -155,6 +158,7 @@ static_assert(offsetof(DependencySlot, name_words) == 16);
 static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);
 static_assert(offsetof(DependencySlot, budget) == 3 * kCacheLine + 8);
+static_assert(offsetof(DependencySlot, window_head) == 3 * kCacheLine + 16);
 static_assert(offsetof(DependencySlot, buckets) == 4 * kCacheLine);
 static_assert(offsetof(DependencySlot, counters) == 6 * kCacheLine);
 static_assert(offsetof(DependencySlot, probe_leases) == 9 * kCacheLine);

@@ -8,10 +8,30 @@
 // retry withdraws one token with a CAS that first adds `min_retries_per_sec` x elapsed time
 // and caps the result at `retry_burst`.
 //
+// Elapsed time is `now_ms - stamp` modulo 2^32. It reads as "the clock went backwards" only
+// within kMaxClockSkewMs below 2^32: a process that read the clock, was descheduled, and
+// then found a stamp another process wrote a moment later. Such a refill adds nothing and
+// leaves the stamp where it is. Every other difference is elapsed time, however long the
+// budget sat idle, so the floor refills after any gap. Two approximations of the idle gap,
+// both on the side of granting less:
+//   - A gap is credited modulo 2^32 ms (49.7 days): after a gap of k x 2^32 ms plus d, the
+//     refill is min(burst, tokens + floor x d).
+//   - A gap ending within kMaxClockSkewMs below a multiple of 2^32 ms reads as backwards: the
+//     floor adds nothing until that multiple has passed (at most kMaxClockSkewMs later), then
+//     refills at its full rate.
+// Neither happens while a daemon runs: its sweep calls Refresh on every slot, which folds the
+// refill into a stamp older than kStampRefreshMs, so no stamp is ever read more than
+// kStampRefreshMs plus one sweep old.
+// Beyond the skew: a process whose clock read lags the stamp by more than kMaxClockSkewMs
+// (stopped for a minute between reading the clock and its CAS) reads the lag as 49.7 days of
+// elapsed time, refills to the cap and moves the stamp back; the budget then grants at most
+// retry_burst + min_retries_per_sec x the lag in seconds more than the invariant allows.
+//
 // Invariant: over any interval, retries granted <= retry_burst + ratio x first attempts +
-// min_retries_per_sec x seconds elapsed, summed over all processes. Concurrent deposits may
-// push the stored count past the cap by at most one ratio per racing process; the cap is
-// applied again at every withdrawal, so the bound holds exactly.
+// min_retries_per_sec x seconds elapsed, summed over all processes whose clock reads lag by
+// at most kMaxClockSkewMs. Concurrent deposits may push the stored count past the cap by at
+// most one ratio per racing process; the cap is applied again at every withdrawal, so the
+// bound holds exactly.
 // Thread safety: thread-safe and process-safe; each operation commits with a single word.
 #pragma once
 
@@ -27,6 +47,15 @@ class RetryBudget {
  public:
   static constexpr uint64_t kTokenScale = 1000;
   static constexpr uint64_t kTokenMask = 0xFFFF'FFFFull;
+  // The most a clock read may lag the newest stamp and still read as time going backwards
+  // rather than as elapsed time. A clock read lags by the time between reading it and the CAS
+  // (microseconds; milliseconds for a descheduled process) plus the coarse clock's tick (a
+  // few ms). A minute is thousands of times that, and costs at most a minute of floor after a
+  // gap ending within a minute below a multiple of 49.7 days with no daemon running.
+  static constexpr uint32_t kMaxClockSkewMs = 60'000;
+  // Refresh folds the refill into stamps older than this: an hour is far from the skew
+  // window below the wrap, and one write per slot per hour is nothing.
+  static constexpr uint32_t kStampRefreshMs = 3'600'000;
 
   static uint64_t Tokens(uint64_t word) { return word & kTokenMask; }
   static uint32_t StampMs(uint64_t word) { return uint32_t(word >> 32); }
@@ -56,6 +85,22 @@ class RetryBudget {
     }
   }
 
+  // Refresh folds the floor refill into the word at `now_ms` if its stamp is at least
+  // kStampRefreshMs old: the same tokens a withdrawal would see, with the stamp moved to
+  // `now_ms`, so no refill is lost or counted twice. Returns true if it changed the word. The
+  // daemon calls it for every slot once per sweep, so that no stamp ages near the 2^32 ms
+  // wrap while a daemon runs. Thread-safe.
+  static bool Refresh(std::atomic<uint64_t>& word, uint32_t now_ms, uint32_t floor_per_sec,
+                      uint32_t burst) {
+    uint64_t cur = word.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t age_ms = now_ms - StampMs(cur);
+      if (Backwards(age_ms) || age_ms < kStampRefreshMs) return false;
+      const uint64_t next = Make(Refilled(cur, now_ms, floor_per_sec, burst), now_ms);
+      if (word.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return true;
+    }
+  }
+
   // Available returns whole-token thousandths available at `now_ms` (read-only).
   static uint64_t Available(uint64_t word, uint32_t now_ms, uint32_t floor_per_sec,
                             uint32_t burst) {
@@ -64,8 +109,7 @@ class RetryBudget {
 
  private:
   // Refilled applies the floor refill since the stamp. Time going backwards (a stamp up to
-  // 2^30 ms ahead: another process's clock read a moment later) adds nothing; anything else
-  // is elapsed time, so a budget untouched for a month still refills.
+  // kMaxClockSkewMs ahead) adds nothing; anything else is elapsed time modulo 2^32 ms.
   static uint64_t Refilled(uint64_t word, uint32_t now_ms, uint32_t floor_per_sec,
                            uint32_t burst) {
     const uint64_t cap = uint64_t{burst} * kTokenScale;
@@ -78,7 +122,7 @@ class RetryBudget {
   static uint32_t Later(uint32_t stamp_ms, uint32_t now_ms) {
     return Backwards(now_ms - stamp_ms) ? stamp_ms : now_ms;
   }
-  static bool Backwards(uint32_t elapsed_ms) { return elapsed_ms > 0xC000'0000u; }
+  static bool Backwards(uint32_t elapsed_ms) { return elapsed_ms >= 0u - kMaxClockSkewMs; }
 };
 
 }  // namespace retryd::shm

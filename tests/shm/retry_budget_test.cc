@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 namespace retryd::shm {
 namespace {
 
@@ -60,6 +64,136 @@ TEST(RetryBudgetTest, FloorStillRefillsAfterAMonthIdle) {
   int granted = 0;
   while (granted < 100 && RetryBudget::TryWithdraw(w, later, 10, 100)) ++granted;
   EXPECT_EQ(granted, 100);  // the floor refilled the whole burst
+}
+
+// The idle gaps rule 6 asks for, in ms: each bucket or budget boundary, each wrap, and a year.
+constexpr uint64_t kWrapMs = uint64_t{1} << 32;
+constexpr uint64_t kIdleGapsMs[] = {
+    1,                  // 1 ms
+    1'000,              // 1 s
+    3'600'000,          // 1 h
+    65'536'000,         // 18.2 h: 65,536 one-second periods
+    kWrapMs / 2,        // 24.8 days: the signed 32-bit difference turns negative
+    0xC000'0001ull,     // 37.3 days: past the old "backwards" threshold
+    4'294'000'000,      // 49.7 days, just short of the wrap and its skew window
+    kWrapMs - 1,        // one ms short of the wrap: within the skew window
+    kWrapMs,            // the wrap exactly: the gap reads as 0
+    kWrapMs + 1,        // just past it
+    31'536'000'000,     // a year
+};
+
+constexpr uint32_t kFloor = 10;  // tokens per second
+constexpr uint32_t kBurst = 20;
+
+// One sample of a virtual-time run: the time (ms, not wrapped) and retries granted so far.
+struct Sample {
+  uint64_t t_ms;
+  uint64_t granted;
+};
+
+// Drain takes every token the budget grants at `t_ms` (uint32_t(t_ms) is the clock the
+// algorithm sees) and records the sample.
+uint64_t Drain(std::atomic<uint64_t>& w, uint64_t t_ms, std::vector<Sample>& run) {
+  uint64_t n = 0;
+  while (n < 10 * kBurst && RetryBudget::TryWithdraw(w, uint32_t(t_ms), kFloor, kBurst)) ++n;
+  run.push_back({t_ms, (run.empty() ? 0 : run.back().granted) + n});
+  return n;
+}
+
+// ExpectBoundOverEveryInterval: retries granted in (t_i, t_j] <= burst + floor x seconds, for
+// every pair of samples (no first attempts, so no ratio term).
+void ExpectBoundOverEveryInterval(const std::vector<Sample>& run) {
+  for (size_t i = 0; i < run.size(); ++i) {
+    for (size_t j = i + 1; j < run.size(); ++j) {
+      const uint64_t allowed = kBurst + kFloor * (run[j].t_ms - run[i].t_ms) / 1000;
+      ASSERT_LE(run[j].granted - run[i].granted, allowed)
+          << "between " << run[i].t_ms << " and " << run[j].t_ms << " ms";
+    }
+  }
+}
+
+class RetryBudgetIdleGapTest : public ::testing::TestWithParam<uint64_t> {};
+
+// An outage, an idle gap, and a second outage: the bound holds exactly over every interval,
+// the floor's refill after the gap is the gap modulo 2^32 ms (nothing within the skew window
+// below the wrap), and the floor grants at its full rate from then on.
+TEST_P(RetryBudgetIdleGapTest, FloorWorksAfterTheGapAndTheBoundHolds) {
+  const uint64_t gap = GetParam();
+  const uint64_t start = 4'000'000'000;  // the first outage crosses a 32-bit wrap
+  std::atomic<uint64_t> w{RetryBudget::Make(0, uint32_t(start))};
+  std::vector<Sample> run{{start, 0}};
+  uint64_t t = start;
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Drain(w, t += 100, run), 1u);  // 10 per second
+  t += gap;
+  const uint64_t seen = gap % kWrapMs;
+  const bool in_skew_window = seen >= kWrapMs - RetryBudget::kMaxClockSkewMs;
+  const uint64_t expected = in_skew_window ? 0 : std::min<uint64_t>(kBurst, kFloor * seen / 1000);
+  EXPECT_EQ(Drain(w, t, run), expected);
+  uint64_t after = 0;
+  for (int i = 0; i < 100; ++i) after += Drain(w, t += 100, run);
+  // Ten seconds at 10 per second; at most 1 ms of it lost to the skew window (gap 2^32 - 1).
+  EXPECT_GE(after, 99u);
+  ExpectBoundOverEveryInterval(run);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gaps, RetryBudgetIdleGapTest, ::testing::ValuesIn(kIdleGapsMs));
+
+TEST(RetryBudgetTest, TimeGoingBackwardsByTheSkewAddsNothing) {
+  // The stamp is 30 s after a wrap, so a clock read a full skew earlier is before the wrap.
+  const uint32_t stamp = 30'000;
+  std::atomic<uint64_t> w{RetryBudget::Make(0, stamp)};
+  EXPECT_FALSE(RetryBudget::TryWithdraw(w, stamp - RetryBudget::kMaxClockSkewMs, kFloor, kBurst));
+  EXPECT_FALSE(RetryBudget::TryWithdraw(w, stamp - 1, kFloor, kBurst));
+  EXPECT_EQ(RetryBudget::StampMs(w.load()), stamp);  // the stamp never moved back
+  // 100 ms after the stamp: exactly one token, the lagging reads credited nothing.
+  EXPECT_TRUE(RetryBudget::TryWithdraw(w, stamp + 100, kFloor, kBurst));
+  EXPECT_FALSE(RetryBudget::TryWithdraw(w, stamp + 100, kFloor, kBurst));
+}
+
+TEST(RetryBudgetTest, BeyondTheSkewOverGrantsAtMostBurstPlusFloorTimesLag) {
+  const uint32_t stamp = 5'000'000;
+  const uint32_t lag_ms = RetryBudget::kMaxClockSkewMs + 1;
+  std::atomic<uint64_t> w{RetryBudget::Make(0, stamp)};
+  uint64_t granted = 0;
+  // A process stopped between its clock read and its CAS reads the lag as 49.7 days.
+  while (RetryBudget::TryWithdraw(w, stamp - lag_ms, kFloor, kBurst)) ++granted;
+  while (RetryBudget::TryWithdraw(w, stamp, kFloor, kBurst)) ++granted;
+  // From `stamp` on the invariant allows kBurst; the documented excess is burst + floor x lag.
+  EXPECT_GT(granted, uint64_t{kBurst});
+  EXPECT_LE(granted, kBurst + (kBurst + uint64_t{kFloor} * lag_ms / 1000));
+}
+
+// With a daemon sweeping every 5 s, Refresh keeps the stamp young: a gap that reads as time
+// going backwards without it (2^32 - 1 ms) refills the whole burst, and the bound holds.
+TEST(RetryBudgetTest, RefreshKeepsTheStampYoungAcrossTheWrap) {
+  const uint64_t start = 1'000;
+  std::atomic<uint64_t> w{RetryBudget::Make(0, uint32_t(start))};
+  std::vector<Sample> run{{start, 0}};
+  uint64_t refreshes = 0;
+  for (uint64_t t = start; t < start + kWrapMs - 1; t += 5'000) {
+    refreshes += RetryBudget::Refresh(w, uint32_t(t), kFloor, kBurst) ? 1 : 0;
+    const uint32_t age = uint32_t(t) - RetryBudget::StampMs(w.load());
+    ASSERT_LT(age, RetryBudget::kStampRefreshMs + 5'000u) << t;
+  }
+  EXPECT_GT(refreshes, 1000u);  // about once an hour for 49.7 days
+  EXPECT_EQ(Drain(w, start + kWrapMs - 1, run), uint64_t{kBurst});
+  ExpectBoundOverEveryInterval(run);
+}
+
+TEST(RetryBudgetTest, RefreshFoldsTheRefillExactlyAndSkipsYoungOrLaggingStamps) {
+  const uint32_t stamp = 7'000;
+  std::atomic<uint64_t> w{RetryBudget::Make(0, stamp)};
+  // Younger than kStampRefreshMs, or a clock read lagging the stamp: no write.
+  EXPECT_FALSE(RetryBudget::Refresh(w, stamp + RetryBudget::kStampRefreshMs - 1, 1, 1'000'000));
+  EXPECT_FALSE(RetryBudget::Refresh(w, stamp - 1, 1, 1'000'000));
+  EXPECT_EQ(w.load(), RetryBudget::Make(0, stamp));
+  // One token per second for an hour and a bit: exactly what a withdrawal would have seen.
+  const uint32_t now = stamp + RetryBudget::kStampRefreshMs + 500;
+  const uint64_t available = RetryBudget::Available(w.load(), now, 1, 1'000'000);
+  EXPECT_TRUE(RetryBudget::Refresh(w, now, 1, 1'000'000));
+  EXPECT_EQ(RetryBudget::Tokens(w.load()), available);
+  EXPECT_EQ(available, 3'600'500u);
+  EXPECT_EQ(RetryBudget::StampMs(w.load()), now);
 }
 
 }  // namespace

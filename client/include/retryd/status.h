@@ -1,7 +1,7 @@
 // retryd/status.h: the result of a cold-path operation (attach, resolve, config, CLI).
 //
 // A `Status` is OK or carries a code and a message that names the problem ("segment 'retryd':
-// layout version 3 is newer than this library's 1"). The hot path never returns one.
+// layout version 3 is newer than this library's 2"). The hot path never returns one.
 // The class is `[[nodiscard]]`: a dropped Status is an error nobody sees, so every function
 // returning one is checked. Drop one only with `(void)` and a comment that says why.
 // Thread safety: a value type; const methods are safe to call concurrently.
