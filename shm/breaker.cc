@@ -84,12 +84,40 @@ uint32_t KeptBits(uint64_t head, uint64_t newest, uint64_t period, const WindowS
   return WindowHead::Bits(head) & keep;
 }
 
+// AddCall adds one call of `period` to the bucket `word`, read as `cur`. An older period there
+// was left by a call whose clock read lagged a window behind (it replaced the bucket after this
+// period had started it): the bucket starts again with this call, so that one late call costs
+// this period the calls it replaced, not the rest of the period. A newer period there means this
+// call is the late one: it is not counted.
+void AddCall(std::atomic<uint64_t>& word, uint64_t cur, uint64_t period, bool failure, bool slow) {
+  for (;;) {
+    uint64_t next;
+    const uint16_t ahead = uint16_t(Bucket::Period(cur) - uint16_t(period));
+    if (ahead != 0 && ahead < 0x8000) {
+      return;  // a newer period holds the bucket: this call's clock read lagged a window
+    } else if (ahead != 0) {
+      next = Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0);
+    } else if (Bucket::Calls(cur) == Bucket::kMax) {
+      return;  // saturated: see breaker.h
+    } else {
+      next = Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
+                          Bucket::Failures(cur) + (failure ? 1 : 0),
+                          Bucket::Slow(cur) + (slow ? 1 : 0));
+    }
+    if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
+  }
+}
+
 void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint32_t bit = 1u << (period % s.buckets);
   const uint64_t start_ms = PeriodStartMs(period, s);
   std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
+  // The bucket is read before the head: if the head then says this period has not started the
+  // bucket, whatever the bucket held when read is older, and the first call replaces exactly
+  // that (a CAS from it), never the calls of a racer that started the period meanwhile.
+  uint64_t cur = word.load(kRelaxed);
   uint64_t head = slot.window_head.load(std::memory_order_acquire);
   for (int round = 0; round < kMaxRecordRounds; ++round) {
     const uint64_t newest =
@@ -106,22 +134,21 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) 
     if (period + s.buckets <= newest) return;  // a window older than the newest period
     if (WindowHead::Bits(head) & bit) {
       // The bucket holds this period: add the call.
-      uint64_t cur = word.load(kRelaxed);
-      for (;;) {
-        if (Bucket::Period(cur) != uint16_t(period)) return;  // replaced by a late call
-        if (Bucket::Calls(cur) == Bucket::kMax) return;  // saturated: see breaker.h
-        const uint64_t next = Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
-                                           Bucket::Failures(cur) + (failure ? 1 : 0),
-                                           Bucket::Slow(cur) + (slow ? 1 : 0));
-        if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
-      }
+      return AddCall(word, word.load(kRelaxed), period, failure, slow);
     }
-    // The first call of this bucket period: whatever the bucket holds is from an older one.
-    word.store(Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0), kRelaxed);
+    // The first call of this bucket period, as far as the head tells.
+    const uint64_t fresh = Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0);
+    if (!word.compare_exchange_strong(cur, fresh, kRelaxed)) {
+      // The bucket changed since it was read: a racer started this period (add to it; it sets
+      // the bit), or a late call wrote an older one (look again).
+      if (Bucket::Period(cur) == uint16_t(period)) return AddCall(word, cur, period, failure, slow);
+      head = slot.window_head.load(std::memory_order_acquire);
+      continue;
+    }
     uint64_t expected = head;
     while (!slot.window_head.compare_exchange_weak(expected, expected | bit,
                                                    std::memory_order_release, kRelaxed)) {
-      // Another process set this bit (it may have replaced our call), or moved the newest on.
+      // Another process set this bit, or moved the newest on: either way, nothing to add.
       if (WindowHead::StartMs(expected) != WindowHead::StartMs(head) ||
           (WindowHead::Bits(expected) & bit)) {
         return;

@@ -58,9 +58,12 @@
 // ignored: the window reads empty and the next call starts it anew.
 // Approximation: a bucket counts at most 65,535 calls (beyond, its rates are those of its
 // first 65,535 calls); a call completing at a period edge may land in either bucket; processes
-// racing to make the first call of a bucket period may replace each other's call (a bucket
-// loses at most one call per racing process); a call whose clock read lags a window behind the
-// newest period is not counted (and, in a race, may replace the bucket's newer calls); after a
+// racing to make the first call of a bucket period may replace each other's first call (a
+// bucket loses at most one call per racing process: the first call replaces, with one CAS, the
+// bucket as read before the head said the period had not started it); a call whose clock read
+// lags a window behind the newest period is not counted, and if it raced with the newest
+// period's first call it may replace that bucket's calls so far (the next call of the period
+// then starts the bucket again); after a
 // reload changes the window's shape, buckets of the old shape whose period numbers happen to
 // match may count, for at most one window; a window that spans the breaker's last close
 // ignores the buckets before it, at bucket granularity.

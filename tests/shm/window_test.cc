@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shm/breaker.h"
@@ -184,6 +186,51 @@ TEST(WindowTest, AHeadFarAheadOfTheClockIsIgnored) {
   EXPECT_EQ(ReadWindow(w.slot(), t).calls, 0u);
   w.Record(t + 1, true);
   EXPECT_EQ(ReadWindow(w.slot(), t + 1).calls, 1u);
+}
+
+// Threads racing to make the first call of each new bucket period lose at most one call per
+// racing thread (breaker.h), however they are scheduled: a first call replaces, with one CAS,
+// only the bucket as read before the head, never calls a racer made since.
+TEST(WindowRaceTest, FirstCallsOfAPeriodLoseAtMostOneCallPerRacer) {
+  constexpr int kThreads = 4;
+  constexpr int kCallsPerThread = 200;
+  constexpr int kRounds = 200;
+  DependencySlot slot{};
+  Policy p;
+  p.window_ms = 1'000;
+  p.window_buckets = 10;
+  p.min_calls = 4'000'000'000u;
+  StorePolicy(p, slot.policy);
+  const uint64_t bucket_ns = 100 * kMsNs;
+  const uint64_t t0 = 1'000'000 * bucket_ns;
+  slot.breaker.store(BreakerWord{BreakerState::kClosed, 0, 0, 0, NsToMs32(t0)}.Encode());
+  std::atomic<int> round{-1}, done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      uint32_t rng = 1;
+      for (int r = 0; r < kRounds; ++r) {
+        while (round.load() < r) std::this_thread::yield();
+        const uint64_t now = t0 + uint64_t(r) * bucket_ns + bucket_ns / 2;
+        for (int i = 0; i < kCallsPerThread; ++i) RecordOutcome(slot, now, i % 2 == 0, false, rng);
+        done.fetch_add(1);
+      }
+    });
+  }
+  int worst = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    round.store(r);
+    while (done.load() < (r + 1) * kThreads) std::this_thread::yield();
+    const uint64_t period = (t0 + uint64_t(r) * bucket_ns) / bucket_ns;
+    const uint64_t w = slot.buckets[period % 10].load();
+    ASSERT_EQ(Bucket::Period(w), uint16_t(period)) << "round " << r;
+    const int lost = kThreads * kCallsPerThread - int(Bucket::Calls(w));
+    worst = std::max(worst, lost);
+    ASSERT_GE(lost, 0) << "round " << r;
+    ASSERT_LE(lost, kThreads - 1) << "round " << r;
+  }
+  for (auto& t : threads) t.join();
+  RecordProperty("worst_lost", worst);
 }
 
 }  // namespace
