@@ -154,14 +154,7 @@ TEST_P(WorkerKillTest, LeasesComeBackAndLimitsHold) {
     probed = uint32_t(seg->Find("probed"));
     bulk = uint32_t(seg->Find("bulk"));
   } else {
-    shm::CreateOptions opt;
-    opt.name = name;
-    opt.max_dependencies = 8;
-    opt.max_processes = 256;
-    opt.mode = 0600;
-    bool adopted = false;
-    std::string note;
-    ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+    ASSERT_TRUE(CreateSegment(name, 256, &seg).ok());
     ASSERT_TRUE(seg->PutDependency("probed", KillPolicy(lease_ms, true), &probed).ok());
     ASSERT_TRUE(seg->PutDependency("bulk", KillPolicy(lease_ms, false), &bulk).ok());
   }
@@ -602,15 +595,8 @@ TEST(DaemonLockTest, OneDaemonPerSegmentWhateverThePidWordSays) {
 // The create lock's holder is judged by whether it runs, not by the age of its stamp alone.
 TEST(CreateLockTest, StoppedHolderKeepsTheCreateLockAndADeadOneLosesItAtOnce) {
   const std::string name = UniqueName("holder");
-  shm::CreateOptions opt;
-  opt.name = name;
-  opt.max_dependencies = 8;
-  opt.max_processes = 8;
-  opt.mode = 0600;
   std::unique_ptr<shm::Segment> seg;
-  bool adopted = false;
-  std::string note;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+  ASSERT_TRUE(CreateSegment(name, 8, &seg).ok());
   std::atomic<uint64_t>& lock = seg->header().create_lock;
   // A child takes the lock as a creator does, then stops (SIGSTOP, or a throttled cgroup)
   // or dies before releasing it.

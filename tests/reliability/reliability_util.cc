@@ -159,6 +159,18 @@ bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
   }
 }
 
+Status CreateSegment(const std::string& name, uint32_t max_processes,
+                     std::unique_ptr<shm::Segment>* seg) {
+  shm::CreateOptions opt;
+  opt.name = name;
+  opt.max_dependencies = 8;
+  opt.max_processes = max_processes;
+  opt.mode = 0600;
+  bool adopted = false;
+  std::string note;
+  return shm::Segment::CreateOrAdopt(opt, seg, &adopted, &note);
+}
+
 bool AttachWhenReady(const std::string& name, std::unique_ptr<shm::Segment>* seg,
                      shm::Access access, int timeout_ms) {
   return WaitUntil([&] {

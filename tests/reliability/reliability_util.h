@@ -64,6 +64,12 @@ bool WaitUntil(const std::function<bool()>& cond, int timeout_ms);
 bool AttachWhenReady(const std::string& name, std::unique_ptr<shm::Segment>* seg,
                      shm::Access access = shm::Access::kReadWrite, int timeout_ms = 10'000);
 
+// CreateSegment creates (or adopts) the named segment `name` with room for `max_processes`
+// processes and 8 dependencies, mode 0600, as a daemon would but without one. Stores nullptr
+// in *seg and returns the error on failure.
+Status CreateSegment(const std::string& name, uint32_t max_processes,
+                     std::unique_ptr<shm::Segment>* seg);
+
 // ForkAt forks a child that runs `body` and _exits with its result, and tries to give the
 // child exactly pid `pid` (through /proc/sys/kernel/ns_last_pid, which needs root). Returns
 // the child's pid, which differs from `pid` when that could not be arranged.

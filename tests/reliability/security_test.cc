@@ -423,15 +423,8 @@ TEST(HostileClientTest, LoweredHighWaterDoesNotReassignLiveSlots) {
 // reload, a worker's first Resolve) for the lock's 2 s give-up each time.
 TEST(HostileClientTest, FutureCreateLockDoesNotStallCreators) {
   const std::string name = UniqueName("createlock");
-  shm::CreateOptions opt;
-  opt.name = name;
-  opt.max_dependencies = 8;
-  opt.max_processes = 8;
-  opt.mode = 0600;
   std::unique_ptr<shm::Segment> seg;
-  bool adopted = false;
-  std::string note;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note).ok());
+  ASSERT_TRUE(CreateSegment(name, 8, &seg).ok());
   const uint64_t future_ms = shm::PreciseNowNs() / 1'000'000u + 3'600'000;
   seg->header().create_lock.store(uint64_t(12345) | (future_ms << 32));
   const uint64_t t0 = NowNs();
