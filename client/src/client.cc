@@ -151,8 +151,36 @@ Status ClientImpl::Bind(Entry& e, shm::Segment& seg, const Lookup& found) {
     Log(1, "dependency '" + e.name + "': " + s.message() + "; using per-process limits for it");
   }
   e.index.store(index, kRelaxed);
+  e.generation.store(slot->generation.load(kRelaxed), kRelaxed);
   e.slot.store(slot, std::memory_order_release);
   return Status::Ok();
+}
+
+// Bound reports whether `slot` still holds what `e` was bound to.
+static bool Bound(const shm::DependencySlot& slot, uint32_t generation) {
+  return slot.generation.load(kRelaxed) == generation &&
+         slot.state.load(kRelaxed) == uint32_t(shm::SlotState::kActive);
+}
+
+shm::DependencySlot* ClientImpl::Rebind(uint32_t dep) {
+  MutexLock lock(&mu_);
+  Entry& e = entries_[dep];
+  shm::DependencySlot* slot = e.slot.load(kRelaxed);
+  if (Bound(*slot, e.generation.load(kRelaxed))) return slot;  // another thread did it
+  // Look the name up without mu_ (see client_impl.h); a segment this client left meanwhile
+  // stays mapped, and the next admit looks again.
+  shm::Segment* const looked_in = seg_.get();
+  const std::string name = e.name;
+  lock.Unlock();
+  const Lookup found = LookUp(*looked_in, name);
+  lock.Lock();
+  if (seg_.get() == looked_in) {
+    if (Status s = Bind(e, *seg_, found); !s.ok()) {
+      Log(1, "dependency '" + name + "': its slot was given to another dependency, and binding "
+                 "it again failed: " + s.message());
+    }
+  }
+  return e.slot.load(kRelaxed);
 }
 
 Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
@@ -269,6 +297,8 @@ int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   if (__builtin_expect(NeedsSlowPath(), 0)) SlowPath();
   Entry& e = entries_[dep];
   shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
+  // The slot's identity line, which Admit reads for the mode anyway.
+  if (__builtin_expect(!Bound(*slot, e.generation.load(kRelaxed)), 0)) slot = Rebind(uint32_t(dep));
   shm::Caller caller = MakeCaller();
   const shm::Decision d =
       shm::Admit(*slot, e.index.load(kRelaxed), attempt, &shm::CoarseNowNs, caller, &ps->permit);

@@ -62,6 +62,9 @@ class ClientImpl final : public Client {
   struct Entry {
     std::atomic<shm::DependencySlot*> slot{nullptr};
     std::atomic<uint32_t> index{0};
+    // The slot's generation when bound: a slot that has since been given another name (or
+    // retired) no longer holds this dependency, and the entry is bound again (Rebind).
+    std::atomic<uint32_t> generation{0};
     std::string name;  // written under mu_ before the entry is published (entry_count_)
   };
   // The permit's private words: the shm permit plus the slot it was admitted on.
@@ -78,6 +81,9 @@ class ClientImpl final : public Client {
   };
 
   ClientImpl() = default;
+  // Rebind resolves entry `dep`'s name again after its slot stopped holding it (retired, or
+  // given to another name); returns the slot to use now. Cold: once per such change.
+  shm::DependencySlot* Rebind(uint32_t dep) EXCLUDES(mu_);
   // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
   void SlowPath() EXCLUDES(mu_);
   Status AttachShared(std::unique_ptr<shm::Segment>* seg);

@@ -95,6 +95,43 @@ TEST(ClientTest, SharesLimitsThroughTheSegment) {
   b->Complete(&permit, Outcome::kSuccess, milliseconds(1));
 }
 
+// A handle whose slot was retired and then given to another name must not write into the new
+// dependency: the client sees the slot's generation change on the line Admit reads anyway, and
+// resolves its name again.
+TEST(ClientTest, AHandleNeverWritesIntoItsSlotsNextDependency) {
+  testing::NamedSegment seg("reuse", /*deps=*/1);
+  shm::Policy p;
+  p.min_calls = 5;
+  p.open_for_ms = 60'000;
+  p.open_for_max_ms = 60'000;
+  const uint32_t legacy_index = testing::AddDependency(*seg.seg, "legacy", p);
+  auto c = OpenOrDie(seg.name, true);
+  Dependency legacy;
+  ASSERT_TRUE(c->Resolve("legacy", &legacy).ok());
+  {
+    Permit warm;
+    ASSERT_TRUE(c->Admit(legacy, 0, &warm));
+    c->Complete(&warm, Outcome::kSuccess, milliseconds(1));
+  }
+  // The daemon retires "legacy" and, the table being full, gives its slot to "search".
+  seg.seg->Retire(legacy_index);
+  const uint32_t search_index = testing::AddDependency(*seg.seg, "search", p);
+  ASSERT_EQ(search_index, legacy_index);
+  for (int i = 0; i < 20; ++i) {
+    Permit permit;
+    if (c->Admit(legacy, 0, &permit)) c->Complete(&permit, Outcome::kFailure, milliseconds(1));
+  }
+  const shm::DependencySlot& search = *seg.seg->dependency(search_index);
+  EXPECT_EQ(shm::BreakerWord::Decode(search.breaker.load()).state, shm::BreakerState::kClosed);
+  EXPECT_EQ(search.counters[shm::kFailures].load(), 0u);
+  EXPECT_EQ(search.counters[shm::kFirstAttempts].load(), 0u);
+  Dependency s;
+  ASSERT_TRUE(c->Resolve("search", &s).ok());
+  Permit permit;
+  EXPECT_TRUE(c->Admit(s, 0, &permit)) << "a healthy search caller is admitted";
+  c->Complete(&permit, Outcome::kSuccess, milliseconds(1));
+}
+
 TEST(ClientTest, ResolveValidatesAndCreatesOnTheFly) {
   testing::NamedSegment seg("resolve");
   auto c = OpenOrDie(seg.name, false);
