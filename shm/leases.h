@@ -8,10 +8,10 @@
 //                 the probe was granted in (its epoch, see breaker.h), so that a probe of an
 //                 earlier half-open is known as such: it is void, and its word is free to take.
 //   bits 32..63   expiry, ms modulo 2^32
-// A lease that was reclaimed (expired, voided, or its owner dead) is never given out again with
-// the same value, so its former holder's release cannot free its successor: a bulkhead taker's
-// tag changes per lease, and a probe word reclaimed under the same seq was reclaimed after its
-// expiry, so the next one expires later. (A probe word its own holder released may be taken
+// A lease reclaimed from a live holder (expired, or voided) is never given out again with the
+// same value, so that holder's late release cannot free its successor: a bulkhead taker's tag
+// changes per lease, a voided probe carried another seq, and an expired probe word taken again
+// under the same seq expires later. (A dead owner releases nothing.) (A probe word its own holder released may be taken
 // again with the same value within the same millisecond; that holder has released, once.)
 // Acquire is one CAS from 0; Release is one CAS from the exact value taken back to 0, so a
 // lease that expired and was handed to someone else is never released by its former holder.
