@@ -11,8 +11,9 @@
 // A lease reclaimed from a live holder (expired, or voided) is never given out again with the
 // same value, so that holder's late release cannot free its successor: a bulkhead taker's tag
 // changes per lease, a voided probe carried another seq, and an expired probe word taken again
-// under the same seq expires later. (A dead owner releases nothing.) (A probe word its own holder released may be taken
-// again with the same value within the same millisecond; that holder has released, once.)
+// under the same seq expires later. A dead owner releases nothing; a probe word its own holder
+// released may be taken again with the same value within the same millisecond, and that holder
+// has already released, once.
 // Acquire is one CAS from 0; Release is one CAS from the exact value taken back to 0, so a
 // lease that expired and was handed to someone else is never released by its former holder.
 // Invariant: at every instant, leases taken <= the number of words scanned (the limit). Calls
