@@ -27,13 +27,13 @@ namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr uint64_t kMsNs = 1'000'000;
 constexpr uint64_t kSecondNs = 1'000'000'000;
-// Every active slot is swept for expired leases and observed for changes once per this
-// period, a slice of the table per tick, so that an idle table of thousands costs little per
-// tick: each slot read is a few cache misses once other work has evicted it, measured at about
-// 4 us per slot on a 2-core VM, so a 1 s period cost 1,000 idle dependencies about 0.4 % of a
-// core. The sweep is a backstop: Admit reclaims expired leases itself (and reopens a breaker
-// whose probe timed out) when it finds them all taken. Dead owners' leases do not wait for it:
-// the reaper runs every tick.
+// Every slot in use (active or retired) is swept for expired leases, and observed for changes,
+// once per this period, a slice of the table per tick, so that an idle table of thousands
+// costs little per tick: each slot read is a few cache misses once other work has evicted it,
+// measured at about 4 us per slot on a 2-core VM, so a 1 s period cost 1,000 idle dependencies
+// about 0.4 % of a core. The sweep is a backstop: Admit reclaims expired leases itself (and
+// reopens a breaker whose probe timed out) when it finds them all taken. Dead owners' leases do
+// not wait for it: the reaper runs every tick.
 constexpr uint64_t kSweepPeriodMs = 5'000;
 // How often the STATUS= line for systemd is recomputed (it reads every dependency slot).
 constexpr uint64_t kStatusPeriodNs = 5'000'000'000;
@@ -94,8 +94,13 @@ void Daemon::Tick(uint64_t now_ns) {
       if (sweep_next_ >= high) sweep_next_ = 0;
       const uint32_t i = sweep_next_++;
       shm::DependencySlot& slot = *seg.dependency(i);
-      if (slot.state.load(std::memory_order_acquire) == uint32_t(shm::SlotState::kActive)) {
-        shm::ReclaimExpired(slot, now_ns, caller_);
+      const auto state = shm::SlotState(slot.state.load(std::memory_order_acquire));
+      if (state != shm::SlotState::kFree) {
+        // Every lease word, not only those under the limit: a reload that lowered a limit, and a
+        // retired slot (whose old handles may still have held leases), leave words above it.
+        shm::ReclaimExpired(slot, now_ns, caller_, shm::Sweep::kAllWords);
+      }
+      if (state == shm::SlotState::kActive) {
         // Keeps the budget's refill stamp young, so no idle gap reaches the 2^32 ms wrap.
         shm::RetryBudget::Refresh(slot.budget, shm::NsToMs32(now_ns),
                                   shm::LoadKnob<shm::Knob::min_retries_per_sec>(slot.policy),

@@ -72,12 +72,8 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
   return Decision::kRejectedHalfOpenBusy;
 }
 
-Decision Reject(DependencySlot& slot, Permit* p, Decision d, bool shadow) {
-  if (shadow) {
-    Count(slot, kShadowWouldReject);
-    p->decision = uint8_t(Decision::kAdmitted);
-    return Decision::kAdmitted;
-  }
+// Reject refuses the attempt: counts the reason and gives back any lease already taken.
+Decision Reject(DependencySlot& slot, Permit* p, Decision d) {
   switch (d) {
     case Decision::kRejectedOpen: Count(slot, kRejectedOpen); break;
     case Decision::kRejectedHalfOpenBusy: Count(slot, kRejectedHalfOpenBusy); break;
@@ -121,8 +117,12 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
     p->flags = kPermitActive;
     return Decision::kAdmitted;
   }
-  if (mode == Mode::kForcedOpen) return Reject(slot, p, Decision::kRejectedOpen, false);
+  if (mode == Mode::kForcedOpen) return Reject(slot, p, Decision::kRejectedOpen);
+  // Shadow mode takes every step enforce takes and lets the attempt go out whatever they
+  // decide: an attempt enforce would refuse counts once, as shadow_would_reject, and the steps
+  // after the refusal still run (a first attempt deposits and counts), since the call is real.
   const bool shadow = mode == Mode::kShadow;
+  bool would_reject = false;
   p->flags = kPermitActive | kPermitRecord;
 
   uint64_t now_cache = 0;
@@ -140,7 +140,11 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
   if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
       BreakerState::kClosed) {
     d = AdmitBreaker(slot, now_ns(), caller, p);
-    if (!IsAdmitted(d)) return Reject(slot, p, d, shadow);
+    if (!IsAdmitted(d)) {
+      if (!shadow) return Reject(slot, p, d);
+      would_reject = true;
+      d = Decision::kAdmitted;
+    }
   }
 
   // 2. The bulkhead, if any: a lease among the first `limit` words, starting at a spread
@@ -154,10 +158,15 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
     if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
       i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
     }
-    if (i < 0) return Reject(slot, p, Decision::kRejectedBulkheadFull, shadow);
-    p->bulkhead_lease = lease;
-    p->bulkhead_index = uint16_t(i);
-    p->flags |= kPermitBulkhead;
+    if (i >= 0) {
+      p->bulkhead_lease = lease;
+      p->bulkhead_index = uint16_t(i);
+      p->flags |= kPermitBulkhead;
+    } else if (shadow) {
+      would_reject = true;
+    } else {
+      return Reject(slot, p, Decision::kRejectedBulkheadFull);
+    }
   }
 
   // 3. The retry budget: first attempts deposit, retries withdraw.
@@ -169,10 +178,11 @@ Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn
                                       LoadKnob<Knob::min_retries_per_sec>(slot.policy), burst)) {
     Count(slot, kRetriesGranted);
   } else if (shadow) {
-    Count(slot, kShadowWouldReject);
+    would_reject = true;
   } else {
-    return Reject(slot, p, Decision::kRejectedBudgetEmpty, false);
+    return Reject(slot, p, Decision::kRejectedBudgetEmpty);
   }
+  if (would_reject) Count(slot, kShadowWouldReject);
   // A probe counts once it goes out: the bulkhead or the budget may still have refused it.
   if (d == Decision::kAdmittedProbe) Count(slot, kProbesGranted);
   p->decision = uint8_t(d);

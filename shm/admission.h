@@ -88,8 +88,9 @@ void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t la
 // their expiry; an expired probe of the current half-open is a failed probe and reopens the
 // breaker (one of an earlier half-open only gives its word back). kLimits
 // sweeps every probe word and the bulkhead words under the current limit; kAllWords also the
-// bulkhead words above it, which a reload that lowered the limit may have left taken (the
-// daemon does this now and then). Returns the number of leases freed. Thread-safe.
+// bulkhead words above it, which a reload that lowered the limit may have left taken. The
+// daemon sweeps every slot that is not free, retired ones included, with kAllWords once per
+// sweep period. Returns the number of leases freed. Thread-safe.
 enum class Sweep { kLimits, kAllWords };
 uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller,
                         Sweep sweep = Sweep::kLimits);

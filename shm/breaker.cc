@@ -8,7 +8,7 @@
 
 namespace retryd::shm {
 
-static_assert(kMaxDeadlineAheadMs >= 2 * uint64_t{kMaxKnobDurationMs},
+static_assert(kMaxStampedAheadMs >= 2 * uint64_t{kMaxKnobDurationMs},
               "an open period (open_for_max + open_jitter) must fit under the wrap guard");
 
 namespace {
@@ -16,7 +16,10 @@ namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
 // Bound on the rounds of ApplyBreakerEvent. Each round that fails means another process
-// committed a change to the word; the bound only keeps a scribbling client from spinning us.
+// committed a change to the word. An event applies to one state (a probe's, to one seq), and
+// in it the word changes at most close_after (<= 255) times before the event no longer
+// applies, so honest traffic never reaches the bound and no probe outcome is dropped by it;
+// it only keeps a client scribbling the word from spinning us.
 constexpr int kMaxEventRounds = 1024;
 
 struct WindowShape {
@@ -50,8 +53,8 @@ void RestartWindow(DependencySlot& slot, uint64_t now_ns) {
 
 // The newest period of a head, or kNoPeriod for a head too far ahead of `now_ns` to trust.
 constexpr uint64_t kNoPeriod = ~uint64_t{0};
-// A clock read lags another process's by far less than this (see retry_budget.h).
-constexpr uint64_t kMaxHeadAheadMs = 60'000;
+// A head further ahead of the clock than any reader can lag (clock.h) was not stamped by it.
+constexpr uint64_t kMaxHeadAheadMs = kMaxClockSkewMs;
 // Bound on the rounds of RecordCall; each failed round means the head moved under us.
 constexpr int kMaxRecordRounds = 64;
 

@@ -48,8 +48,18 @@ inline bool DeadlinePassed(uint32_t now_ms, uint32_t deadline_ms, uint32_t max_a
   return MsReached(now_ms, deadline_ms) || deadline_ms - now_ms > max_ahead_ms;
 }
 
-// The longest any stamped deadline can be ahead: an open period (open_for_max plus jitter,
-// each at most kMaxKnobDurationMs) or a lease timeout (at most kMaxKnobDurationMs).
-inline constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u;
+// How far one process's clock read may lag the time another process stamped: a process reads
+// the clock, is descheduled, and uses the value after another has stamped a later time. The
+// algorithms tolerate this much time going backwards between processes (retry_budget.h says
+// what a longer lag costs).
+inline constexpr uint32_t kMaxClockSkewMs = 60'000;
+
+// The longest any stamped deadline can be ahead when it is set: an open period (open_for_max
+// plus open_jitter, each at most kMaxKnobDurationMs) or a lease timeout (at most
+// kMaxKnobDurationMs).
+inline constexpr uint32_t kMaxStampedAheadMs = 2 * 86'400'000u;
+// The guard of DeadlinePassed: the longest deadline, as seen by a reader whose clock lags the
+// one that set it by up to kMaxClockSkewMs. A deadline any further ahead has passed.
+inline constexpr uint32_t kMaxDeadlineAheadMs = kMaxStampedAheadMs + kMaxClockSkewMs;
 
 }  // namespace retryd::shm

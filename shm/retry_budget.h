@@ -52,7 +52,7 @@ class RetryBudget {
   // (microseconds; milliseconds for a descheduled process) plus the coarse clock's tick (a
   // few ms). A minute is thousands of times that, and costs at most a minute of floor after a
   // gap ending within a minute below a multiple of 49.7 days with no daemon running.
-  static constexpr uint32_t kMaxClockSkewMs = 60'000;
+  static constexpr uint32_t kMaxClockSkewMs = shm::kMaxClockSkewMs;
   // Refresh folds the refill into stamps older than this: an hour is far from the skew
   // window below the wrap, and one write per slot per hour is nothing.
   static constexpr uint32_t kStampRefreshMs = 3'600'000;

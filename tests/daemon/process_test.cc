@@ -18,6 +18,7 @@
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/dependency_table.h"
+#include "shm/leases.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
 #include "tests/daemon/daemon_harness.h"
@@ -203,6 +204,43 @@ TEST_F(DaemonProcessTest, ReloadAddsChangesAndRetiresWithoutLosingState) {
   EXPECT_GT(seg->header().generation.load(), generation);
   EXPECT_TRUE(LogHas(*d, "dependency a: retired"));
   EXPECT_TRUE(LogHas(*d, "1 added, 1 changed, 1 retired"));
+}
+
+// The daemon's sweep frees expired leases in every word of every slot in use: a bulkhead word
+// above a limit a reload lowered, and any word of a retired slot, which no admit looks at again.
+TEST_F(DaemonProcessTest, TheSweepFreesExpiredLeasesAboveTheLimitAndInRetiredSlots) {
+  auto d = StartDaemon(Config("[dependency.kept]\nbulkhead_limit = 2\n[dependency.gone]\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t kept = seg->Find("kept");
+  const int32_t gone = seg->Find("gone");
+  ASSERT_GE(kept, 0);
+  ASSERT_GE(gone, 0);
+  WriteFile(config_, Config("[dependency.kept]\nbulkhead_limit = 2\n"));
+  d->Signal(SIGHUP);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return seg->dependency(uint32_t(gone))->state.load() ==
+               uint32_t(shm::SlotState::kRetired);
+      },
+      5'000))
+      << d->Log();
+  // Leases of an owner no registry slot names (so the dead-owner reaper leaves them), expired.
+  const uint32_t past = shm::NsToMs32(shm::PreciseNowNs()) - 1'000;
+  std::atomic<uint64_t>& above_limit = seg->dependency(uint32_t(kept))->bulkhead_leases[100];
+  std::atomic<uint64_t>& retired_bulkhead = seg->dependency(uint32_t(gone))->bulkhead_leases[5];
+  std::atomic<uint64_t>& retired_probe = seg->dependency(uint32_t(gone))->probe_leases[0];
+  above_limit.store(shm::Lease::Make(shm::kUnknownOwner, 1, past));
+  retired_bulkhead.store(shm::Lease::Make(shm::kUnknownOwner, 2, past));
+  retired_probe.store(shm::Lease::Make(shm::kUnknownOwner, 3, past));
+  // One sweep period is 5 s; the bound only ends a failing test.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return above_limit.load() == 0 && retired_bulkhead.load() == 0 &&
+               retired_probe.load() == 0;
+      },
+      20'000))
+      << above_limit.load() << " " << retired_bulkhead.load() << " " << retired_probe.load();
 }
 
 TEST_F(DaemonProcessTest, BadReloadKeepsTheRunningConfig) {

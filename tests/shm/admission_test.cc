@@ -3,6 +3,7 @@
 #include "shm/admission.h"
 
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -302,6 +303,74 @@ TEST_F(AdmissionTest, OneFailedProbeReopensWhateverTheOthersReport) {
   }
 }
 
+// No probe success is lost to contention: kMaxProbes probes of one half-open complete at once,
+// each CAS racing the others', and close_after of them must close the breaker every time.
+TEST_F(AdmissionTest, EveryProbeSuccessCountsWhenAllProbesCompleteAtOnce) {
+  constexpr int kProbes = int(kMaxProbes);
+  slot_->policy.half_open_probes.store(kProbes);
+  slot_->policy.close_after.store(kProbes);
+  for (int round = 0; round < 500; ++round) {
+    slot_->breaker.store(
+        BreakerWord{BreakerState::kHalfOpen, 0, 0, uint16_t(round), NsToMs32(now_)}.Encode());
+    std::vector<Permit> permits(kProbes);
+    std::vector<Caller> callers;
+    for (int i = 0; i < kProbes; ++i) {
+      callers.push_back(Caller{uint16_t(2 + i), 0, uint32_t(7 + i)});
+      ASSERT_EQ(shm::Admit(*slot_, index_, 0, now_, callers[i], &permits[i]),
+                Decision::kAdmittedProbe);
+    }
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kProbes; ++i) {
+      threads.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < kProbes) std::this_thread::yield();
+        shm::Complete(*slot_, &permits[i], Outcome::kSuccess, kMs, now_, callers[i]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(State(), BreakerState::kClosed) << "round " << round;
+  }
+}
+
+// The breaker judges its window when a failure or a slow call is recorded, never on a success:
+// a success cannot make a dependency look worse. Resilience4j judges after every call, so with
+// min_calls 10 and a 50 % threshold, 5 failures then 5 successes open it at the 10th call (a
+// success); here the breaker stays closed, and the next failure opens it if the window still
+// says so (6 of 11).
+TEST_F(AdmissionTest, ASuccessNeverTripsTheNextFailureDoes) {
+  slot_->policy.failure_rate_pct.store(50);
+  for (int i = 0; i < 5; ++i) Call(Outcome::kFailure);
+  for (int i = 0; i < 5; ++i) Call(Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kClosed);  // 5 of 10 failed, judged at no success
+  Call(Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
+// The longest open period a policy can give (open_for_max plus all of open_jitter) holds for
+// every reader, one whose clock read lags the process that opened it included: the guard
+// against a month-old deadline must not take it for one from the far past.
+TEST_F(AdmissionTest, TheLongestOpenPeriodHoldsForALaggingReader) {
+  slot_->policy.open_for_ms.store(kMaxKnobDurationMs);
+  slot_->policy.open_for_max_ms.store(kMaxKnobDurationMs);
+  slot_->policy.open_jitter_ms.store(kMaxKnobDurationMs);
+  const uint32_t longest = OpenPeriodMs(slot_->policy, 63, kMaxKnobDurationMs);
+  ASSERT_EQ(longest, kMaxStampedAheadMs);
+  const uint64_t opened = now_;
+  slot_->breaker.store(
+      BreakerWord{BreakerState::kOpen, 63, 0, 5, NsToMs32(opened) + longest}.Encode());
+  Permit p;
+  for (uint64_t lag_ms : {uint64_t{1}, uint64_t{1000}, uint64_t{kMaxClockSkewMs}}) {
+    now_ = opened - lag_ms * kMs;
+    EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen) << "lag " << lag_ms << " ms";
+  }
+  now_ = opened + (longest - 1) * kMs;
+  EXPECT_EQ(Admit(0, &p), Decision::kRejectedOpen);
+  now_ = opened + longest * kMs;
+  EXPECT_EQ(Admit(0, &p), Decision::kAdmittedProbe);
+  Complete(&p, Outcome::kSuccess);
+}
+
 // A retry that wins a probe lease but finds the budget empty does not go out: it is counted as a
 // denied retry, not as a probe, and its lease is free again for the next attempt.
 TEST_F(AdmissionTest, AProbeRefusedByTheBudgetIsNotCountedAsAProbe) {
@@ -371,6 +440,54 @@ TEST_F(AdmissionTest, ShadowModeDecidesButAlwaysAdmits) {
   Complete(&p, Outcome::kFailure);
   EXPECT_EQ(Counter(kShadowWouldReject), 1u);
   EXPECT_EQ(Counter(kRejectedOpen), 0u);
+}
+
+// Shadow takes every step enforce takes: an attempt the breaker would refuse still passes the
+// bulkhead and the budget (a first attempt deposits and counts, since it really goes out), and
+// each attempt enforce refuses counts once, whichever step refused it and however many would.
+TEST_F(AdmissionTest, ShadowCountsEveryStepEnforceWouldTake) {
+  struct Counts {
+    uint64_t first_attempts, retries_granted, would_reject, rejected, budget_tokens;
+  };
+  // Drives one slot in `mode` through the same attempts: breaker open, bulkhead of 1 held, an
+  // empty budget with no floor; then a first attempt, a retry, and a retry after a deposit.
+  auto run = [&](Mode mode) {
+    SetUp();
+    slot_->policy.bulkhead_limit.store(1);
+    slot_->policy.min_retries_per_sec.store(0);
+    slot_->policy.retry_ratio_milli.store(1000);  // one token per first attempt
+    slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+    for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);  // opens the breaker
+    EXPECT_EQ(State(), BreakerState::kOpen);
+    slot_->budget.store(RetryBudget::Make(0, NsToMs32(now_)));
+    const uint64_t first_before = Counter(kFirstAttempts);
+    slot_->mode.store(uint32_t(mode));
+    Permit first, retry;
+    const Decision d0 = Admit(0, &first);  // refused by the breaker in enforce
+    const Decision d1 = Admit(1, &retry);  // breaker, bulkhead and budget all refuse it
+    Counts c{Counter(kFirstAttempts) - first_before, Counter(kRetriesGranted),
+             Counter(kShadowWouldReject),
+             Counter(kRejectedOpen) + Counter(kRejectedBulkheadFull) + Counter(kRetriesDenied),
+             RetryBudget::Tokens(slot_->budget.load())};
+    Complete(&first, Outcome::kFailure);
+    Complete(&retry, Outcome::kFailure);
+    return std::make_pair(std::make_pair(d0, d1), c);
+  };
+  const auto [enforce_d, enforce] = run(Mode::kEnforce);
+  EXPECT_EQ(enforce_d.first, Decision::kRejectedOpen);
+  EXPECT_EQ(enforce_d.second, Decision::kRejectedOpen);
+  EXPECT_EQ(enforce.rejected, 2u);
+  EXPECT_EQ(enforce.would_reject, 0u);
+  EXPECT_EQ(enforce.first_attempts, 0u);  // refused attempts never went out
+
+  const auto [shadow_d, shadow] = run(Mode::kShadow);
+  EXPECT_EQ(shadow_d.first, Decision::kAdmitted);
+  EXPECT_EQ(shadow_d.second, Decision::kAdmitted);
+  EXPECT_EQ(shadow.would_reject, enforce.rejected);  // once per refused attempt
+  EXPECT_EQ(shadow.rejected, 0u);
+  EXPECT_EQ(shadow.first_attempts, 1u);  // it went out: counted, and it deposited ...
+  EXPECT_EQ(shadow.retries_granted, 1u);  // ... the token the retry then took
+  EXPECT_EQ(shadow.budget_tokens, 0u);
 }
 
 TEST_F(AdmissionTest, DisabledRecordsNothingForcedOpenRejectsAll) {
