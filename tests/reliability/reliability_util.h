@@ -106,7 +106,7 @@ struct WorkerBoard {
   std::atomic<uint64_t> checks;           // limit checks made
   std::atomic<uint64_t> violations;       // checks that found a limit exceeded
   std::atomic<uint64_t> lost_while_held;  // a live worker's lease taken back before release
-  std::atomic<uint64_t> stalls;           // admits slower than the stall threshold
+  std::atomic<uint64_t> blocked;          // admits during which the worker slept (BlockWatch)
   std::atomic<uint64_t> max_admit_ns;     // the slowest admit seen
   std::atomic<uint64_t> errors;           // anything a worker could not do
   WorkerCell cells[kCells];
@@ -147,6 +147,19 @@ inline void Spin(uint32_t n) {
 
 // Monotonic time in ns.
 uint64_t NowNs();
+
+// BlockWatch tells whether the calling thread slept (blocked in the kernel: a lock, a wait, a
+// read) since it was made: its count of voluntary context switches moved. Being preempted by a
+// busy machine is not sleeping, so this holds on a loaded machine where a time bound would not.
+class BlockWatch {
+ public:
+  BlockWatch() : before_(VoluntarySwitches()) {}
+  bool Slept() const { return VoluntarySwitches() != before_; }
+  static long VoluntarySwitches();
+
+ private:
+  long before_;
+};
 
 // UniqueName returns "retryd-rel-<tag>-<pid>-<n>".
 std::string UniqueName(const std::string& tag);
