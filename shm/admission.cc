@@ -42,7 +42,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     const BreakerWord b = BreakerWord::Decode(word);
     if (b.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (b.state == BreakerState::kOpen) {
-      if (!DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) return Decision::kRejectedOpen;
+      if (!OpenPeriodOver(slot, b, now_ns)) return Decision::kRejectedOpen;
       ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, caller.rng);
       continue;  // whoever moved it, look again
     }

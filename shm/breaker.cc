@@ -36,8 +36,12 @@ WindowShape Shape(const DependencySlot& slot) {
 
 // The first period that counts: the breaker's last close, when that is within the window.
 uint64_t FloorPeriod(const DependencySlot& slot, uint64_t now_ns, const WindowShape& s) {
-  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kRelaxed));
+  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
   if (b.state != BreakerState::kClosed) return 0;
+  if (const std::optional<uint64_t> closed_ms = FullTimeMs(slot, b)) {
+    // A close stamped ahead of a lagging reader's clock still hides what came before it.
+    return *closed_ms * 1'000'000u / s.bucket_ns;
+  }
   const uint32_t age_ms = NsToMs32(now_ns) - b.time_ms;
   const uint64_t age_ns = uint64_t{age_ms} * 1'000'000u;
   if (age_ns >= s.bucket_ns * s.buckets || age_ns > now_ns) return 0;
@@ -184,6 +188,11 @@ bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
   const BreakerWord before = BreakerWord::Decode(from);
   const BreakerWord after = BreakerWord::Decode(to);
   if (after.seq == before.seq) return true;  // a probe success counted, no transition
+  // The new word's time in full: now, or the open period's end, `until - now` after it.
+  const uint64_t now_ms = now_ns / 1'000'000u;
+  slot.breaker_time.store(
+      BreakerTime::Make(after.seq, now_ms + uint32_t(after.time_ms - uint32_t(now_ms))),
+      std::memory_order_release);
   const Counter c = after.state == BreakerState::kOpen       ? kOpened
                     : after.state == BreakerState::kHalfOpen ? kHalfOpened
                                                              : kClosed;
@@ -207,6 +216,21 @@ BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t n
 
 }  // namespace
 
+std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b) {
+  const uint64_t t = slot.breaker_time.load(std::memory_order_acquire);
+  if (BreakerTime::Seq(t) != b.seq || uint32_t(BreakerTime::Ms(t)) != b.time_ms) {
+    return std::nullopt;
+  }
+  return BreakerTime::Ms(t);
+}
+
+bool OpenPeriodOver(const DependencySlot& slot, const BreakerWord& b, uint64_t now_ns) {
+  if (const std::optional<uint64_t> until_ms = FullTimeMs(slot, b)) {
+    return now_ns / 1'000'000u >= *until_ms;
+  }
+  return DeadlinePassed(NsToMs32(now_ns), b.time_ms, kMaxDeadlineAheadMs);
+}
+
 const char* BreakerStateName(BreakerState s) {
   switch (s) {
     case BreakerState::kClosed: return "closed";
@@ -227,10 +251,7 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
       return Transition(b, BreakerState::kOpen, 0, now_ms + OpenPeriodMs(policy, 0, random))
           .Encode();
     case BreakerEvent::kOpenPeriodOver:
-      if (b.state != BreakerState::kOpen ||
-          !DeadlinePassed(now_ms, b.time_ms, kMaxDeadlineAheadMs)) {
-        return std::nullopt;
-      }
+      if (b.state != BreakerState::kOpen) return std::nullopt;
       return Transition(b, BreakerState::kHalfOpen, b.reopens, now_ms).Encode();
     case BreakerEvent::kProbeSucceeded: {
       if (!half_open || b.seq != probe_seq) return std::nullopt;
@@ -258,6 +279,10 @@ bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns
                      event == BreakerEvent::kProbeExpired;
   for (int round = 0; round < kMaxEventRounds; ++round) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+    if (event == BreakerEvent::kOpenPeriodOver &&
+        !OpenPeriodOver(slot, BreakerWord::Decode(word), now_ns)) {
+      return false;
+    }
     const std::optional<uint64_t> next =
         NextBreakerWord(slot.policy, word, event, now_ms, probe_seq, opens ? NextRandom(rng) : 0);
     if (!next) return false;

@@ -10,6 +10,8 @@
 //             | and the window has >= min_calls calls and |
 //             | failure or slow-call rate >= its threshold|
 //   Open      | kOpenPeriodOver: an admit at/after `until`| HalfOpen (successes = 0)
+//             | (OpenPeriodOver decides; the table does   |
+//             | not look at the time)                     |
 //   Open      | (an admit before `until`)                 | Open (rejected by admission)
 //   HalfOpen  | (admit, a probe lease free)               | HalfOpen (admitted as probe)
 //   HalfOpen  | (admit, every probe lease taken)          | HalfOpen (rejected, busy)
@@ -37,6 +39,15 @@
 //   bits 16..31  seq, +1 on every transition (a probe completes only under its own seq)
 //   bits 32..63  Open: until, ms mod 2^32; Closed: when it closed; HalfOpen: when it began
 // Invariant: every transition is one CAS from the word the deciding process read.
+// Breaker time word (DependencySlot::breaker_time), stored by the process that committed a
+// transition, right after its CAS:
+//   bits  0..47  the state word's time in full: ms of the clock (48 bits: 8,900 years)
+//   bits 48..63  the seq of the state word it belongs to
+// A reader that finds it matching the state word (same seq, same low 32 bits of the time)
+// compares full times, so an open period and the last close read right at any age, 2^32 ms
+// (49.7 days) and its multiples included. Until it matches (its writer has not stored it yet,
+// or died between the CAS and the store) readers use the 32-bit time and its rules
+// (DeadlinePassed, clock.h), which are right unless the time is a multiple of 2^32 ms old.
 //
 // Window bucket word (DependencySlot::buckets[i], bucket i holds the periods p with
 // p % window_buckets == i, of length window_ms / window_buckets):
@@ -97,6 +108,22 @@ struct BreakerWord {
            (uint64_t(seq) << 16) | (uint64_t(time_ms) << 32);
   }
 };
+
+// The breaker time word (see above).
+struct BreakerTime {
+  static constexpr uint64_t kMsMask = (uint64_t{1} << 48) - 1;
+  static uint64_t Make(uint16_t seq, uint64_t ms) { return (uint64_t(seq) << 48) | (ms & kMsMask); }
+  static uint16_t Seq(uint64_t w) { return uint16_t(w >> 48); }
+  static uint64_t Ms(uint64_t w) { return w & kMsMask; }
+};
+
+// FullTimeMs is the time of state word `b` in full ms, when the slot's breaker time word
+// matches it (see above); nullopt otherwise.
+std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b);
+
+// OpenPeriodOver: has the open period of `b` (an open breaker's word) ended at `now_ns`?
+// Exact with the full time; else the 32-bit rule of DeadlinePassed. Thread-safe.
+bool OpenPeriodOver(const DependencySlot& slot, const BreakerWord& b, uint64_t now_ns);
 
 // The events of the state machine above.
 enum class BreakerEvent : uint32_t {

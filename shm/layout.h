@@ -78,12 +78,14 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint64_t> name_words[6];  // name bytes, NUL padded
   // Lines 1-2: policy.
   alignas(kCacheLine) PolicyWords policy;
-  // Line 3: the breaker state word, the retry budget word and the window's head: which
-  // buckets hold the window's periods (see breaker.h, retry_budget.h). Written at most once
-  // per bucket period; read with the breaker word.
+  // Line 3: the breaker state word, the retry budget word, the window's head (which buckets
+  // hold the window's periods) and the breaker word's time in full (see breaker.h,
+  // retry_budget.h). Written at most once per bucket period or transition; read with the
+  // breaker word.
   alignas(kCacheLine) std::atomic<uint64_t> breaker;
   std::atomic<uint64_t> budget;
   std::atomic<uint64_t> window_head;
+  std::atomic<uint64_t> breaker_time;
   // Lines 4-5: breaker window buckets (see breaker.h).
   alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
   // Lines 6-8: counters.

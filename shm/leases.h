@@ -8,6 +8,12 @@
 //                 the probe was granted in (its epoch, see breaker.h), so that a probe of an
 //                 earlier half-open is known as such: it is void, and its word is free to take.
 //   bits 32..63   expiry, ms modulo 2^32
+// Expiry is judged by DeadlinePassed (clock.h): a lease is held until its expiry and expired
+// from then, at any clock offset, except that an expired lease nobody has freed reads as held
+// again during the last kMaxDeadlineAheadMs (2 days and a minute) before each multiple of
+// 2^32 ms (49.7 days) after its expiry. Only a lease of a holder that died can age that far,
+// and only without a daemon: the daemon's sweep frees every expired lease within its sweep
+// period, and the reaper a dead holder's at once.
 // A lease reclaimed from a live holder (expired, or voided) is never given out again with the
 // same value, so that holder's late release cannot free its successor: a bulkhead taker's tag
 // changes per lease, a voided probe carried another seq, and an expired probe word taken again

@@ -43,8 +43,16 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
   d.breaker = b.state;
   d.reopens = b.reopens;
   d.probe_successes = b.state == BreakerState::kHalfOpen ? b.successes : 0;
-  d.half_open_in_ms =
-      b.state == BreakerState::kOpen ? int64_t(int32_t(b.time_ms - now_ms)) : 0;
+  if (b.state == BreakerState::kOpen) {
+    // What the next admit would find: the full time when known, else the 32-bit rule, under
+    // which a deadline a month old has passed (so 0, due now, not the wrapped difference).
+    const int64_t in_ms = int32_t(b.time_ms - now_ms);
+    if (const std::optional<uint64_t> until_ms = FullTimeMs(slot, b)) {
+      d.half_open_in_ms = int64_t(*until_ms) - int64_t(now_ns / 1'000'000u);
+    } else {
+      d.half_open_in_ms = OpenPeriodOver(slot, b, now_ns) ? std::min<int64_t>(in_ms, 0) : in_ms;
+    }
+  }
   d.probes_in_flight = CountTaken(slot.probe_leases, kMaxProbes);
 
   d.window = ReadWindow(slot, now_ns);

@@ -42,8 +42,9 @@ TEST_F(BreakerTableTest, ClosedTripsToOpenForOpenFor) {
   EXPECT_EQ(b->time_ms, kNow + 1'000);
 }
 
-TEST_F(BreakerTableTest, OpenGoesHalfOpenOnlyOnceItsPeriodIsOver) {
-  EXPECT_FALSE(Next(Word(BreakerState::kOpen, 2, 0, 5, kNow + 1), BreakerEvent::kOpenPeriodOver));
+// The table takes kOpenPeriodOver as a fact; whether the period is over is OpenPeriodOver's to
+// say (tests/shm/time_travel_test.cc drives it across every wrap).
+TEST_F(BreakerTableTest, OpenGoesHalfOpenOnceItsPeriodIsOver) {
   const auto b = Next(Word(BreakerState::kOpen, 2, 0, 5, kNow), BreakerEvent::kOpenPeriodOver);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->state, BreakerState::kHalfOpen);
