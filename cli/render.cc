@@ -172,8 +172,12 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
   out += "\n";
   if (d.state != shm::DaemonState::kUp) {
     std::string why;
-    if (d.pid == 0) {
+    if (d.pid == 0 && !d.heartbeat_age_ms && d.lock != shm::DaemonLock::kHeld) {
       why = "no daemon has run on this segment";
+    } else if (d.pid == 0) {
+      why = "the segment names no daemon pid, and its heartbeat is " +
+            (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " old"
+                                : std::string("missing"));
     } else if (!d.pid_alive) {
       why = "pid " + std::to_string(d.pid) + " is not running";
     } else {

@@ -130,7 +130,7 @@ struct alignas(kCacheLine) SegmentHeader {
   std::atomic<uint64_t> heartbeat_ns;                   // CLOCK_MONOTONIC of the last tick
   std::atomic<uint64_t> heartbeat_unix_ms;
   // Line 3: cold-path coordination and conditions that must never be silent.
-  alignas(kCacheLine) std::atomic<uint64_t> create_lock;  // pid | (ms << 32) of a creator
+  alignas(kCacheLine) std::atomic<uint64_t> create_lock;  // a creator's stamp (dependency_table.h)
   std::atomic<uint64_t> table_full_events;  // a client found no free dependency slot
   std::atomic<uint64_t> registry_full_events;  // a client found no free process slot
   std::atomic<uint64_t> unknown_dependency_events;  // a client named an unconfigured dependency

@@ -14,6 +14,7 @@ namespace retryd::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Status Parse(std::vector<const char*> args, Invocation* inv) {
   args.insert(args.begin(), "retryctl");
@@ -135,6 +136,26 @@ TEST(Render, Durations) {
   EXPECT_EQ(FormatHumanDuration(725'000), "12m05s");
   EXPECT_EQ(FormatHumanDuration(11'520'000), "3h12m");
   EXPECT_EQ(FormatHumanDuration(183'600'000), "2d03h");
+}
+
+// "No daemon has run" only when nothing says one has: a pid word someone zeroed beside a
+// heartbeat, or beside a held daemon lock, is reported as what it is.
+TEST(Render, APidWordOfZeroBesideAHeartbeatIsNotANeverRunDaemon) {
+  shm::SegmentStatus view;
+  view.name = "s";
+  view.daemon.state = shm::DaemonState::kStale;
+  view.daemon.lock = shm::DaemonLock::kHeld;
+  view.daemon.heartbeat_age_ms = 10'000;
+  RenderOptions r;
+  std::string table = RenderStatusTable(view, r);
+  EXPECT_THAT(table, HasSubstr("DAEMON STALE: the segment names no daemon pid, and its heartbeat "
+                               "is 10s old"));
+  EXPECT_THAT(table, Not(HasSubstr("no daemon has run")));
+
+  view.daemon = shm::DaemonStatus{};  // never beat, lock free: down, and never ran
+  view.daemon.lock = shm::DaemonLock::kFree;
+  table = RenderStatusTable(view, r);
+  EXPECT_THAT(table, HasSubstr("DAEMON DOWN: no daemon has run on this segment"));
 }
 
 TEST(Render, DeltasSayWhatTheCountersCover) {
