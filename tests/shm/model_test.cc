@@ -13,6 +13,9 @@
 // checks the bounds of DESIGN.md: probes in flight of the current half-open <= half_open_probes,
 // bulkhead leases <= bulkhead_limit, the budget never above its burst, and retries granted over
 // any interval <= burst + ratio x first attempts + floor x seconds (retry_budget.h).
+// Three disagreements are pinned by the ModelRegressionTest cases at the end, and the random
+// operations steer clear of them (each place says which): a reset in a bucket period with calls,
+// a clock read that lags a close, and a breaker closed for a multiple of 2^32 ms.
 //
 // RETRYD_MODEL_STEPS sets the steps of each shape (default kDefaultSteps, a tenth of it under a
 // sanitizer) and RETRYD_MODEL_SEED the seed of every shape; a failure names the shape, the seed
