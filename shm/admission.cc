@@ -274,7 +274,9 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
 void Reset(DependencySlot& slot, uint64_t now_ns) {
   uint32_t rng = 1;  // a reset closes: nothing to draw
   ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng);
-  for (auto& b : slot.buckets) b.store(0, kRelaxed);
+  // An empty window in every state: a head with no bucket bits (breaker.h) holds no calls, and
+  // the first call of each period starts its bucket anew.
+  slot.window_head.store(0, std::memory_order_release);
   const uint64_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
   slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, NsToMs32(now_ns)),
                     kRelaxed);

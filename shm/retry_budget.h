@@ -28,10 +28,13 @@
 // retry_burst + min_retries_per_sec x the lag in seconds more than the invariant allows.
 //
 // Invariant: over any interval, retries granted <= retry_burst + ratio x first attempts +
-// min_retries_per_sec x seconds elapsed, summed over all processes whose clock reads lag by
-// at most kMaxClockSkewMs. Concurrent deposits may push the stored count past the cap by at
-// most one ratio per racing process; the cap is applied again at every withdrawal, so the
-// bound holds exactly.
+// min_retries_per_sec x seconds elapsed, summed over all processes, while clock reads arrive
+// in order. A withdrawal whose clock read lags the newest read by L ms (L <= kMaxClockSkewMs)
+// may add up to min_retries_per_sec x L thousandths of a token to that bound: floor time it
+// could not see is credited again by a later read. Concurrent deposits may push the stored
+// count past the cap by at most one ratio per racing process; the cap is applied again at
+// every withdrawal. tests/shm/model_test.cc checks the bound, with that margin for lagging
+// reads, at every step.
 // Thread safety: thread-safe and process-safe; each operation commits with a single word.
 #pragma once
 

@@ -11,17 +11,18 @@ using shm::Mode;
 using shm::Outcome;
 
 constexpr uint64_t kNsPerMs = 1'000'000;
-// clock.h: a stored deadline is never more than two days ahead when it is set.
-constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u;
+// clock.h: a stored deadline is never more than two days ahead when it is set, and a reader's
+// clock lags by at most a minute.
+constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u + 60'000;
 // retry_budget.h: a stamp up to a minute ahead of the clock reads as time going backwards.
 constexpr uint32_t kMaxClockSkewMs = 60'000;
 // breaker.h: a bucket counts at most this many calls.
 constexpr uint32_t kBucketMaxCalls = 0xFFFF;
 
-// DeadlinePassed: the clock has reached `deadline_ms`. A deadline is stored as ms modulo 2^32
-// and read as ahead when it reads as at most kMaxDeadlineAheadMs ahead (clock.h), so a deadline
-// missed by k x 2^32 ms less at most that much still reads as ahead.
-bool DeadlinePassed(uint64_t now_ms, uint64_t deadline_ms) {
+// LeaseExpired: the clock has reached a lease's `deadline_ms`. A lease word stores it as ms
+// modulo 2^32 and reads it as ahead when it reads as at most kMaxDeadlineAheadMs ahead
+// (leases.h), so a deadline missed by k x 2^32 ms less at most that much still reads as ahead.
+bool LeaseExpired(uint64_t now_ms, uint64_t deadline_ms) {
   if (now_ms < deadline_ms) return false;
   return uint32_t(now_ms - deadline_ms) < 0u - kMaxDeadlineAheadMs;
 }
@@ -116,7 +117,8 @@ Decision DependencyModel::AdmitBreaker(uint64_t now_ms, ModelThread& thread, Mod
   for (;;) {
     if (breaker_.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (breaker_.state == BreakerState::kOpen) {
-      if (!DeadlinePassed(now_ms, breaker_.time_ms)) return Decision::kRejectedOpen;
+      // The breaker keeps its time in full beside its word (breaker.h): exact at any age.
+      if (now_ms < breaker_.time_ms) return Decision::kRejectedOpen;
       Enter(BreakerState::kHalfOpen, breaker_.reopens, now_ms);
       continue;
     }
@@ -177,7 +179,7 @@ uint32_t DependencyModel::ReclaimExpired(uint64_t now_ms, ModelThread& thread) {
   const ModelBreaker seen = breaker_;
   bool current_probe_expired = false;
   for (ModelLease& word : probes_) {
-    if (word.serial == 0 || !DeadlinePassed(now_ms, word.expiry_ms)) continue;
+    if (word.serial == 0 || !LeaseExpired(now_ms, word.expiry_ms)) continue;
     ++freed;
     Count(shm::kLeasesReclaimedExpired);
     if (seen.state == BreakerState::kHalfOpen && word.tag == seen.seq) {
@@ -192,7 +194,7 @@ uint32_t DependencyModel::ReclaimExpired(uint64_t now_ms, ModelThread& thread) {
       Open(breaker_.reopens + 1, now_ms, random);
     }
   }
-  const auto expired = [&](const ModelLease& l) { return DeadlinePassed(now_ms, l.expiry_ms); };
+  const auto expired = [&](const ModelLease& l) { return LeaseExpired(now_ms, l.expiry_ms); };
   const size_t before = bulkhead_.size();
   bulkhead_.erase(std::remove_if(bulkhead_.begin(), bulkhead_.end(), expired), bulkhead_.end());
   for (size_t i = bulkhead_.size(); i < before; ++i) {
