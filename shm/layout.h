@@ -101,8 +101,13 @@ struct alignas(kCacheLine) ProcessSlot {
   std::atomic<uint64_t> start_time;   // /proc/PID/stat field 22, clock ticks since boot
   std::atomic<uint64_t> attach_unix_ms;
   std::atomic<uint64_t> comm[2];      // command name, NUL padded
+  // kConnected: the pid as the process sees itself (another pid namespace's), 0 if unknown.
+  std::atomic<uint64_t> own_pid;
 };
-enum class ProcessState : uint32_t { kClaiming = 1, kLive = 2 };
+// kLive: registered by the process itself, judged alive by its pid and start time (/proc).
+// kConnected: registered by the daemon for a process attached through its socket (attach.h),
+// alive while that connection is open: the daemon alone frees it.
+enum class ProcessState : uint32_t { kClaiming = 1, kLive = 2, kConnected = 3 };
 
 inline constexpr uint32_t kFlagAutoCreate = 1u << 0;  // clients may create unknown dependencies
 

@@ -75,7 +75,37 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
     ReadComm(comm);
     p.comm[0].store(comm[0], kRelaxed);
     p.comm[1].store(comm[1], kRelaxed);
+    p.own_pid.store(0, kRelaxed);
     p.owner.store(ProcessOwner{pid, ProcessState::kLive}.Encode(), std::memory_order_release);
+    uint32_t high = seg.header().process_high_water.load(kRelaxed);
+    while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
+    }
+    return uint16_t(i + 1);
+  }
+  seg.header().registry_full_events.fetch_add(1, kRelaxed);
+  return kUnknownOwner;
+}
+
+uint16_t RegisterConnected(Segment& seg, pid_t pid, pid_t own_pid, const char (&comm)[16]) {
+  uint64_t words[2] = {};
+  for (int k = 0; k < 16 && comm[k] != '\0'; ++k) {
+    words[k / 8] |= uint64_t(uint8_t(comm[k])) << (8 * (k % 8));
+  }
+  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
+    ProcessSlot& p = *seg.process(i);
+    uint64_t cur = p.owner.load(kRelaxed);
+    if (cur != 0) continue;
+    if (!p.owner.compare_exchange_strong(cur, ProcessOwner{pid, ProcessState::kClaiming}.Encode(),
+                                         std::memory_order_acquire)) {
+      continue;
+    }
+    // The start time, where this daemon's /proc shows it (not under hidepid): for people only.
+    p.start_time.store(ProcessStartTime(pid).value_or(0), kRelaxed);
+    p.attach_unix_ms.store(UnixNowMs(), kRelaxed);
+    p.comm[0].store(words[0], kRelaxed);
+    p.comm[1].store(words[1], kRelaxed);
+    p.own_pid.store(uint64_t(uint32_t(own_pid)), kRelaxed);
+    p.owner.store(ProcessOwner{pid, ProcessState::kConnected}.Encode(), std::memory_order_release);
     uint32_t high = seg.header().process_high_water.load(kRelaxed);
     while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
     }
@@ -128,6 +158,7 @@ uint64_t ReclaimDeadProcesses(Segment& seg, const AliveFn& alive) {
     if (w == 0) continue;
     // A slot still being claimed has no start time yet: judge it by its pid alone.
     const ProcessOwner owner = ProcessOwner::Decode(w);
+    if (owner.connected()) continue;  // alive while its connection is: the daemon's to judge
     const uint64_t start = owner.live() ? p.start_time.load(kRelaxed) : 0;
     if (alive(owner.pid, start)) continue;
     freed += ReclaimOwner(seg, uint16_t(i + 1), w);
@@ -152,8 +183,14 @@ uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   for (uint32_t i = 0; i < high; ++i) {
     const uint64_t w = seg.process(i)->owner.load(std::memory_order_acquire);
     const ProcessOwner owner = ProcessOwner::Decode(w);
-    const uint64_t start = owner.live() ? seg.process(i)->start_time.load(kRelaxed) : 0;
     Watched& watch = watched_[i];
+    if (owner.connected()) {
+      // Alive while its connection to the daemon is open: the daemon's attach server judges it.
+      if (watch.pidfd >= 0) close(watch.pidfd);
+      watch = Watched{};
+      continue;
+    }
+    const uint64_t start = owner.live() ? seg.process(i)->start_time.load(kRelaxed) : 0;
     if (w != watch.owner_word || start != watch.start_time) {
       // A new owner (or none): verify it once, then watch it.
       if (watch.pidfd >= 0) close(watch.pidfd);

@@ -25,9 +25,12 @@ inline constexpr uint16_t kUnknownOwner = 0xFFFF;
 
 // ProcessOwner is a ProcessSlot::owner word, decoded. The word is 0 for a free slot, else
 //   bits  0..31  pid
-//   bits 32..63  ProcessState: kClaiming while the slot is being filled in, then kLive
-// Invariant: a slot's start time and name are valid only while its state is kLive. A word a
-// client scribbled may hold any state value; it then counts as neither claiming nor live.
+//   bits 32..63  ProcessState: kClaiming while the slot is being filled in, then kLive (the
+//                process registered itself) or kConnected (the daemon registered it for a
+//                connection to its socket; the pid is the one the daemon sees)
+// Invariant: a slot's start time and name are valid only while its state is kLive or
+// kConnected. A word a client scribbled may hold any state value; it then counts as neither
+// claiming nor attached.
 struct ProcessOwner {
   pid_t pid = 0;
   ProcessState state = ProcessState(0);
@@ -37,6 +40,8 @@ struct ProcessOwner {
   }
   uint64_t Encode() const { return uint64_t(uint32_t(pid)) | (uint64_t(state) << 32); }
   bool live() const { return state == ProcessState::kLive; }
+  bool connected() const { return state == ProcessState::kConnected; }
+  bool attached() const { return live() || connected(); }
 };
 
 // ProcessStartTime reads /proc/PID/stat's start time (clock ticks since boot), or nullopt if
@@ -46,6 +51,11 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid);
 // RegisterProcess claims a slot for `pid` and returns its owner id, or kUnknownOwner when the
 // registry is full (counted in the header).
 uint16_t RegisterProcess(Segment& seg, pid_t pid);
+// RegisterConnected (daemon) claims a slot for a process attached through the socket: `pid` as
+// the daemon sees it (SO_PEERCRED), `own_pid` as the process sees itself, `comm` its name. The
+// daemon frees it (ReclaimOwner) when the connection closes; the /proc-based reapers leave it
+// alone. Returns the owner id, or kUnknownOwner when the registry is full (counted).
+uint16_t RegisterConnected(Segment& seg, pid_t pid, pid_t own_pid, const char (&comm)[16]);
 // UnregisterProcess frees the slot of owner id `owner` if it still belongs to `pid`.
 void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid);
 
@@ -55,8 +65,9 @@ void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid);
 using AliveFn = std::function<bool(pid_t pid, uint64_t start_time)>;
 bool ProcessAliveByProc(pid_t pid, uint64_t start_time);
 
-// ReclaimDeadProcesses (daemon tick) frees every lease whose owner is dead, counts each in its
-// dependency's kLeasesReclaimedDead, then frees the dead owners' slots. Returns leases freed.
+// ReclaimDeadProcesses frees every lease whose self-registered (kLive) owner is dead, counts
+// each in its dependency's kLeasesReclaimedDead, then frees the dead owners' slots. Returns
+// leases freed. Connected owners are the daemon's to judge, by their connection.
 uint64_t ReclaimDeadProcesses(Segment& seg, const AliveFn& alive = ProcessAliveByProc);
 
 }  // namespace retryd::shm

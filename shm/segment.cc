@@ -1,5 +1,6 @@
 #include "shm/segment.h"
 
+#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -26,6 +27,10 @@ namespace retryd::shm {
 struct Segment::Mapping {
   bip::shared_memory_object object;
   bip::mapped_region region;
+  int memfd = -1;  // a sealed segment's descriptor (CreateSealed, AttachFd)
+  ~Mapping() {
+    if (memfd >= 0) close(memfd);
+  }
 };
 
 namespace {
@@ -237,6 +242,107 @@ Status Segment::Attach(std::string_view name, Access access, std::unique_ptr<Seg
   seg->fd_ = seg->mapping_->object.get_mapping_handle().handle;
   *out = std::move(seg);
   return Status::Ok();
+}
+
+namespace {
+
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+// Mappable hands a plain descriptor to Boost.Interprocess's mapped_region.
+struct Mappable {
+  int fd;
+  bip::mapping_handle_t get_mapping_handle() const {
+    bip::mapping_handle_t h;
+    h.handle = fd;
+    h.is_xsi = false;
+    return h;
+  }
+};
+
+}  // namespace
+
+Status Segment::CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>* out) {
+  out->reset();
+  if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
+      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
+    return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
+                                   std::to_string(kMaxDependencies) + ", max_processes 1.." +
+                                   std::to_string(kMaxProcesses));
+  }
+  std::unique_ptr<Segment> seg(new Segment);
+  seg->max_dependencies_ = opt.max_dependencies;
+  seg->max_processes_ = opt.max_processes;
+  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes);
+  seg->mapping_.reset(new Mapping);
+  const int fd = memfd_create(("retryd:" + opt.name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::IoError(Quoted(opt.name) + ": memfd_create: " + std::strerror(errno));
+  seg->mapping_->memfd = fd;
+  if (ftruncate(fd, off_t(seg->size_)) != 0) {
+    return Status::IoError(Quoted(opt.name) + ": size: " + std::strerror(errno));
+  }
+  // Sealed before anyone else can hold it: from here on its size is fixed for every holder.
+  if (fcntl(fd, F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    return Status::IoError(Quoted(opt.name) + ": seal: " + std::strerror(errno));
+  }
+  try {
+    seg->mapping_->region = bip::mapped_region(Mappable{fd}, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return FromException(opt.name, e, "map");
+  }
+  seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
+  seg->name_ = opt.name;
+  seg->fd_ = fd;
+  seg->Initialize(Policy{}, kFlagAutoCreate);
+  *out = std::move(seg);
+  return Status::Ok();
+}
+
+Status Segment::AttachFd(int fd, Access access, std::string_view label,
+                         std::unique_ptr<Segment>* out) {
+  out->reset();
+  std::unique_ptr<Segment> seg(new Segment);
+  seg->mapping_.reset(new Mapping);
+  seg->mapping_->memfd = fd;  // closed with the Segment, or on any error below
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    return Status::Incompatible(Quoted(label) +
+                                ": its size is not sealed, so any holder could truncate it "
+                                "under every mapping; refused");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Status::IoError(Quoted(label) + ": " + std::strerror(errno));
+  if (uint64_t(st.st_size) < sizeof(SegmentHeader)) {
+    return Status::Incompatible(Quoted(label) + ": truncated: " + std::to_string(st.st_size) +
+                                " bytes, less than a header (" +
+                                std::to_string(sizeof(SegmentHeader)) + ")");
+  }
+  const bip::mode_t mode = access == Access::kReadOnly ? bip::read_only : bip::read_write;
+  try {
+    seg->mapping_->region = bip::mapped_region(Mappable{fd}, mode);
+  } catch (const bip::interprocess_exception& e) {
+    return FromException(label, e, access == Access::kReadOnly ? "map read-only" : "map");
+  }
+  seg->size_ = seg->mapping_->region.get_size();
+  seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
+  if (Status s = Validate(seg->header_, seg->size_); !s.ok()) {
+    return Status::Incompatible(Quoted(label) + ": " + s.message());
+  }
+  seg->BindTables();
+  seg->name_ = std::string(label);
+  seg->read_only_ = access == Access::kReadOnly;
+  seg->fd_ = fd;
+  *out = std::move(seg);
+  return Status::Ok();
+}
+
+int Segment::ReadOnlyDescriptor() const {
+  if (fd_ < 0) {
+    errno = EBADF;
+    return -1;
+  }
+  // Reopening through /proc/self/fd gives a descriptor of the same object with its own
+  // access mode; the object's seals hold for it too.
+  return open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 bool Segment::Remove(std::string_view name) {

@@ -65,6 +65,24 @@ class Segment {
   // segment), kPermissionDenied, kIncompatible (foreign, truncated, corrupt, retired, newer).
   static Status Attach(std::string_view name, Access access, std::unique_ptr<Segment>* out);
 
+  // CreateSealed (daemon) creates a fresh segment in anonymous shared memory (a memfd) sealed
+  // against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no process that
+  // gets its descriptor, however it got it, can change its size, so no one can make another's
+  // mapping fault. It has no name in /dev/shm; processes get it from the daemon (attach.h).
+  // `opt.name` labels it in messages; the owner, group, mode and daemon lock do not apply.
+  static Status CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>* out);
+
+  // AttachFd maps the segment behind descriptor `fd` (taking ownership of it) after checking
+  // that its size is sealed (as CreateSealed leaves it) and validating it as Attach does.
+  // `label` names it in messages. Errors: kIncompatible (unsealed, foreign, truncated,
+  // corrupt, retired, newer), kIoError, kPermissionDenied.
+  static Status AttachFd(int fd, Access access, std::string_view label,
+                         std::unique_ptr<Segment>* out);
+
+  // ReadOnlyDescriptor opens a new read-only descriptor of this segment's object (for a
+  // read-only peer), or returns -1 with errno set. Close-on-exec.
+  int ReadOnlyDescriptor() const;
+
   // CreatePrivate returns a process-private segment (anonymous memory) with the same layout,
   // initialized like a fresh daemon segment with `defaults` and auto-create on.
   static std::unique_ptr<Segment> CreatePrivate(uint32_t max_dependencies,

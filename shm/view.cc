@@ -152,7 +152,8 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
   }
 
   for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
-    s.processes_attached += ProcessOwner::Decode(seg.process(i)->owner.load(kRelaxed)).live();
+    s.processes_attached +=
+        ProcessOwner::Decode(seg.process(i)->owner.load(kRelaxed)).attached();
   }
   if (opt.check_processes) {
     for (const WorkerStatus& w : BuildWorkers(seg, opt.process_alive)) {
@@ -231,7 +232,13 @@ std::vector<WorkerStatus> BuildWorkers(const Segment& seg, const AliveFn& alive_
       if (c != '\0' && (c < 0x20 || c == 0x7f)) c = '?';  // never print control bytes
     }
     w.comm = comm;
-    if (owner.live()) {
+    if (owner.connected()) {
+      // The daemon frees a connected slot the moment its connection closes: it is live.
+      w.connected = true;
+      const uint32_t own = uint32_t(p.own_pid.load(kRelaxed));
+      w.own_pid = own != w.pid ? own : 0;
+      w.state = WorkerState::kLive;
+    } else if (owner.live()) {
       w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
     } else {
       w.state = WorkerState::kClaiming;

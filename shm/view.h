@@ -147,6 +147,9 @@ struct WorkerStatus {
   uint32_t slot = 0;  // process slot index; lease owner id is slot + 1
   uint32_t pid = 0;
   std::string comm;
+  uint32_t own_pid = 0;     // attached through the socket: the pid as the process sees itself
+                            // (another pid namespace), 0 if the same or unknown
+  bool connected = false;   // attached through the daemon's socket: alive while connected
   uint64_t start_time = 0;  // clock ticks since boot (/proc/PID/stat)
   uint64_t attach_unix_ms = 0;
   uint32_t probe_leases = 0;  // leases held over every dependency

@@ -205,5 +205,76 @@ TEST(SegmentTest, ValidateNeverReadsPastTheBuffer) {
   }
 }
 
+// --- The sealed segment (CreateSealed, AttachFd) ------------------------------------------
+
+std::unique_ptr<Segment> SealedSegment() {
+  CreateOptions opt;
+  opt.name = "sealed-test";
+  opt.max_dependencies = 4;
+  opt.max_processes = 4;
+  std::unique_ptr<Segment> seg;
+  Status s = Segment::CreateSealed(opt, &seg);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return seg;
+}
+
+// No holder of the descriptor can change the size: truncating to 0 or growing it is refused
+// by the kernel, on the daemon's own descriptor and on a copy a worker received.
+TEST(SealedSegmentTest, NoHolderCanShrinkOrGrowIt) {
+  std::unique_ptr<Segment> seg = SealedSegment();
+  ASSERT_NE(seg, nullptr);
+  const off_t size = off_t(seg->size());
+  const int copy = dup(seg->fd());
+  for (const int fd : {seg->fd(), copy}) {
+    EXPECT_NE(ftruncate(fd, 0), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(ftruncate(fd, size * 2), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(fallocate(fd, 0, 0, size * 2), 0);
+    EXPECT_NE(fcntl(fd, F_ADD_SEALS, 0), 0) << "the seals themselves are sealed";
+  }
+  struct stat st;
+  ASSERT_EQ(fstat(copy, &st), 0);
+  EXPECT_EQ(st.st_size, size);
+  // The mapping is whole after the attempts: its last byte reads.
+  EXPECT_EQ(reinterpret_cast<volatile char*>(&seg->header())[size - 1], 0);
+  close(copy);
+}
+
+TEST(SealedSegmentTest, AttachFdMapsTheSameMemory) {
+  std::unique_ptr<Segment> seg = SealedSegment();
+  ASSERT_NE(seg, nullptr);
+  std::unique_ptr<Segment> other;
+  ASSERT_TRUE(Segment::AttachFd(dup(seg->fd()), Access::kReadWrite, "copy", &other).ok());
+  seg->header().heartbeat_ns.store(4242);
+  EXPECT_EQ(other->header().heartbeat_ns.load(), 4242u);
+  EXPECT_EQ(other->max_dependencies(), 4u);
+}
+
+TEST(SealedSegmentTest, ReadOnlyDescriptorMapsReadOnly) {
+  std::unique_ptr<Segment> seg = SealedSegment();
+  ASSERT_NE(seg, nullptr);
+  const int ro = seg->ReadOnlyDescriptor();
+  ASSERT_GE(ro, 0) << std::strerror(errno);
+  EXPECT_EQ(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
+  std::unique_ptr<Segment> reader;
+  const int ro_copy = dup(ro);
+  ASSERT_TRUE(Segment::AttachFd(ro, Access::kReadOnly, "ro", &reader).ok());
+  EXPECT_TRUE(reader->read_only());
+  // A read-only descriptor cannot be mapped for writing.
+  EXPECT_EQ(mmap(nullptr, seg->size(), PROT_READ | PROT_WRITE, MAP_SHARED, ro_copy, 0), MAP_FAILED);
+  close(ro_copy);
+}
+
+TEST(SealedSegmentTest, AnUnsealedObjectIsRefused) {
+  const int fd = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  std::unique_ptr<Segment> seg;
+  const Status s = Segment::AttachFd(fd, Access::kReadWrite, "unsealed", &seg);
+  EXPECT_EQ(s.code(), Status::Code::kIncompatible);
+  EXPECT_NE(s.message().find("not sealed"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace retryd::shm

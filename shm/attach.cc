@@ -1,0 +1,162 @@
+#include "shm/attach.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace retryd::shm {
+namespace {
+
+std::string At(const std::string& path) { return "retryd socket '" + path + "'"; }
+
+std::string OwnComm() {
+  std::ifstream in("/proc/self/comm");
+  std::string comm;
+  std::getline(in, comm);
+  return comm;
+}
+
+// ReceiveWelcome reads one welcome and the descriptor that comes with it (-1 if none).
+bool ReceiveWelcome(int connection, AttachWelcome* welcome, int* fd) {
+  *fd = -1;
+  iovec iov{welcome, sizeof(*welcome)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(connection, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (n != ssize_t(sizeof(*welcome)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+    if (n >= 0) errno = EPROTO;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
+                           Attachment* out) {
+  *out = Attachment{};
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument(At(socket_path) + ": the path must be 1.." +
+                                   std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  }
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IoError(At(socket_path) + ": socket: " + std::strerror(errno));
+  auto fail = [&](Status s) {
+    close(fd);
+    return s;
+  };
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ECONNREFUSED) {
+      return fail(Status::NotFound("no retryd listens at " + At(socket_path) +
+                                   " (is retryd running?)"));
+    }
+    if (err == EACCES || err == EPERM) {
+      return fail(Status::PermissionDenied(
+          At(socket_path) + ": " + std::strerror(err) +
+          " (the daemon's socket_group and socket_mode settings decide who may connect)"));
+    }
+    return fail(Status::IoError(At(socket_path) + ": connect: " + std::strerror(err)));
+  }
+  AttachHello hello;
+  hello.read_only = access == Access::kReadOnly ? 1 : 0;
+  hello.own_pid = int32_t(getpid());
+  const std::string comm = OwnComm();
+  std::memcpy(hello.comm, comm.data(), std::min(comm.size(), sizeof(hello.comm) - 1));
+  if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != ssize_t(sizeof(hello))) {
+    return fail(Status::IoError(At(socket_path) + ": send: " + std::strerror(errno)));
+  }
+  pollfd p{fd, POLLIN, 0};
+  int ready;
+  do {
+    ready = poll(&p, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready == 0) {
+    return fail(Status::IoError(At(socket_path) + ": no answer from the daemon within " +
+                                std::to_string(timeout_ms) + " ms"));
+  }
+  AttachWelcome welcome;
+  int segment_fd = -1;
+  if (ready < 0 || !ReceiveWelcome(fd, &welcome, &segment_fd)) {
+    return fail(Status::IoError(At(socket_path) + ": reading the daemon's answer: " +
+                                std::strerror(errno)));
+  }
+  if (welcome.magic != kAttachMagic || welcome.version != kAttachVersion) {
+    if (segment_fd >= 0) close(segment_fd);
+    return fail(Status::Incompatible(At(socket_path) + ": the daemon speaks attach protocol " +
+                                     std::to_string(welcome.version) + ", this library " +
+                                     std::to_string(kAttachVersion)));
+  }
+  if (welcome.result != AttachResult::kWelcome || segment_fd < 0) {
+    if (segment_fd >= 0) close(segment_fd);
+    welcome.reason[sizeof(welcome.reason) - 1] = '\0';
+    return fail(Status::PermissionDenied(At(socket_path) + ": refused: " + welcome.reason));
+  }
+  std::unique_ptr<Segment> seg;
+  if (Status s = Segment::AttachFd(segment_fd, access, socket_path, &seg); !s.ok()) {
+    return fail(s);
+  }
+  out->connection = fd;
+  out->segment = std::move(seg);
+  out->owner = welcome.owner;
+  out->daemon_pid = welcome.daemon_pid;
+  return Status::Ok();
+}
+
+bool SendWelcome(int connection, const AttachWelcome& welcome, int segment_fd) {
+  iovec iov{const_cast<AttachWelcome*>(&welcome), sizeof(welcome)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (segment_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &segment_fd, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(connection, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n >= 0 && n != ssize_t(sizeof(welcome))) errno = EMSGSIZE;
+  return n == ssize_t(sizeof(welcome));
+}
+
+bool PeerCredentials(int connection, Credentials* out) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  out->pid = cred.pid;
+  out->uid = cred.uid;
+  out->gid = cred.gid;
+  return true;
+}
+
+}  // namespace retryd::shm

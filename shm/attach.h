@@ -1,0 +1,92 @@
+// shm/attach.h: attaching to the daemon's segment through its Unix socket.
+//
+// The daemon keeps the segment in a sealed memfd (Segment::CreateSealed) and listens on a Unix
+// seqpacket socket. A process attaches with one connection, on the cold path:
+//   1. it sends a Hello: the access it wants, its pid as it sees itself, its command name;
+//   2. the daemon reads the peer's uid, gid and pid from the kernel (SO_PEERCRED), checks them
+//      against its allow rules, registers a read-write peer in the process registry, and
+//      answers with a Welcome that carries the owner id, the pid as the daemon sees it and the
+//      segment's descriptor (SCM_RIGHTS; a read-only one for a read-only peer), or a refusal
+//      with a one-line reason;
+//   3. the process keeps the connection open and never writes to it again. The kernel closes
+//      it when the last thread of the process exits, however the process dies, and the daemon
+//      takes the hang-up as the death of the owner: no /proc, no pid, so it holds with hidden
+//      /proc, zombie main threads, any pid namespace and recycled pids.
+// The connection is close-on-exec. A forked child shares its parent's connection, so it must
+// close that copy (or its parent's death would go unseen while the child lives) and attach on
+// its own before its first admit: the client library does both.
+// Thread safety: the functions are thread-safe; an Attachment is a plain value.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "retryd/status.h"
+#include "shm/segment.h"
+
+namespace retryd::shm {
+
+inline constexpr char kDefaultSocket[] = "/run/retryd/retryd.sock";
+
+// The two messages, one seqpacket each. Both ends run on one host from one build family: the
+// version is checked, the byte order is the host's.
+inline constexpr uint32_t kAttachMagic = 0x41445452;  // "RTDA"
+inline constexpr uint16_t kAttachVersion = 1;
+
+struct AttachHello {
+  uint32_t magic = kAttachMagic;
+  uint16_t version = kAttachVersion;
+  uint16_t read_only = 0;  // 1: status and metrics only, no registration
+  int32_t own_pid = 0;     // the pid as the process sees itself (its own pid namespace)
+  char comm[16] = {};      // its command name, NUL padded
+};
+
+enum class AttachResult : uint16_t { kWelcome = 0, kRefused = 1 };
+
+struct AttachWelcome {
+  uint32_t magic = kAttachMagic;
+  uint16_t version = kAttachVersion;
+  AttachResult result = AttachResult::kRefused;
+  uint16_t owner = 0;       // the process's lease owner id (read-write peers)
+  uint16_t reserved = 0;
+  int32_t daemon_pid = 0;   // the pid of the process as the daemon sees it
+  char reason[240] = {};    // kRefused: why, and which setting would admit the peer
+};
+
+// An attached process's end: the connection to keep open for its whole life, the segment
+// mapped from the descriptor the daemon sent, and the owner id the daemon registered it as.
+struct Attachment {
+  int connection = -1;  // close-on-exec; the caller owns it
+  std::unique_ptr<Segment> segment;
+  uint16_t owner = 0;
+  pid_t daemon_pid = 0;
+};
+
+// AttachThroughSocket connects to the daemon at `socket_path` and attaches as above, waiting at
+// most `timeout_ms` for the daemon's answer. Errors, each naming the socket:
+//   kNotFound          nothing listens there (no socket file, or no daemon behind it)
+//   kPermissionDenied  the socket's permissions refuse this user, or the daemon refused the
+//                      peer (its reason, which names the setting that would admit it)
+//   kIncompatible      the daemon speaks another protocol version, or sent a bad segment
+//   kIoError           anything else, with the system error
+Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
+                           Attachment* out);
+
+// --- The daemon's side --------------------------------------------------------------------
+
+// SendWelcome answers a hello on `connection`, passing `segment_fd` (if >= 0) with it.
+// Returns false with errno set if the message could not be sent whole.
+bool SendWelcome(int connection, const AttachWelcome& welcome, int segment_fd);
+
+// PeerCredentials reads the peer's pid, uid and gid from the kernel.
+struct Credentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+bool PeerCredentials(int connection, Credentials* out);
+
+}  // namespace retryd::shm
