@@ -117,6 +117,21 @@ class Reader {
     return Status::Ok();
   }
 
+  // StringList accepts an array of strings.
+  Status StringList(const toml::node& n, const std::string& path,
+                    std::vector<std::string>* out) const {
+    auto a = n.as_array();
+    if (!a) return WrongType(n, path, "an array of strings");
+    std::vector<std::string> items;
+    for (const toml::node& item : *a) {
+      auto s = item.as_string();
+      if (!s) return WrongType(item, path, "a string in the array");
+      items.push_back(s->get());
+    }
+    *out = std::move(items);
+    return Status::Ok();
+  }
+
   // Uint32 accepts an integer in [lo, hi].
   Status Uint32(const toml::node& n, const std::string& path, uint64_t lo, uint64_t hi,
                 uint32_t* out) const {
@@ -226,7 +241,8 @@ const std::vector<std::string>& PolicyKeyNames() {
 
 const std::vector<std::string> kDaemonKeys = {
     "segment", "owner", "group", "mode", "max_dependencies", "max_processes", "tick",
-    "metrics_textfile", "metrics_interval", "auto_create"};
+    "metrics_textfile", "metrics_interval", "auto_create", "socket", "allow_users",
+    "allow_groups"};
 
 // ApplyPolicyTable applies the keys of `tbl` (section `section`, key prefix `prefix`) to *p.
 // Ranges are checked afterwards, by ValidatePolicy, on the complete policy.
@@ -317,6 +333,16 @@ Status ApplyDaemonTable(const Reader& r, const std::string& source, const toml::
                             &d->metrics_interval_ms);
     } else if (key == "auto_create") {
       st = r.Bool(v, path, &d->auto_create);
+    } else if (key == "socket") {
+      st = r.String(v, path, &d->socket);
+      if (st.ok() && !d->socket.empty() && (d->socket[0] != '/' || d->socket.size() > 107)) {
+        st = r.Error(v, path, "bad socket path " + Render(v) +
+                                  " (an absolute path of at most 107 bytes, or \"\" for none)");
+      }
+    } else if (key == "allow_users") {
+      st = r.StringList(v, path, &d->allow_users);
+    } else if (key == "allow_groups") {
+      st = r.StringList(v, path, &d->allow_groups);
     } else {
       return Status::InvalidArgument(Where(source, k.source()) + ": " +
                                      UnknownKey(key, "[daemon]", kDaemonKeys));

@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "retryd/status.h"
 #include "shm/policy.h"
@@ -36,6 +37,12 @@ struct DaemonSettings {
   std::string metrics_textfile;     // Prometheus textfile path; "" = none
   uint32_t metrics_interval_ms = 15'000;  // how often the textfile is rewritten
   bool auto_create = true;          // may workers create unconfigured dependencies (defaults)?
+  // socket: attach through this Unix socket (a sealed segment; owner, group and mode then apply
+  // to the socket file); "" keeps the segment at its /dev/shm name. allow_users and
+  // allow_groups, if either is set, admit only those peers (user and group names).
+  std::string socket;
+  std::vector<std::string> allow_users;
+  std::vector<std::string> allow_groups;
 
   bool operator==(const DaemonSettings&) const = default;
 };

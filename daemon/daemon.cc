@@ -168,11 +168,19 @@ int Daemon::Run() {
   LOG(INFO) << "daemon: ready, pid " << getpid() << ": " << last_status_;
 
   for (;;) {
-    pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    pollfd fds[3] = {{signal_fd_, POLLIN, 0},
+                     {timer_fd_, POLLIN, 0},
+                     {attach_ ? attach_->fd() : -1, POLLIN, 0}};
+    if (poll(fds, 3, -1) < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << "daemon: poll: " << std::strerror(errno);
       return 1;
+    }
+    if (fds[2].revents & POLLIN) {
+      // Hellos answered and hang-ups reclaimed as they come, not on the next tick.
+      if (const uint64_t freed = attach_->Serve(*segment_); freed > 0) {
+        LOG(INFO) << "attach: reclaimed " << freed << " leases of workers whose connection closed";
+      }
     }
     if (fds[1].revents & POLLIN) {
       uint64_t expirations;

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/attach_server.h"
 #include "daemon/config.h"
 #include "retryd/status.h"
 #include "shm/admission.h"
@@ -58,6 +59,9 @@ void ApplyOverrides(const DaemonOptions& o, Config* cfg);
 // -1 (leave as is). Errors name `source`, the key and the unknown name. Thread-compatible.
 Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_t* uid,
                         gid_t* gid);
+// ResolveAllowed looks up `d.allow_users` and `d.allow_groups`; errors name the unknown one.
+Status ResolveAllowed(const DaemonSettings& d, const std::string& source,
+                      std::vector<uid_t>* uids, std::vector<gid_t>* gids);
 
 // BlockDaemonSignals blocks SIGHUP, SIGTERM and SIGINT in the calling thread (and threads it
 // creates later), so that they wait for the signalfd instead of killing the process.
@@ -108,6 +112,10 @@ class Daemon {
   };
 
   Daemon() = default;
+  // The two ways to hold the segment ([daemon] socket): at its /dev/shm name (create or adopt),
+  // or sealed and handed out through the socket (attach_server.h).
+  Status OpenNamedSegment(const Config& cfg, uid_t uid, gid_t gid);
+  Status OpenSealedSegment(const Config& cfg, uid_t uid, gid_t gid);
   Status ApplyOwnership(const DaemonSettings& d);
   // What one Publish wrote into the segment.
   struct PublishCounts {
@@ -153,6 +161,9 @@ class Daemon {
   std::map<std::string, PendingPut> pending_;
   uint64_t next_pending_try_ns_ = 0;
   std::unique_ptr<shm::Segment> segment_;
+  // The socket workers attach through ([daemon] socket), or null when the segment keeps its
+  // /dev/shm name.
+  std::unique_ptr<AttachServer> attach_;
   std::vector<SlotView> seen_;
   shm::Caller caller_{};
   shm::DeadOwnerReaper reaper_;

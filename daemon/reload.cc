@@ -24,6 +24,29 @@ void ApplyOverrides(const DaemonOptions& o, Config* cfg) {
   if (o.tick_ms != 0) cfg->daemon.tick_ms = o.tick_ms;
 }
 
+Status ResolveAllowed(const DaemonSettings& d, const std::string& source,
+                      std::vector<uid_t>* uids, std::vector<gid_t>* gids) {
+  uids->clear();
+  gids->clear();
+  for (const std::string& name : d.allow_users) {
+    const passwd* pw = getpwnam(name.c_str());
+    if (pw == nullptr) {
+      return Status::InvalidArgument(source + ": key 'daemon.allow_users': no such user \"" +
+                                     name + "\" on this host");
+    }
+    uids->push_back(pw->pw_uid);
+  }
+  for (const std::string& name : d.allow_groups) {
+    const group* gr = getgrnam(name.c_str());
+    if (gr == nullptr) {
+      return Status::InvalidArgument(source + ": key 'daemon.allow_groups': no such group \"" +
+                                     name + "\" on this host");
+    }
+    gids->push_back(gr->gr_gid);
+  }
+  return Status::Ok();
+}
+
 Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_t* uid,
                         gid_t* gid) {
   *uid = uid_t(-1);
@@ -200,6 +223,14 @@ Status Daemon::Reload() {
   keep("mode", n.mode, o.mode, oct);
   keep("max_dependencies", n.max_dependencies, o.max_dependencies, num);
   keep("max_processes", n.max_processes, o.max_processes, num);
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (const std::string& x : v) s += (s.size() > 1 ? ", \"" : "\"") + x + "\"";
+    return s + "]";
+  };
+  keep("socket", n.socket, o.socket, str);
+  keep("allow_users", n.allow_users, o.allow_users, list);
+  keep("allow_groups", n.allow_groups, o.allow_groups, list);
 
   const bool tick_changed = n.tick_ms != o.tick_ms;
   const bool metrics_changed =

@@ -31,21 +31,7 @@ void RaiseFileLimit(uint32_t max_processes) {
 
 }  // namespace
 
-Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out) {
-  out->reset();
-  BlockDaemonSignals();
-  std::unique_ptr<Daemon> d(new Daemon);
-  d->options_ = options;
-  Config cfg = BuiltinConfig();
-  if (!options.config_path.empty()) {
-    if (Status st = LoadConfigFile(options.config_path, &cfg); !st.ok()) return st;
-  }
-  ApplyOverrides(options, &cfg);
-  uid_t uid;
-  gid_t gid;
-  if (Status st = ResolveOwnership(cfg.daemon, cfg.source, &uid, &gid); !st.ok()) return st;
-  RaiseFileLimit(cfg.daemon.max_processes);
-
+Status Daemon::OpenNamedSegment(const Config& cfg, uid_t uid, gid_t gid) {
   shm::CreateOptions create;
   create.name = cfg.daemon.segment;
   create.max_dependencies = cfg.daemon.max_dependencies;
@@ -57,13 +43,13 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   create.as_daemon = true;
   bool adopted = false;
   std::string note;
-  if (Status st = shm::Segment::CreateOrAdopt(create, &d->segment_, &adopted, &note); !st.ok()) {
+  if (Status st = shm::Segment::CreateOrAdopt(create, &segment_, &adopted, &note); !st.ok()) {
     return st;
   }
-  shm::SegmentHeader& h = d->segment_->header();
+  shm::SegmentHeader& h = segment_->header();
   if (adopted) {
     // A created segment got its owner and mode at creation; an adopted one gets them now.
-    const int fd = d->segment_->fd();
+    const int fd = segment_->fd();
     if ((uid != uid_t(-1) || gid != gid_t(-1)) && fchown(fd, uid, gid) != 0) {
       return Status::PermissionDenied("segment '" + create.name + "': chown to " +
                                       cfg.daemon.owner + ":" + cfg.daemon.group + ": " +
@@ -80,8 +66,59 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   } else {
     LOG(INFO) << "segment: created '" << create.name << "' (" << create.max_dependencies
               << " dependencies, " << create.max_processes << " processes, "
-              << d->segment_->size() / 1024 << " KiB)";
+              << segment_->size() / 1024 << " KiB)";
   }
+  return Status::Ok();
+}
+
+Status Daemon::OpenSealedSegment(const Config& cfg, uid_t uid, gid_t gid) {
+  AttachServerOptions listen;
+  listen.path = cfg.daemon.socket;
+  listen.mode = cfg.daemon.mode;
+  listen.owner = uid;
+  listen.group = gid;
+  listen.source = cfg.source;
+  if (Status st =
+          ResolveAllowed(cfg.daemon, cfg.source, &listen.allow_users, &listen.allow_groups);
+      !st.ok()) {
+    return st;
+  }
+  // The socket's lock first: a second daemon is refused before it creates anything.
+  attach_ = std::make_unique<AttachServer>();
+  if (Status st = attach_->Listen(listen); !st.ok()) return st;
+  shm::CreateOptions create;
+  create.name = cfg.daemon.segment;
+  create.max_dependencies = cfg.daemon.max_dependencies;
+  create.max_processes = cfg.daemon.max_processes;
+  if (Status st = shm::Segment::CreateSealed(create, &segment_); !st.ok()) return st;
+  LOG(INFO) << "segment: created a sealed segment (" << create.max_dependencies
+            << " dependencies, " << create.max_processes << " processes, "
+            << segment_->size() / 1024 << " KiB); workers attach through socket '"
+            << listen.path << "'";
+  return Status::Ok();
+}
+
+Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out) {
+  out->reset();
+  BlockDaemonSignals();
+  std::unique_ptr<Daemon> d(new Daemon);
+  d->options_ = options;
+  Config cfg = BuiltinConfig();
+  if (!options.config_path.empty()) {
+    if (Status st = LoadConfigFile(options.config_path, &cfg); !st.ok()) return st;
+  }
+  ApplyOverrides(options, &cfg);
+  uid_t uid;
+  gid_t gid;
+  if (Status st = ResolveOwnership(cfg.daemon, cfg.source, &uid, &gid); !st.ok()) return st;
+  RaiseFileLimit(cfg.daemon.max_processes);
+
+  if (Status st = cfg.daemon.socket.empty() ? d->OpenNamedSegment(cfg, uid, gid)
+                                            : d->OpenSealedSegment(cfg, uid, gid);
+      !st.ok()) {
+    return st;
+  }
+  shm::SegmentHeader& h = d->segment_->header();
   d->seen_.resize(d->segment_->max_dependencies());
   // Events counted before this daemon started (an adopted segment) were someone else's to report.
   d->seen_table_full_ = h.table_full_events.load(kRelaxed);

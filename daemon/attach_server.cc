@@ -1,0 +1,238 @@
+#include "daemon/attach_server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "shm/attach.h"
+#include "shm/registry.h"
+
+namespace retryd::daemon {
+namespace {
+
+std::string UserName(uid_t uid) {
+  const passwd* pw = getpwuid(uid);
+  return pw ? std::string(pw->pw_name) : std::to_string(uid);
+}
+
+std::string GroupName(gid_t gid) {
+  const group* gr = getgrgid(gid);
+  return gr ? std::string(gr->gr_name) : std::to_string(gid);
+}
+
+// PeerGroups: the peer's supplementary groups, as the kernel recorded them at connect.
+std::vector<gid_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  socklen_t len = socklen_t(groups.size() * sizeof(gid_t));
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) {
+    if (errno != ERANGE) return {};
+    groups.resize(len / sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) return {};
+  }
+  groups.resize(len / sizeof(gid_t));
+  return groups;
+}
+
+}  // namespace
+
+AttachServer::~AttachServer() {
+  for (const auto& [fd, peer] : peers_) close(fd);
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    unlink(options_.path.c_str());
+  }
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+Status AttachServer::Listen(const AttachServerOptions& options) {
+  options_ = options;
+  const std::string& path = options.path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("socket '" + path + "': the path must be 1.." +
+                                   std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const std::string lock_path = path + ".lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0) {
+    const int err = errno;
+    const std::string what = "socket lock '" + lock_path + "': " + std::strerror(err);
+    return err == EACCES ? Status::PermissionDenied(what) : Status::IoError(what);
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return Status::InvalidArgument("socket '" + path +
+                                   "' is served by a running retryd (it holds '" + lock_path +
+                                   "'); stop it first or use another socket");
+  }
+  // Under the lock, a socket file at the path is a dead daemon's: replace it.
+  unlink(path.c_str());
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return Status::IoError("socket: " + std::string(std::strerror(errno)));
+  if (bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    close(listen_fd_);
+    listen_fd_ = -1;
+    const std::string what = "socket '" + path + "': bind: " + std::strerror(err);
+    return err == EACCES ? Status::PermissionDenied(what) : Status::IoError(what);
+  }
+  if (chmod(path.c_str(), options.mode) != 0) {
+    return Status::IoError("socket '" + path + "': chmod: " + std::strerror(errno));
+  }
+  if ((options.owner != uid_t(-1) || options.group != gid_t(-1)) &&
+      chown(path.c_str(), options.owner, options.group) != 0) {
+    return Status::PermissionDenied("socket '" + path + "': chown: " + std::strerror(errno));
+  }
+  if (listen(listen_fd_, 256) != 0) {
+    return Status::IoError("socket '" + path + "': listen: " + std::strerror(errno));
+  }
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_;
+  if (epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
+    return Status::IoError("epoll: " + std::string(std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+size_t AttachServer::connected() const {
+  return size_t(std::count_if(peers_.begin(), peers_.end(),
+                              [](const auto& p) { return p.second.attached; }));
+}
+
+uint64_t AttachServer::Serve(shm::Segment& seg) {
+  uint64_t freed = 0;
+  epoll_event events[64];
+  for (;;) {
+    const int n = epoll_wait(epoll_fd_, events, 64, 0);
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == listen_fd_) {
+        Accept();
+        continue;
+      }
+      auto it = peers_.find(fd);
+      if (it == peers_.end()) continue;
+      if (events[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
+        freed += Close(seg, fd);
+      } else if (!it->second.attached) {
+        Hello(seg, fd, it->second);
+      } else {
+        // An attached peer has nothing more to say: drop what it sends, notice its hang-up.
+        char sink[256];
+        const ssize_t got = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) freed += Close(seg, fd);
+      }
+    }
+    if (n < 64) break;
+  }
+  return freed;
+}
+
+void AttachServer::Accept() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN: all taken; anything else: the peer is gone already
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(fd);
+      continue;
+    }
+    peers_[fd] = Peer{};
+  }
+}
+
+std::string AttachServer::Admits(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const {
+  if (uid == 0 || (options_.allow_users.empty() && options_.allow_groups.empty())) return "";
+  const auto& users = options_.allow_users;
+  if (std::find(users.begin(), users.end(), uid) != users.end()) return "";
+  for (const gid_t g : options_.allow_groups) {
+    if (g == gid || std::find(groups.begin(), groups.end(), g) != groups.end()) return "";
+  }
+  return "user " + UserName(uid) + " (uid " + std::to_string(uid) + ", group " + GroupName(gid) +
+         ") is not allowed to attach: add it to allow_users, or one of its groups to "
+         "allow_groups, in [daemon] of " + options_.source;
+}
+
+void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
+  shm::AttachHello hello;
+  const ssize_t got = recv(fd, &hello, sizeof(hello), MSG_DONTWAIT | MSG_TRUNC);
+  if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  shm::AttachWelcome welcome;
+  auto refuse = [&](const std::string& reason) {
+    std::strncpy(welcome.reason, reason.c_str(), sizeof(welcome.reason) - 1);
+    welcome.result = shm::AttachResult::kRefused;
+    shm::SendWelcome(fd, welcome, -1);
+    ++counts_.refused;
+    Close(seg, fd);
+  };
+  if (got != ssize_t(sizeof(hello)) || hello.magic != shm::kAttachMagic) {
+    return refuse("not a retryd attach hello");
+  }
+  if (hello.version != shm::kAttachVersion) {
+    return refuse("attach protocol " + std::to_string(hello.version) + " is not this daemon's (" +
+                  std::to_string(shm::kAttachVersion) + "): upgrade the library or the daemon");
+  }
+  shm::Credentials cred;
+  if (!shm::PeerCredentials(fd, &cred)) return refuse("no peer credentials");
+  if (const std::string why = Admits(cred.uid, cred.gid, PeerGroups(fd)); !why.empty()) {
+    return refuse(why);
+  }
+  welcome.daemon_pid = int32_t(cred.pid);
+  welcome.result = shm::AttachResult::kWelcome;
+  int segment_fd = seg.fd();
+  int read_only_fd = -1;
+  if (hello.read_only) {
+    read_only_fd = seg.ReadOnlyDescriptor();
+    if (read_only_fd < 0) return refuse("cannot open the segment read-only: " + std::string(std::strerror(errno)));
+    segment_fd = read_only_fd;
+  } else {
+    hello.comm[sizeof(hello.comm) - 1] = '\0';
+    welcome.owner = shm::RegisterConnected(seg, cred.pid, hello.own_pid, hello.comm);
+    if (welcome.owner != shm::kUnknownOwner) {
+      peer.owner = welcome.owner;
+      peer.owner_word = seg.process(welcome.owner - 1u)->owner.load(std::memory_order_acquire);
+    }
+  }
+  peer.attached = true;
+  peer.read_only = hello.read_only != 0;
+  const bool sent = shm::SendWelcome(fd, welcome, segment_fd);
+  if (read_only_fd >= 0) close(read_only_fd);
+  if (!sent) {
+    Close(seg, fd);
+    return;
+  }
+  ++counts_.welcomed;
+}
+
+uint64_t AttachServer::Close(shm::Segment& seg, int fd) {
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return 0;
+  uint64_t freed = 0;
+  const Peer& peer = it->second;
+  if (peer.attached && !peer.read_only && peer.owner != 0) {
+    freed = shm::ReclaimOwner(seg, peer.owner, peer.owner_word);
+    ++counts_.hung_up;
+  }
+  close(fd);  // also leaves the epoll set
+  peers_.erase(it);
+  return freed;
+}
+
+}  // namespace retryd::daemon

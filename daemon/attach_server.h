@@ -1,0 +1,92 @@
+// daemon/attach_server.h: the daemon's Unix socket: who may attach, and who is still attached.
+//
+// The server listens on a seqpacket socket and speaks the attach protocol of shm/attach.h: it
+// answers each hello with the segment's descriptor (a read-only one for a read-only peer) and,
+// for a read-write peer, the owner id of a process slot it registered for it. It keeps every
+// connection, and a connection's hang-up is its process's death: the server frees the owner's
+// leases and its slot at once (ReclaimOwner). Nothing here reads /proc or trusts a pid.
+//
+// Who may attach: the socket file's owner, group and mode decide who can connect at all;
+// then, if `allow_users` or `allow_groups` is set, the peer's uid must be listed, or its
+// primary or a supplementary group (SO_PEERGROUPS) must. Root (uid 0) is always admitted. A
+// refused peer gets a one-line reason that names the setting that would admit it.
+//
+// One daemon per socket: `Listen` takes flock(LOCK_EX) on `path + ".lock"` for the server's
+// life, so a second daemon is refused by the kernel, and a socket file left by a dead daemon
+// is replaced.
+//
+// Thread safety: not thread-safe; the daemon's loop owns it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "retryd/status.h"
+#include "shm/segment.h"
+
+namespace retryd::daemon {
+
+struct AttachServerOptions {
+  std::string path;            // the socket file
+  uint32_t mode = 0660;        // its permission bits
+  uid_t owner = uid_t(-1);     // -1: leave as created
+  gid_t group = gid_t(-1);
+  std::vector<uid_t> allow_users;   // empty with allow_groups empty: whoever can connect
+  std::vector<gid_t> allow_groups;
+  std::string source;          // where the settings came from, for refusal reasons
+};
+
+class AttachServer {
+ public:
+  AttachServer() = default;
+  ~AttachServer();  // closes every connection, removes the socket file and its lock
+  AttachServer(const AttachServer&) = delete;
+  AttachServer& operator=(const AttachServer&) = delete;
+
+  // Listen binds the socket. Errors: kInvalidArgument (another daemon holds the lock: names its
+  // pid), kPermissionDenied / kIoError (naming the path and the system error).
+  Status Listen(const AttachServerOptions& options);
+
+  // fd is one descriptor to poll for POLLIN: new connections, hellos and hang-ups.
+  int fd() const { return epoll_fd_; }
+
+  // Serve handles everything pending, without blocking: answers hellos against `seg` and frees
+  // the owners whose connections closed. Returns the number of leases freed.
+  uint64_t Serve(shm::Segment& seg);
+
+  // Connected is the number of attached peers (read-write and read-only).
+  size_t connected() const;
+
+  // What Serve did, for the daemon's log and tests.
+  struct Counts {
+    uint64_t welcomed = 0;
+    uint64_t refused = 0;
+    uint64_t hung_up = 0;  // attached read-write peers whose connection closed
+  };
+  const Counts& counts() const { return counts_; }
+
+ private:
+  struct Peer {
+    bool attached = false;
+    bool read_only = false;
+    uint16_t owner = 0;
+    uint64_t owner_word = 0;
+  };
+  void Accept();
+  void Hello(shm::Segment& seg, int fd, Peer& peer);
+  uint64_t Close(shm::Segment& seg, int fd);
+  std::string Admits(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const;
+
+  AttachServerOptions options_;
+  int listen_fd_ = -1;
+  int lock_fd_ = -1;
+  int epoll_fd_ = -1;
+  std::map<int, Peer> peers_;
+  Counts counts_;
+};
+
+}  // namespace retryd::daemon
