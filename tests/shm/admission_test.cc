@@ -2,6 +2,8 @@
 // budget, modes. Each test drives one dependency slot through the real algorithms.
 #include "shm/admission.h"
 
+#include <cstdlib>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -11,6 +13,19 @@
 #include "shm/leases.h"
 #include "shm/retry_budget.h"
 #include "tests/shm/test_util.h"
+
+// Counts the allocations of the thread that sets `count_allocations` (admission.h promises
+// Admit and Complete make none).
+namespace {
+thread_local bool count_allocations = false;
+thread_local uint64_t allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (count_allocations) ++allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
 
 namespace retryd::shm {
 namespace {
@@ -536,6 +551,110 @@ TEST_F(AdmissionTest, PermitOfAReassignedSlotIsHarmless) {
   slot_->generation.fetch_add(1);
   Complete(&p, Outcome::kFailure);
   EXPECT_EQ(Counter(kFailures), 0u);
+}
+
+// admission.h: Admit with a clock reads it at most once, and not at all for a first attempt on
+// a closed breaker.
+uint64_t clock_reads = 0;
+uint64_t clock_now_ns = 0;
+uint64_t CountingClock() {
+  ++clock_reads;
+  return clock_now_ns;
+}
+
+TEST_F(AdmissionTest, TheClockIsReadAtMostOnceAndNeverForAFirstAttemptOnAClosedBreaker) {
+  clock_now_ns = now_;
+  Permit p;
+  clock_reads = 0;
+  ASSERT_EQ(shm::Admit(*slot_, index_, 0, &CountingClock, caller_, &p), Decision::kAdmitted);
+  EXPECT_EQ(clock_reads, 0u);
+  Complete(&p, Outcome::kSuccess);
+  clock_reads = 0;
+  ASSERT_EQ(shm::Admit(*slot_, index_, 1, &CountingClock, caller_, &p), Decision::kAdmitted);
+  EXPECT_LE(clock_reads, 1u);
+  Complete(&p, Outcome::kSuccess);
+  while (State() == BreakerState::kClosed) Call(Outcome::kFailure);
+  ASSERT_EQ(State(), BreakerState::kOpen);
+  for (uint64_t advance : {uint64_t{0}, 2 * kSec}) {  // open, then due to half-open
+    clock_now_ns = now_ + advance;
+    for (uint32_t attempt : {0u, 1u}) {
+      clock_reads = 0;
+      shm::Admit(*slot_, index_, attempt, &CountingClock, caller_, &p);
+      EXPECT_LE(clock_reads, 1u) << "attempt " << attempt << " at +" << advance / kSec << " s";
+      shm::Complete(*slot_, &p, Outcome::kSuccess, kMs, clock_now_ns, caller_);
+    }
+  }
+}
+
+// admission.h: calling Complete twice with one permit is a no-op the second time.
+TEST_F(AdmissionTest, CompletingAPermitTwiceIsANoOpTheSecondTime) {
+  Permit p;
+  ASSERT_EQ(Admit(0, &p), Decision::kAdmitted);
+  Complete(&p, Outcome::kFailure);
+  const uint64_t failures = Counter(kFailures);
+  const WindowStats before = ReadWindow(*slot_, now_);
+  Complete(&p, Outcome::kFailure);
+  Complete(&p, Outcome::kSuccess);
+  EXPECT_EQ(Counter(kFailures), failures);
+  EXPECT_EQ(Counter(kSuccesses), 0u);
+  EXPECT_EQ(ReadWindow(*slot_, now_).calls, before.calls);
+
+  // A probe completed twice counts one success toward close_after (2), not two.
+  while (State() == BreakerState::kClosed) Call(Outcome::kFailure);
+  now_ += 2 * kSec;
+  Permit probe;
+  ASSERT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+  Complete(&probe, Outcome::kSuccess);
+  Complete(&probe, Outcome::kSuccess);
+  EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).successes, 1u);
+}
+
+// admission.h: no allocation and no exception on the hot path, on every path it takes (first
+// attempts, retries, a trip, the open breaker, probes, the bulkhead, an empty budget) and on a
+// slot whose words hold garbage.
+TEST_F(AdmissionTest, AdmitAndCompleteNeitherAllocateNorThrow) {
+  Policy p;
+  p.min_calls = 5;
+  p.open_for_ms = 10;
+  p.open_jitter_ms = 0;
+  p.bulkhead_limit = 2;
+  p.retry_burst = 2;
+  p.min_retries_per_sec = 0;
+  SetUpPolicy(p);
+  std::unique_ptr<Segment> scribbled = Segment::CreatePrivate(1, 1, p);
+  DependencySlot& junk = *scribbled->dependency(0);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  auto run = [&] {
+    for (int i = 0; i < 20'000; ++i) {
+      Permit a, b;
+      const Decision d = Admit(uint32_t(i % 3), &a);
+      if (IsAdmitted(d) && i % 5 != 0) Admit(1, &b);
+      Complete(&a, i % 4 == 0 ? Outcome::kSuccess : Outcome::kFailure, i % 7 == 0 ? kSec : kMs);
+      Complete(&b, Outcome::kSuccess);
+      if (i % 100 == 0) ReclaimExpired(*slot_, now_, caller_);
+      now_ += kMs;
+    }
+    for (int i = 0; i < 2'000; ++i) {
+      auto* words = reinterpret_cast<std::atomic<uint64_t>*>(&junk);
+      for (size_t w = 0; w < sizeof(DependencySlot) / 8; ++w) words[w].store(next());
+      Permit a;
+      shm::Admit(junk, 0, uint32_t(i % 2), now_, caller_, &a);
+      shm::Complete(junk, &a, Outcome::kFailure, kSec, now_, caller_);
+      ReclaimExpired(junk, now_, caller_);
+    }
+  };
+  count_allocations = true;
+  allocations = 0;
+  EXPECT_NO_THROW(run());
+  count_allocations = false;
+  EXPECT_EQ(allocations, 0u);
 }
 
 }  // namespace

@@ -5,6 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "shm/policy.h"
+#include "shm/segment.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
 
 namespace retryd::shm {
 namespace {
@@ -133,6 +139,75 @@ TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
   EXPECT_EQ(BreakerWord::Decode(slot.breaker.load()).state, BreakerState::kClosed);
   EXPECT_EQ(slot.counters[kClosed].load(), 1u);
   EXPECT_EQ(ReadWindow(slot, now_ns).calls, 0u);
+}
+
+// Invariant (breaker.h): every transition is one CAS from the word the deciding process read.
+// Threads released together apply the same event to one half-open breaker: the first CAS
+// commits it, and every other thread finds the word changed, reads it again, and finds that
+// the event no longer applies. So each round makes exactly one transition, counted once. (A
+// commit that is not a CAS fails this only in rounds where the threads overlap: on a loaded
+// machine, not in every run.)
+TEST(BreakerConcurrencyTest, EveryTransitionIsOneCasFromTheWordTheDeciderRead) {
+  Policy p;
+  p.open_for_ms = 1'000;
+  p.open_jitter_ms = 0;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, p);
+  DependencySlot& slot = *seg->dependency(0);
+  StorePolicy(p, slot.policy);
+  constexpr int kThreads = 2;  // one per core of a small machine: they run at once
+  constexpr int kRounds = 500;
+  const uint64_t now_ns = uint64_t{kNow} * 1'000'000u;
+  std::atomic<int> ready{0};
+  std::atomic<int> round_go{-1};
+  std::atomic<int> done{0};
+  std::atomic<int> wins[kRounds] = {};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint32_t rng = 1 + uint32_t(t);
+      for (int r = 0; r < kRounds; ++r) {
+        ready.fetch_add(1);
+        while (round_go.load() < r) {
+        }
+        // Every thread decides from the same half-open word (seq r).
+        if (ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, uint16_t(r), rng)) {
+          wins[r].fetch_add(1);
+        }
+        done.fetch_add(1);
+      }
+    });
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    slot.breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, uint16_t(r), kNow}.Encode());
+    while (ready.load() < kThreads * (r + 1)) std::this_thread::yield();
+    round_go.store(r);
+    while (done.load() < kThreads * (r + 1)) std::this_thread::yield();
+    const BreakerWord after = BreakerWord::Decode(slot.breaker.load());
+    ASSERT_EQ(after.state, BreakerState::kOpen) << "round " << r;
+    ASSERT_EQ(after.seq, uint16_t(r + 1)) << "round " << r << ": one transition, one seq step";
+    ASSERT_EQ(after.reopens, 1u) << "round " << r;
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRounds; ++r) EXPECT_EQ(wins[r].load(), 1) << "round " << r;
+  EXPECT_EQ(slot.counters[kOpened].load(), uint64_t{kRounds});
+}
+
+// ApplyBreakerEvent draws the open period's jitter from the caller's state only for an event
+// that opens the breaker.
+TEST(BreakerConcurrencyTest, ApplyDrawsRandomnessOnlyForAnEventThatOpens) {
+  Policy p;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, p);
+  DependencySlot& slot = *seg->dependency(0);
+  StorePolicy(p, slot.policy);
+  const uint64_t now_ns = uint64_t{kNow} * 1'000'000u;
+  uint32_t rng = 777;
+  slot.breaker.store(BreakerWord{BreakerState::kHalfOpen, 0, 0, 5, kNow}.Encode());
+  ASSERT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 5, rng));
+  EXPECT_EQ(rng, 777u);
+  ASSERT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng));
+  EXPECT_EQ(rng, 777u);
+  ASSERT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kTrip, now_ns, 0, rng));
+  EXPECT_NE(rng, 777u);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace retryd::shm {
@@ -194,6 +196,46 @@ TEST(RetryBudgetTest, RefreshFoldsTheRefillExactlyAndSkipsYoungOrLaggingStamps) 
   EXPECT_EQ(RetryBudget::Tokens(w.load()), available);
   EXPECT_EQ(available, 3'600'500u);
   EXPECT_EQ(RetryBudget::StampMs(w.load()), now);
+}
+
+// A first attempt on a full bucket and a denied retry cost no write (retry_budget.h): the
+// word is left exactly as it was, its stamp included.
+TEST(RetryBudgetTest, AFullBucketAndADeniedRetryWriteNothing) {
+  const uint64_t full = RetryBudget::Make(10 * kToken, 5'000);
+  std::atomic<uint64_t> w{full};
+  RetryBudget::Deposit(w, 200, /*burst=*/10);
+  EXPECT_EQ(w.load(), full);
+  // Less than a token, and a floor that adds less than one in the time elapsed.
+  const uint64_t poor = RetryBudget::Make(400, 5'000);
+  w.store(poor);
+  EXPECT_FALSE(RetryBudget::TryWithdraw(w, 5'100, /*floor=*/1, /*burst=*/10));
+  EXPECT_EQ(w.load(), poor);
+}
+
+// Concurrent deposits may push the stored count past the cap by at most one ratio per racing
+// process, and every withdrawal applies the cap again (retry_budget.h).
+TEST(RetryBudgetTest, RacingDepositsOvershootTheCapByAtMostOneRatioPerRacerAndWithdrawalsCapAgain) {
+  constexpr uint32_t kBurst = 10;
+  constexpr uint32_t kRatio = 300;
+  constexpr int kThreads = 4;
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<uint64_t> w{RetryBudget::Make(kBurst * kToken - 1, 5'000)};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        while (!go.load()) std::this_thread::yield();
+        for (int i = 0; i < 50; ++i) RetryBudget::Deposit(w, kRatio, kBurst);
+      });
+    }
+    go.store(true);
+    for (std::thread& t : threads) t.join();
+    ASSERT_LE(RetryBudget::Tokens(w.load()), kBurst * kToken - 1 + kThreads * kRatio);
+  }
+  // A count stored past the cap is capped before a withdrawal takes its token.
+  std::atomic<uint64_t> w{RetryBudget::Make(kBurst * kToken + 3 * kRatio, 5'000)};
+  ASSERT_TRUE(RetryBudget::TryWithdraw(w, 5'000, 0, kBurst));
+  EXPECT_EQ(RetryBudget::Tokens(w.load()), (kBurst - 1) * kToken);
 }
 
 }  // namespace

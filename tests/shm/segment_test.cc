@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "shm/breaker.h"
+#include "shm/clock.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -274,6 +275,59 @@ TEST(SealedSegmentTest, AnUnsealedObjectIsRefused) {
   const Status s = Segment::AttachFd(fd, Access::kReadWrite, "unsealed", &seg);
   EXPECT_EQ(s.code(), Status::Code::kIncompatible);
   EXPECT_NE(s.message().find("not sealed"), std::string::npos) << s.message();
+
+// Invariant (dependency_table.h): a create lock word of 0 means free. No stamp is 0, at any
+// time; a creator leaves the word 0 when it is done; and a creator that finds the word taken
+// by a running holder refuses after its wait rather than create without the lock.
+TEST(SegmentTest, TheCreateLockWordIsFreeExactlyWhenZero) {
+  for (uint32_t now_ms : {0u, 1u, 0x7FFF'FFFFu, 0x8000'0000u, 0xFFFF'FFFFu}) {
+    EXPECT_NE(CreateLockStamp(now_ms), 0u) << now_ms;
+  }
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(4, 4, Policy{});
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("a", Policy{}, &index).ok());
+  EXPECT_EQ(seg->header().create_lock.load(), 0u);
+  ASSERT_TRUE(seg->CreateOnTheFly("b", &index).ok());
+  EXPECT_EQ(seg->header().create_lock.load(), 0u);
+
+  // Held by a running process (this one): the word is not free, and nothing is created.
+  const uint64_t held = CreateLockStamp(NsToMs32(PreciseNowNs()));
+  seg->header().create_lock.store(held);
+  const Status s = seg->PutDependency("c", Policy{}, &index, /*lock_wait_ms=*/50);
+  EXPECT_EQ(s.code(), Status::Code::kIoError) << s.ToString();
+  EXPECT_EQ(seg->Find("c"), -1);
+  EXPECT_EQ(seg->header().create_lock.load(), held);
+  seg->header().create_lock.store(0);
+  EXPECT_TRUE(seg->PutDependency("c", Policy{}, &index, 50).ok());
+}
+
+// dependency_table.h: Find never takes the create lock: it finds an active name at once while
+// another creator holds the lock, and leaves the lock word as it was.
+TEST(SegmentTest, FindNeverTakesTheCreateLock) {
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(4, 4, Policy{});
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("orders", Policy{}, &index).ok());
+  const uint64_t held = CreateLockStamp(NsToMs32(PreciseNowNs()));
+  seg->header().create_lock.store(held);
+  const uint64_t start = PreciseNowNs();
+  EXPECT_EQ(seg->Find("orders"), int32_t(index));
+  EXPECT_EQ(seg->Find("missing"), -1);
+  EXPECT_LT(PreciseNowNs() - start, 100 * testing::kMs);
+  EXPECT_EQ(seg->header().create_lock.load(), held);
+}
+
+// segment.h: dependency() and process() return nullptr for an index out of range, and
+// process_high_water() never exceeds the capacity, whatever the header's word says.
+TEST(SegmentTest, AccessorsAreBoundsCheckedWhateverTheHeaderSays) {
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(3, 5, Policy{});
+  EXPECT_NE(seg->dependency(2), nullptr);
+  EXPECT_EQ(seg->dependency(3), nullptr);
+  EXPECT_EQ(seg->dependency(UINT32_MAX), nullptr);
+  EXPECT_NE(seg->process(4), nullptr);
+  EXPECT_EQ(seg->process(5), nullptr);
+  EXPECT_EQ(seg->process(UINT32_MAX), nullptr);
+  seg->header().process_high_water.store(UINT32_MAX);
+  EXPECT_EQ(seg->process_high_water(), 5u);
 }
 
 }  // namespace

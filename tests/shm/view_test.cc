@@ -194,5 +194,29 @@ TEST(DaemonLockView, AHeldLockIsNeverDownWhateverThePidWordSays) {
   Segment::Remove(opt.name);
 }
 
+// Invariant (registry.h): a slot's start time and name are valid only while its state is
+// kLive; a scribbled state counts as neither claiming nor live. BuildWorkers shows a claiming
+// slot with the start time and name left by its previous owner, and a scribbled state as
+// "claiming".
+// DISABLED: fails today: BuildWorkers reads start_time and comm whatever the state.
+TEST(WorkersView, DISABLED_ASlotNotLiveShowsNoStartTimeOrNameAndAScribbledStateIsNotClaiming) {
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 2, Policy{});
+  ProcessSlot& slot = *seg->process(0);
+  slot.start_time.store(12'345);             // the previous owner's
+  slot.comm[0].store(0x00646c6f2d6d6f72ull);  // "rom-old"
+  seg->header().process_high_water.store(1);
+  slot.owner.store(ProcessOwner{getpid(), ProcessState::kClaiming}.Encode());
+  std::vector<WorkerStatus> workers = BuildWorkers(*seg, [](pid_t, uint64_t) { return true; });
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].state, WorkerState::kClaiming);
+  EXPECT_EQ(workers[0].start_time, 0u);
+  EXPECT_EQ(workers[0].comm, "");
+  slot.owner.store(ProcessOwner{getpid(), ProcessState(9)}.Encode());
+  workers = BuildWorkers(*seg, [](pid_t, uint64_t) { return true; });
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_NE(workers[0].state, WorkerState::kClaiming);
+  EXPECT_NE(workers[0].state, WorkerState::kLive);
+}
+
 }  // namespace
 }  // namespace retryd::shm

@@ -233,5 +233,25 @@ TEST(WindowRaceTest, FirstCallsOfAPeriodLoseAtMostOneCallPerRacer) {
   RecordProperty("worst_lost", worst);
 }
 
+// Approximation (breaker.h): a bucket counts at most 65,535 calls; beyond, its rates are those
+// of its first 65,535 calls, and no count wraps into the next field.
+TEST(WindowTest, ABucketCountsAtMost65535CallsAndNeverWraps) {
+  const Shape shape{10'000, 10};
+  const uint64_t t = 12'345 * shape.bucket_ns();
+  Window w(shape, 0);
+  DependencySlot& slot = w.slot();
+  uint32_t rng = 1;
+  for (int i = 0; i < 70'000; ++i) RecordOutcome(slot, t, /*failure=*/i % 2 == 0, false, rng);
+  const WindowStats stats = ReadWindow(slot, t);
+  EXPECT_EQ(stats.calls, 65'535u);
+  EXPECT_EQ(stats.failures, 32'768u);  // the failures among the first 65,535 calls
+  EXPECT_EQ(stats.slow, 0u);
+  for (int i = 0; i < 70'000; ++i) RecordOutcome(slot, t, /*failure=*/true, false, rng);
+  const WindowStats more = ReadWindow(slot, t);
+  EXPECT_EQ(more.calls, 65'535u);
+  EXPECT_EQ(more.failures, 32'768u);
+  EXPECT_EQ(more.slow, 0u);
+}
+
 }  // namespace
 }  // namespace retryd::shm
