@@ -383,6 +383,7 @@ std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<sh
     Table::Cell state{shm::WorkerStateName(w.state), nullptr};
     if (w.state == shm::WorkerState::kDead) state = {"DEAD", kRed};
     if (w.state == shm::WorkerState::kClaiming) state = {"claiming", kDim};
+    if (w.state == shm::WorkerState::kUnknown) state = {"UNKNOWN", kRed};
     t.AddRow({{std::to_string(w.slot), nullptr},
               {std::to_string(w.pid), nullptr},
               {w.comm.empty() ? "-" : w.comm, nullptr},

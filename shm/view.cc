@@ -85,6 +85,8 @@ const char* WorkerStateName(WorkerState s) {
       return "dead";
     case WorkerState::kClaiming:
       return "claiming";
+    case WorkerState::kUnknown:
+      return "unknown";
   }
   return "dead";
 }
@@ -221,6 +223,14 @@ std::vector<WorkerStatus> BuildWorkers(const Segment& seg, const AliveFn& alive_
     WorkerStatus w;
     w.slot = i;
     w.pid = uint32_t(owner.pid);
+    if (!owner.attached()) {
+      // A start time and a name are the owner's only once it is attached (registry.h): a slot
+      // being claimed may still show its previous owner's.
+      w.state = owner.state == ProcessState::kClaiming ? WorkerState::kClaiming
+                                                       : WorkerState::kUnknown;
+      workers.push_back(std::move(w));
+      continue;
+    }
     w.start_time = p.start_time.load(kRelaxed);
     w.attach_unix_ms = p.attach_unix_ms.load(kRelaxed);
     char comm[17] = {};
@@ -238,10 +248,8 @@ std::vector<WorkerStatus> BuildWorkers(const Segment& seg, const AliveFn& alive_
       const uint32_t own = uint32_t(p.own_pid.load(kRelaxed));
       w.own_pid = own != w.pid ? own : 0;
       w.state = WorkerState::kLive;
-    } else if (owner.live()) {
-      w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
     } else {
-      w.state = WorkerState::kClaiming;
+      w.state = alive(pid_t(w.pid), w.start_time) ? WorkerState::kLive : WorkerState::kDead;
     }
     workers.push_back(std::move(w));
   }

@@ -140,7 +140,9 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
 // cumulative counters). Gauges (breaker, window, tokens, bulkhead) are `now`'s.
 SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before);
 
-enum class WorkerState { kLive, kDead, kClaiming };
+// kUnknown: an owner word whose state no retryd writes (scribbled): neither claiming nor
+// attached, shown without a start time or a name.
+enum class WorkerState { kLive, kDead, kClaiming, kUnknown };
 const char* WorkerStateName(WorkerState s);
 
 struct WorkerStatus {

@@ -275,6 +275,7 @@ TEST(SealedSegmentTest, AnUnsealedObjectIsRefused) {
   const Status s = Segment::AttachFd(fd, Access::kReadWrite, "unsealed", &seg);
   EXPECT_EQ(s.code(), Status::Code::kIncompatible);
   EXPECT_NE(s.message().find("not sealed"), std::string::npos) << s.message();
+}
 
 // Invariant (dependency_table.h): a create lock word of 0 means free. No stamp is 0, at any
 // time; a creator leaves the word 0 when it is done; and a creator that finds the word taken
