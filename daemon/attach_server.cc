@@ -200,7 +200,9 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   int read_only_fd = -1;
   if (hello.read_only) {
     read_only_fd = seg.ReadOnlyDescriptor();
-    if (read_only_fd < 0) return refuse("cannot open the segment read-only: " + std::string(std::strerror(errno)));
+    if (read_only_fd < 0) {
+      return refuse("cannot open the segment read-only: " + std::string(std::strerror(errno)));
+    }
     segment_fd = read_only_fd;
   } else {
     hello.comm[sizeof(hello.comm) - 1] = '\0';

@@ -1,0 +1,404 @@
+// Attaching through the daemon's socket, with the real `retryd` and real worker processes
+// (attach_worker): the kernel carries the segment (a sealed memfd), the identity (SO_PEERCRED)
+// and the liveness (the connection) of every worker. Tests that need root (namespaces, other
+// users, another process's descriptors) skip without it.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shm/admission.h"
+#include "shm/attach.h"
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/leases.h"
+#include "shm/registry.h"
+#include "tests/daemon/daemon_harness.h"
+
+namespace retryd::daemon {
+namespace {
+
+using testing::DaemonProcess;
+using testing::NotifySocket;
+using testing::WriteFile;
+
+bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
+  const uint64_t deadline = shm::PreciseNowNs() + uint64_t(timeout_ms) * 1'000'000;
+  while (!cond()) {
+    if (shm::PreciseNowNs() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// Worker is attach_worker run as a child process (through `prefix`, e.g. unshare), with its
+// stdout on a pipe.
+class Worker {
+ public:
+  explicit Worker(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Worker() {
+    Kill();
+    if (out_) fclose(out_);
+  }
+  // Line reads the next line the worker prints ("" at its end).
+  std::string Line() {
+    char buf[256];
+    if (!out_ || !fgets(buf, sizeof(buf), out_)) return "";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+std::vector<std::string> Words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+char ProcState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
+
+class AttachTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/retryd-attach-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    chmod(dir_.c_str(), 0755);
+    socket_ = dir_ + "/retryd.sock";
+    config_ = dir_ + "/retryd.toml";
+  }
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // StartDaemon starts retryd on socket_ with `daemon_keys` added to [daemon] and `extra`
+  // sections after "orders" (a bulkhead of 4 whose leases last an hour).
+  void StartDaemon(const std::string& extra = "", const std::string& daemon_keys = "") {
+    WriteFile(config_, "[daemon]\nsocket = \"" + socket_ +
+                           "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
+                           "max_processes = 64\n" + daemon_keys +
+                           "[dependency.orders]\nbulkhead_limit = 4\n"
+                           "bulkhead_timeout = \"1h\"\n" + extra);
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
+                                              notify_.path());
+    ASSERT_NE(notify_.WaitFor("READY=1", 10'000), "") << daemon_->Log();
+  }
+
+  // Observer attaches read-only, as retryctl does: no process slot, nothing to reclaim.
+  shm::Attachment Observer() {
+    shm::Attachment a;
+    const Status s = shm::AttachThroughSocket(socket_, shm::Access::kReadOnly, 5'000, &a);
+    EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << daemon_->Log();
+    return a;
+  }
+
+  std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& dep = "orders") {
+    return {RETRYD_ATTACH_WORKER, socket_, mode, dep};
+  }
+
+  static uint32_t LeasesOf(const shm::Segment& seg, uint16_t owner) {
+    uint32_t n = 0;
+    const shm::DependencySlot& d = *seg.dependency(uint32_t(seg.Find("orders")));
+    for (const auto& w : d.bulkhead_leases) {
+      n += w.load() != 0 && shm::Lease::Owner(w.load()) == owner;
+    }
+    return n;
+  }
+  static shm::ProcessOwner OwnerOf(const shm::Segment& seg, uint16_t owner) {
+    return shm::ProcessOwner::Decode(seg.process(owner - 1u)->owner.load());
+  }
+  // Ticks waits until the daemon has ticked `n` more times (its heartbeat moved on).
+  bool Ticks(const shm::Segment& seg, int n) {
+    for (int i = 0; i < n; ++i) {
+      const uint64_t beat = seg.header().heartbeat_ns.load();
+      if (!WaitUntil([&] { return seg.header().heartbeat_ns.load() != beat; }, 10'000)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string dir_, socket_, config_;
+  NotifySocket notify_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// A worker attaches with one connection and holds a lease; SIGKILL closes the connection and
+// the daemon frees the lease and the slot at once, without reading /proc.
+TEST_F(AttachTest, AWorkersHangUpFreesItsLeasesAndSlotAtOnce) {
+  StartDaemon();
+  shm::Attachment obs = Observer();
+  ASSERT_NE(obs.segment, nullptr);
+  Worker w(WorkerArgs("hold"));
+  const std::vector<std::string> held = Words(w.Line());
+  ASSERT_EQ(held.size(), 3u) << daemon_->Log();
+  const uint16_t owner = uint16_t(std::stoi(held[1]));
+  EXPECT_EQ(LeasesOf(*obs.segment, owner), 1u);
+  EXPECT_TRUE(OwnerOf(*obs.segment, owner).connected());
+  EXPECT_EQ(OwnerOf(*obs.segment, owner).pid, w.pid());
+  w.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, owner) == 0; }, 5'000));
+  EXPECT_TRUE(
+      WaitUntil([&] { return obs.segment->process(owner - 1u)->owner.load() == 0; }, 5'000));
+  const shm::DependencySlot& d = *obs.segment->dependency(uint32_t(obs.segment->Find("orders")));
+  EXPECT_EQ(d.counters[shm::kLeasesReclaimedDead].load(), 1u);
+}
+
+// A worker whose main thread ended (pthread_exit) while another thread runs is a zombie in
+// /proc, where a /proc-based judge calls it dead. Its connection is open: it keeps its lease
+// for as long as it lives, and loses it when it is killed.
+TEST_F(AttachTest, AWorkerWhoseMainThreadExitedKeepsItsLeases) {
+  StartDaemon();
+  shm::Attachment obs = Observer();
+  ASSERT_NE(obs.segment, nullptr);
+  Worker w(WorkerArgs("zombie"));
+  const std::vector<std::string> held = Words(w.Line());
+  ASSERT_EQ(held.size(), 3u) << daemon_->Log();
+  const uint16_t owner = uint16_t(std::stoi(held[1]));
+  ASSERT_TRUE(WaitUntil([&] { return ProcState(w.pid()) == 'Z'; }, 5'000));
+  EXPECT_FALSE(shm::ProcessAliveByProc(w.pid(), 0)) << "the /proc judge calls it dead";
+  ASSERT_TRUE(Ticks(*obs.segment, 50));  // the reaper and the sweep have run many times
+  EXPECT_EQ(LeasesOf(*obs.segment, owner), 1u);
+  EXPECT_TRUE(OwnerOf(*obs.segment, owner).connected());
+  w.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, owner) == 0; }, 5'000));
+}
+
+// The truncation attack: no holder of the segment's descriptor can change its size, neither a
+// worker with the descriptor it was sent nor root through the daemon's /proc/PID/fd.
+TEST_F(AttachTest, NoHolderCanResizeTheSegment) {
+  StartDaemon();
+  shm::Attachment a;
+  ASSERT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok());
+  const off_t size = off_t(a.segment->size());
+  EXPECT_NE(ftruncate(a.segment->fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(a.segment->fd(), size * 2), 0);
+  EXPECT_EQ(errno, EPERM);
+  if (geteuid() == 0) {
+    // Root opens the daemon's own descriptor of the segment anew, read-write.
+    int tried = 0;
+    const std::string fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
+    for (const auto& e : std::filesystem::directory_iterator(fds)) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+      if (target.rfind("/memfd:retryd:", 0) != 0) continue;
+      const int fd = open(e.path().c_str(), O_RDWR);
+      ASSERT_GE(fd, 0) << std::strerror(errno);
+      EXPECT_NE(ftruncate(fd, 0), 0);
+      EXPECT_EQ(errno, EPERM);
+      EXPECT_NE(ftruncate(fd, size * 2), 0);
+      EXPECT_EQ(errno, EPERM);
+      close(fd);
+      ++tried;
+    }
+    EXPECT_GE(tried, 1) << "no memfd among the daemon's descriptors";
+  }
+  // The whole mapping still reads, and the daemon still ticks.
+  EXPECT_EQ(reinterpret_cast<volatile char*>(&a.segment->header())[size - 1], 0);
+  EXPECT_TRUE(Ticks(*a.segment, 3));
+  EXPECT_EQ(kill(daemon_->pid(), 0), 0);
+  close(a.connection);
+}
+
+// A hostile writer scribbles random bytes over the whole segment while a worker admits and
+// completes flat out: nobody crashes (the worker, the daemon), whatever the words say.
+TEST_F(AttachTest, AHostileWriterScribblingTheWholeSegmentCrashesNobody) {
+  StartDaemon();
+  const char* env = std::getenv("RETRYD_FAULT_SECONDS");
+  const double seconds = env ? std::atof(env) : 4;
+  auto child = [&](bool scribble) {
+    const pid_t pid = fork();
+    if (pid != 0) return pid;
+    shm::Attachment a;
+    if (!shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok()) _exit(3);
+    const int32_t index = a.segment->Find("orders");
+    if (index < 0) _exit(4);
+    const uint64_t end = shm::PreciseNowNs() + uint64_t(seconds * 1e9);
+    std::mt19937_64 rng{uint64_t(getpid())};
+    auto* words = reinterpret_cast<std::atomic<uint64_t>*>(&a.segment->header());
+    const size_t n = a.segment->size() / sizeof(uint64_t);
+    shm::DependencySlot& slot = *a.segment->dependency(uint32_t(index));
+    shm::Caller caller{a.owner, 0, 7};
+    while (shm::PreciseNowNs() < end) {
+      if (scribble) {
+        for (int k = 0; k < 4096; ++k) words[rng() % n].store(rng(), std::memory_order_relaxed);
+      } else {
+        shm::Permit p;
+        shm::Admit(slot, uint32_t(index), uint32_t(rng() % 3), shm::CoarseNowNs(), caller, &p);
+        shm::Complete(slot, &p, shm::Outcome(rng() % 3), rng() % 1'000'000'000,
+                      shm::CoarseNowNs(), caller);
+      }
+    }
+    _exit(0);
+  };
+  const pid_t worker = child(false);
+  const pid_t scribbler = child(true);
+  for (const pid_t pid : {worker, scribbler}) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (pid == worker ? "worker" : "scribbler") << " status " << status;
+  }
+  EXPECT_EQ(kill(daemon_->pid(), 0), 0) << daemon_->Log();
+  EXPECT_EQ(daemon_->Wait(200), -1) << "the daemon exited:\n" << daemon_->Log();
+}
+
+// A worker in its own pid namespace has a pid the daemon's namespace does not know (it is 1
+// there); the kernel translates its credentials, and its connection is its liveness.
+TEST_F(AttachTest, AWorkerInItsOwnPidNamespaceIsJudgedByItsConnection) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for unshare --pid";
+  StartDaemon();
+  shm::Attachment obs = Observer();
+  ASSERT_NE(obs.segment, nullptr);
+  std::vector<std::string> args = {"unshare", "--pid", "--fork", "--kill-child", "--mount-proc"};
+  for (const std::string& a : WorkerArgs("hold")) args.push_back(a);
+  Worker w(args);
+  const std::vector<std::string> held = Words(w.Line());
+  ASSERT_EQ(held.size(), 3u) << daemon_->Log();
+  EXPECT_EQ(held[2], "1") << "the worker is pid 1 in its namespace";
+  const uint16_t owner = uint16_t(std::stoi(held[1]));
+  const shm::ProcessOwner o = OwnerOf(*obs.segment, owner);
+  EXPECT_TRUE(o.connected());
+  EXPECT_NE(o.pid, 1) << "the registry holds the pid as the daemon sees it";
+  EXPECT_EQ(obs.segment->process(owner - 1u)->own_pid.load(), 1u);
+  ASSERT_TRUE(Ticks(*obs.segment, 20));
+  EXPECT_EQ(LeasesOf(*obs.segment, owner), 1u);
+  kill(o.pid, SIGKILL);  // the worker itself, by the pid the daemon sees
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, owner) == 0; }, 5'000));
+}
+
+// Workers isolated as pods are (their own pid, IPC and mount namespaces, a private /dev/shm)
+// reach the daemon through the socket path alone and share one breaker: when it half-opens,
+// exactly half_open_probes probes go out among all of them.
+TEST_F(AttachTest, WorkersInSeparateNamespacesShareOneBreakerAndItsProbes) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for unshare -pimf and mount";
+  StartDaemon("[dependency.shared]\nhalf_open_probes = 2\nprobe_timeout = \"1h\"\n");
+  shm::Attachment rw;
+  ASSERT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &rw).ok());
+  shm::DependencySlot& shared = *rw.segment->dependency(uint32_t(rw.segment->Find("shared")));
+  // Open until 300 ms from now; every worker admits from before then until well after.
+  shared.breaker.store(shm::BreakerWord{shm::BreakerState::kOpen, 0, 0, 9,
+                                        shm::NsToMs32(shm::PreciseNowNs()) + 300}
+                           .Encode());
+  const std::string pod = "mount -t tmpfs tmpfs /dev/shm && exec \"$0\" \"$@\"";
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> args = {"unshare", "-pimf", "--kill-child", "--mount-proc",
+                                     "sh", "-c", pod, RETRYD_ATTACH_WORKER, socket_,
+                                     "probe", "shared", "1500"};
+    workers.push_back(std::make_unique<Worker>(args));
+  }
+  int probes = 0;
+  for (auto& w : workers) {
+    const std::vector<std::string> line = Words(w->Line());
+    ASSERT_EQ(line.size(), 4u) << daemon_->Log();
+    EXPECT_EQ(line[3], "1") << "each worker is pid 1 of its own namespace";
+    probes += std::stoi(line[1]);
+  }
+  EXPECT_EQ(probes, 2);
+  EXPECT_EQ(shared.counters[shm::kProbesGranted].load(), 2u);
+  // And none of them could see the host's /dev/shm.
+  Worker look({"unshare", "-pimf", "--kill-child", "--mount-proc", "sh", "-c", pod,
+               RETRYD_ATTACH_WORKER, socket_, "shm-name"});
+  EXPECT_EQ(look.Line(), "") << "a private /dev/shm is empty";
+  close(rw.connection);
+}
+
+// A peer the allow rules do not admit is refused with one line naming the setting.
+TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
+  StartDaemon("", "allow_users = [\"root\"]\n");
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(9);
+    shm::Attachment a;
+    const Status s = shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a);
+    const std::string msg = s.ToString();
+    (void)!write(fds[1], msg.data(), msg.size());
+    _exit(s.code() == Status::Code::kPermissionDenied ? 0 : 1);
+  }
+  close(fds[1]);
+  char buf[512] = {};
+  (void)!read(fds[0], buf, sizeof(buf) - 1);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << buf;
+  EXPECT_NE(std::string(buf).find("allow_users"), std::string::npos) << buf;
+  EXPECT_NE(std::string(buf).find("uid 65534"), std::string::npos) << buf;
+  // Root is admitted.
+  shm::Attachment a;
+  EXPECT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok());
+  close(a.connection);
+}
+
+// A second daemon on the same socket is refused by the kernel's lock, naming the socket.
+TEST_F(AttachTest, ASecondDaemonOnTheSameSocketIsRefused) {
+  StartDaemon();
+  const testing::RunResult r = testing::RunToCompletion({"--config=" + config_});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("served by a running retryd"), std::string::npos) << r.err;
+  shm::Attachment a;
+  EXPECT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadOnly, 5'000, &a).ok())
+      << "the first daemon still serves";
+  close(a.connection);
+}
+
+}  // namespace
+}  // namespace retryd::daemon
