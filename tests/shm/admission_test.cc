@@ -26,6 +26,10 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+// The matching deletes: memory from the operator new above goes back to malloc's free (a
+// sanitizer's own delete would report the mismatch).
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace retryd::shm {
 namespace {
