@@ -357,6 +357,42 @@ TEST_F(AttachTest, WorkersInSeparateNamespacesShareOneBreakerAndItsProbes) {
   close(rw.connection);
 }
 
+// With /proc hiding other users' processes (hidepid=2, as ProtectProc=invisible does) a daemon
+// that judged workers by /proc would find every one of them dead. Here the daemon runs as
+// nobody under such a /proc, and the worker (root) is invisible to it: it keeps its lease for
+// as long as it lives, and loses it when it dies.
+TEST_F(AttachTest, UnderAHidingProcTheDaemonJudgesWorkersByTheirConnection) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount /proc and run retryd as nobody";
+  chmod(dir_.c_str(), 0777);  // nobody creates the socket and its lock here
+  WriteFile(config_, "[daemon]\nsocket = \"" + socket_ +
+                         "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_processes = 16\n"
+                         "[dependency.orders]\nbulkhead_limit = 4\nbulkhead_timeout = \"1h\"\n");
+  const std::string log = dir_ + "/retryd.log";
+  Worker daemon({"unshare", "--mount", "--propagation", "private", "--kill-child", "sh", "-c",
+                 "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 "
+                 "--regid=65534 --clear-groups \"$0\" \"$@\" 2>\"" + log + "\"",
+                 RETRYD_BINARY, "--config=" + config_});
+  shm::Attachment obs;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return shm::AttachThroughSocket(socket_, shm::Access::kReadOnly, 1'000, &obs).ok();
+      },
+      10'000))
+      << testing::ReadFile(log);
+  Worker w(WorkerArgs("hold"));
+  const std::vector<std::string> held = Words(w.Line());
+  ASSERT_EQ(held.size(), 3u) << testing::ReadFile(log);
+  const uint16_t owner = uint16_t(std::stoi(held[1]));
+  EXPECT_EQ(obs.segment->process(owner - 1u)->start_time.load(), 0u)
+      << "the daemon could read the worker's /proc entry: the test hides nothing";
+  ASSERT_TRUE(Ticks(*obs.segment, 50)) << testing::ReadFile(log);
+  EXPECT_EQ(LeasesOf(*obs.segment, owner), 1u) << testing::ReadFile(log);
+  EXPECT_TRUE(OwnerOf(*obs.segment, owner).connected());
+  w.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, owner) == 0; }, 5'000));
+  close(obs.connection);
+}
+
 // A peer the allow rules do not admit is refused with one line naming the setting.
 TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
