@@ -23,7 +23,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL

@@ -27,9 +27,16 @@ void* operator new(std::size_t n) {
   throw std::bad_alloc();
 }
 // The matching deletes: memory from the operator new above goes back to malloc's free (a
-// sanitizer's own delete would report the mismatch).
+// sanitizer's own delete would report the mismatch). GCC cannot see that they match.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 namespace retryd::shm {
 namespace {
