@@ -59,8 +59,13 @@ bool ProcessAliveByProc(pid_t pid, uint64_t start_time) {
   return start_time == 0 || *st == start_time;
 }
 
-uint16_t RegisterProcess(Segment& seg, pid_t pid) {
-  const std::optional<uint64_t> start = ProcessStartTime(pid);
+namespace {
+
+// ClaimSlot claims a free process slot for `pid` with one CAS, lets `fill` write the slot's
+// fields while it is kClaiming, then publishes it as `state`. Returns the owner id, or
+// kUnknownOwner when the registry is full (counted in the header).
+template <typename Fill>
+uint16_t ClaimSlot(Segment& seg, pid_t pid, ProcessState state, Fill fill) {
   for (uint32_t i = 0; i < seg.max_processes(); ++i) {
     ProcessSlot& p = *seg.process(i);
     uint64_t cur = p.owner.load(kRelaxed);
@@ -69,14 +74,9 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
                                          std::memory_order_acquire)) {
       continue;
     }
-    p.start_time.store(start.value_or(0), kRelaxed);
     p.attach_unix_ms.store(UnixNowMs(), kRelaxed);
-    uint64_t comm[2];
-    ReadComm(comm);
-    p.comm[0].store(comm[0], kRelaxed);
-    p.comm[1].store(comm[1], kRelaxed);
-    p.own_pid.store(0, kRelaxed);
-    p.owner.store(ProcessOwner{pid, ProcessState::kLive}.Encode(), std::memory_order_release);
+    fill(p);
+    p.owner.store(ProcessOwner{pid, state}.Encode(), std::memory_order_release);
     uint32_t high = seg.header().process_high_water.load(kRelaxed);
     while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
     }
@@ -86,33 +86,32 @@ uint16_t RegisterProcess(Segment& seg, pid_t pid) {
   return kUnknownOwner;
 }
 
+}  // namespace
+
+uint16_t RegisterProcess(Segment& seg, pid_t pid) {
+  const std::optional<uint64_t> start = ProcessStartTime(pid);
+  return ClaimSlot(seg, pid, ProcessState::kLive, [&](ProcessSlot& p) {
+    p.start_time.store(start.value_or(0), kRelaxed);
+    uint64_t comm[2];
+    ReadComm(comm);
+    p.comm[0].store(comm[0], kRelaxed);
+    p.comm[1].store(comm[1], kRelaxed);
+    p.own_pid.store(0, kRelaxed);
+  });
+}
+
 uint16_t RegisterConnected(Segment& seg, pid_t pid, pid_t own_pid, const char (&comm)[16]) {
   uint64_t words[2] = {};
   for (int k = 0; k < 16 && comm[k] != '\0'; ++k) {
     words[k / 8] |= uint64_t(uint8_t(comm[k])) << (8 * (k % 8));
   }
-  for (uint32_t i = 0; i < seg.max_processes(); ++i) {
-    ProcessSlot& p = *seg.process(i);
-    uint64_t cur = p.owner.load(kRelaxed);
-    if (cur != 0) continue;
-    if (!p.owner.compare_exchange_strong(cur, ProcessOwner{pid, ProcessState::kClaiming}.Encode(),
-                                         std::memory_order_acquire)) {
-      continue;
-    }
+  return ClaimSlot(seg, pid, ProcessState::kConnected, [&](ProcessSlot& p) {
     // The start time, where this daemon's /proc shows it (not under hidepid): for people only.
     p.start_time.store(ProcessStartTime(pid).value_or(0), kRelaxed);
-    p.attach_unix_ms.store(UnixNowMs(), kRelaxed);
     p.comm[0].store(words[0], kRelaxed);
     p.comm[1].store(words[1], kRelaxed);
     p.own_pid.store(uint64_t(uint32_t(own_pid)), kRelaxed);
-    p.owner.store(ProcessOwner{pid, ProcessState::kConnected}.Encode(), std::memory_order_release);
-    uint32_t high = seg.header().process_high_water.load(kRelaxed);
-    while (high < i + 1 && !seg.header().process_high_water.compare_exchange_weak(high, i + 1)) {
-    }
-    return uint16_t(i + 1);
-  }
-  seg.header().registry_full_events.fetch_add(1, kRelaxed);
-  return kUnknownOwner;
+  });
 }
 
 void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid) {

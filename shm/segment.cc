@@ -248,6 +248,16 @@ namespace {
 
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
+Status CheckCapacity(const CreateOptions& opt) {
+  if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
+      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
+    return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
+                                   std::to_string(kMaxDependencies) + ", max_processes 1.." +
+                                   std::to_string(kMaxProcesses));
+  }
+  return Status::Ok();
+}
+
 // Mappable hands a plain descriptor to Boost.Interprocess's mapped_region.
 struct Mappable {
   int fd;
@@ -263,12 +273,7 @@ struct Mappable {
 
 Status Segment::CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>* out) {
   out->reset();
-  if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
-      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
-    return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
-                                   std::to_string(kMaxDependencies) + ", max_processes 1.." +
-                                   std::to_string(kMaxProcesses));
-  }
+  if (Status s = CheckCapacity(opt); !s.ok()) return s;
   std::unique_ptr<Segment> seg(new Segment);
   seg->max_dependencies_ = opt.max_dependencies;
   seg->max_processes_ = opt.max_processes;
@@ -354,12 +359,7 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
   out->reset();
   *adopted = false;
   note->clear();
-  if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
-      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
-    return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
-                                   std::to_string(kMaxDependencies) + ", max_processes 1.." +
-                                   std::to_string(kMaxProcesses));
-  }
+  if (Status s = CheckCapacity(opt); !s.ok()) return s;
   // 1. Adopt a compatible segment, or retire an incompatible one of ours.
   std::unique_ptr<Segment> existing;
   Status s = Attach(opt.name, Access::kReadWrite, &existing);

@@ -4,6 +4,7 @@
 // users, another process's descriptors) skip without it.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <random>
 #include <sstream>
 #include <string>
@@ -37,16 +39,9 @@ namespace {
 
 using testing::DaemonProcess;
 using testing::NotifySocket;
+using testing::WaitUntil;
 using testing::WriteFile;
 
-bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
-  const uint64_t deadline = shm::PreciseNowNs() + uint64_t(timeout_ms) * 1'000'000;
-  while (!cond()) {
-    if (shm::PreciseNowNs() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
 
 // Worker is attach_worker run as a child process (through `prefix`, e.g. unshare), with its
 // stdout on a pipe.
@@ -259,6 +254,11 @@ TEST_F(AttachTest, AHostileWriterScribblingTheWholeSegmentCrashesNobody) {
   StartDaemon();
   const char* env = std::getenv("RETRYD_FAULT_SECONDS");
   const double seconds = env ? std::atof(env) : 4;
+  // Both attach before either starts: a header already scribbled would refuse the attach.
+  auto* attached = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+           -1, 0));
+  new (attached) std::atomic<int>(0);
   auto child = [&](bool scribble) {
     const pid_t pid = fork();
     if (pid != 0) return pid;
@@ -266,6 +266,11 @@ TEST_F(AttachTest, AHostileWriterScribblingTheWholeSegmentCrashesNobody) {
     if (!shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok()) _exit(3);
     const int32_t index = a.segment->Find("orders");
     if (index < 0) _exit(4);
+    attached->fetch_add(1);
+    for (int waited = 0; attached->load() < 2; ++waited) {
+      if (waited == 100'000) _exit(5);  // the other never attached: its status says why
+      usleep(100);
+    }
     const uint64_t end = shm::PreciseNowNs() + uint64_t(seconds * 1e9);
     std::mt19937_64 rng{uint64_t(getpid())};
     auto* words = reinterpret_cast<std::atomic<uint64_t>*>(&a.segment->header());

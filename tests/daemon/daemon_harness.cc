@@ -171,4 +171,16 @@ RunResult RunToCompletion(const std::vector<std::string>& args) {
   return r;
 }
 
+bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t deadline_ms = int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000 + timeout_ms;
+  while (!cond()) {
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000 >= deadline_ms) return false;
+    usleep(1'000);
+  }
+  return true;
+}
+
 }  // namespace retryd::daemon::testing

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ struct RunResult {
 };
 // RunToCompletion runs the retryd binary with `args` and captures its output.
 RunResult RunToCompletion(const std::vector<std::string>& args);
+
+// WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms` (a
+// bound that only ends a failing test: tests wait for conditions, never for margins).
+bool WaitUntil(const std::function<bool()>& cond, int timeout_ms);
 
 // UniqueName returns "retryd-test-<pid>-<n>", unique within the test run.
 std::string UniqueName();

@@ -32,6 +32,7 @@ using testing::NotifySocket;
 using testing::ReadFile;
 using testing::TempPath;
 using testing::UniqueName;
+using testing::WaitUntil;
 using testing::WriteFile;
 
 constexpr int kReadyTimeoutMs = 10'000;
@@ -48,15 +49,6 @@ bool LogHas(const DaemonProcess& d, const std::string& text, int timeout_ms = 3'
   }
 }
 
-// WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms`.
-bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
-  const uint64_t deadline = shm::PreciseNowNs() + uint64_t(timeout_ms) * 1'000'000;
-  while (!cond()) {
-    if (shm::PreciseNowNs() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 shm::BreakerState StateOf(const shm::DependencySlot& slot) {
   return shm::BreakerWord::Decode(slot.breaker.load()).state;
