@@ -196,15 +196,14 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   }
   welcome.daemon_pid = int32_t(cred.pid);
   welcome.result = shm::AttachResult::kWelcome;
-  int segment_fd = seg.fd();
-  int read_only_fd = -1;
-  if (hello.read_only) {
-    read_only_fd = seg.ReadOnlyDescriptor();
-    if (read_only_fd < 0) {
-      return refuse("cannot open the segment read-only: " + std::string(std::strerror(errno)));
-    }
-    segment_fd = read_only_fd;
-  } else {
+  // A descriptor of its own for every peer: read-only for a read-only peer, and never the
+  // daemon's own open file description, whose flock is the daemon lock.
+  const int segment_fd =
+      seg.PeerDescriptor(hello.read_only ? shm::Access::kReadOnly : shm::Access::kReadWrite);
+  if (segment_fd < 0) {
+    return refuse("cannot open the segment for the peer: " + std::string(std::strerror(errno)));
+  }
+  if (!hello.read_only) {
     hello.comm[sizeof(hello.comm) - 1] = '\0';
     welcome.owner = shm::RegisterConnected(seg, cred.pid, hello.own_pid, hello.comm);
     if (welcome.owner != shm::kUnknownOwner) {
@@ -215,7 +214,7 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   peer.attached = true;
   peer.read_only = hello.read_only != 0;
   const bool sent = shm::SendWelcome(fd, welcome, segment_fd);
-  if (read_only_fd >= 0) close(read_only_fd);
+  close(segment_fd);
   if (!sent) {
     Close(seg, fd);
     return;

@@ -201,8 +201,10 @@ int Daemon::Run() {
           Notify("READY=1\nSTATUS=" + last_status_);
         } else {
           LOG(INFO) << "daemon: " << strsignal(int(info.ssi_signo)) << " from pid " << info.ssi_pid
-                    << ": stopping; segment '" << segment_->name()
-                    << "' stays for the workers and the next daemon";
+                    << ": stopping; "
+                    << (attach_ ? "the sealed segment lives on in the workers that hold it"
+                                : "segment '" + segment_->name() +
+                                      "' stays for the workers and the next daemon");
           Notify("STOPPING=1");
           segment_->header().daemon_pid.store(0, kRelaxed);
           return 0;

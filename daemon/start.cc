@@ -90,6 +90,7 @@ Status Daemon::OpenSealedSegment(const Config& cfg, uid_t uid, gid_t gid) {
   create.name = cfg.daemon.segment;
   create.max_dependencies = cfg.daemon.max_dependencies;
   create.max_processes = cfg.daemon.max_processes;
+  create.as_daemon = true;  // retryctl tells a running daemon by this lock, as by name
   if (Status st = shm::Segment::CreateSealed(create, &segment_); !st.ok()) return st;
   LOG(INFO) << "segment: created a sealed segment (" << create.max_dependencies
             << " dependencies, " << create.max_processes << " processes, "

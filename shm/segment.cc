@@ -282,6 +282,10 @@ Status Segment::CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>*
   const int fd = memfd_create(("retryd:" + opt.name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::IoError(Quoted(opt.name) + ": memfd_create: " + std::strerror(errno));
   seg->mapping_->memfd = fd;
+  if (opt.as_daemon) {
+    if (Status st = TakeDaemonLock(fd, opt.name); !st.ok()) return st;
+    seg->holds_daemon_lock_ = true;
+  }
   if (ftruncate(fd, off_t(seg->size_)) != 0) {
     return Status::IoError(Quoted(opt.name) + ": size: " + std::strerror(errno));
   }
@@ -340,14 +344,15 @@ Status Segment::AttachFd(int fd, Access access, std::string_view label,
   return Status::Ok();
 }
 
-int Segment::ReadOnlyDescriptor() const {
+int Segment::PeerDescriptor(Access access) const {
   if (fd_ < 0) {
     errno = EBADF;
     return -1;
   }
   // Reopening through /proc/self/fd gives a descriptor of the same object with its own
-  // access mode; the object's seals hold for it too.
-  return open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_CLOEXEC);
+  // access mode and open file description; the object's seals hold for it too.
+  return open(("/proc/self/fd/" + std::to_string(fd_)).c_str(),
+              (access == Access::kReadOnly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
 }
 
 bool Segment::Remove(std::string_view name) {

@@ -69,7 +69,8 @@ class Segment {
   // against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no process that
   // gets its descriptor, however it got it, can change its size, so no one can make another's
   // mapping fault. It has no name in /dev/shm; processes get it from the daemon (attach.h).
-  // `opt.name` labels it in messages; the owner, group, mode and daemon lock do not apply.
+  // `opt.name` labels it in messages; the owner, group and mode do not apply. With
+  // `opt.as_daemon` the Segment holds the daemon lock on it, as CreateOrAdopt does.
   static Status CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>* out);
 
   // AttachFd maps the segment behind descriptor `fd` (taking ownership of it) after checking
@@ -79,9 +80,10 @@ class Segment {
   static Status AttachFd(int fd, Access access, std::string_view label,
                          std::unique_ptr<Segment>* out);
 
-  // ReadOnlyDescriptor opens a new read-only descriptor of this segment's object (for a
-  // read-only peer), or returns -1 with errno set. Close-on-exec.
-  int ReadOnlyDescriptor() const;
+  // PeerDescriptor opens a new descriptor of this segment's object with `access`, for a peer
+  // (a new open file description, so the peer's flock calls never touch this one's daemon
+  // lock), or returns -1 with errno set. Close-on-exec.
+  int PeerDescriptor(Access access) const;
 
   // CreatePrivate returns a process-private segment (anonymous memory) with the same layout,
   // initialized like a fresh daemon segment with `defaults` and auto-create on.

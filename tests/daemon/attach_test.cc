@@ -429,6 +429,25 @@ TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
   close(a.connection);
 }
 
+// Every peer tells a running daemon by the daemon lock on the segment, as by name: each holds
+// its own open file description, so a peer's probe never touches the daemon's lock, and the
+// lock goes when the daemon dies, whatever the segment's words say.
+TEST_F(AttachTest, EveryPeerTellsARunningDaemonByItsLock) {
+  StartDaemon();
+  shm::Attachment obs = Observer();
+  shm::Attachment rw;
+  ASSERT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &rw).ok());
+  EXPECT_EQ(rw.segment->ProbeDaemonLock(), shm::DaemonLock::kHeld);
+  EXPECT_EQ(obs.segment->ProbeDaemonLock(), shm::DaemonLock::kHeld);
+  EXPECT_EQ(rw.segment->ProbeDaemonLock(), shm::DaemonLock::kHeld) << "the probes changed it";
+  daemon_->Signal(SIGKILL);
+  EXPECT_EQ(daemon_->Wait(10'000), 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntil(
+      [&] { return obs.segment->ProbeDaemonLock() == shm::DaemonLock::kFree; }, 5'000));
+  close(obs.connection);
+  close(rw.connection);
+}
+
 // A second daemon on the same socket is refused by the kernel's lock, naming the socket.
 TEST_F(AttachTest, ASecondDaemonOnTheSameSocketIsRefused) {
   StartDaemon();

@@ -252,10 +252,10 @@ TEST(SealedSegmentTest, AttachFdMapsTheSameMemory) {
   EXPECT_EQ(other->max_dependencies(), 4u);
 }
 
-TEST(SealedSegmentTest, ReadOnlyDescriptorMapsReadOnly) {
+TEST(SealedSegmentTest, AReadOnlyPeerDescriptorMapsReadOnly) {
   std::unique_ptr<Segment> seg = SealedSegment();
   ASSERT_NE(seg, nullptr);
-  const int ro = seg->ReadOnlyDescriptor();
+  const int ro = seg->PeerDescriptor(Access::kReadOnly);
   ASSERT_GE(ro, 0) << std::strerror(errno);
   EXPECT_EQ(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
   std::unique_ptr<Segment> reader;
