@@ -147,6 +147,18 @@ void AttachServer::Accept() {
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: all taken; anything else: the peer is gone already
+    if (peers_.size() - connected() >= kMaxWaitingForHello) {
+      // The longest-waiting silent peer makes room: one that connects and says nothing holds
+      // no descriptor for long, and a worker that says its hello at once always gets in.
+      auto oldest = peers_.end();
+      for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+        const bool older = oldest == peers_.end() || it->second.seq < oldest->second.seq;
+        if (!it->second.attached && older) oldest = it;
+      }
+      close(oldest->first);
+      peers_.erase(oldest);
+      ++counts_.refused;
+    }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
@@ -154,7 +166,9 @@ void AttachServer::Accept() {
       close(fd);
       continue;
     }
-    peers_[fd] = Peer{};
+    Peer peer;
+    peer.seq = ++accepted_;
+    peers_[fd] = peer;
   }
 }
 

@@ -42,6 +42,10 @@ struct AttachServerOptions {
 
 class AttachServer {
  public:
+  // Connections accepted whose hello has not come yet; for one more, the one waiting longest is
+  // closed, so peers that connect and say nothing cannot take the daemon's descriptors.
+  static constexpr size_t kMaxWaitingForHello = 64;
+
   AttachServer() = default;
   ~AttachServer();  // closes every connection, removes the socket file and its lock
   AttachServer(const AttachServer&) = delete;
@@ -71,6 +75,7 @@ class AttachServer {
 
  private:
   struct Peer {
+    uint64_t seq = 0;  // accept order
     bool attached = false;
     bool read_only = false;
     uint16_t owner = 0;
@@ -86,6 +91,7 @@ class AttachServer {
   int lock_fd_ = -1;
   int epoll_fd_ = -1;
   std::map<int, Peer> peers_;
+  uint64_t accepted_ = 0;
   Counts counts_;
 };
 

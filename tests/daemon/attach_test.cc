@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +34,7 @@
 #include "shm/clock.h"
 #include "shm/leases.h"
 #include "shm/registry.h"
+#include "daemon/attach_server.h"
 #include "tests/daemon/daemon_harness.h"
 
 namespace retryd::daemon {
@@ -446,6 +449,28 @@ TEST_F(AttachTest, EveryPeerTellsARunningDaemonByItsLock) {
       [&] { return obs.segment->ProbeDaemonLock() == shm::DaemonLock::kFree; }, 5'000));
   close(obs.connection);
   close(rw.connection);
+}
+
+// Peers that connect and never say hello cannot take the daemon's descriptors: past
+// kMaxWaitingForHello of them, more are closed at once, and a worker still attaches.
+TEST_F(AttachTest, SilentConnectionsDoNotStopAWorkerAttaching) {
+  StartDaemon();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_.data(), socket_.size());
+  std::vector<int> silent;
+  for (size_t i = 0; i < 4 * AttachServer::kMaxWaitingForHello; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      silent.push_back(fd);
+    } else {
+      close(fd);
+    }
+  }
+  Worker w(WorkerArgs("hold"));
+  EXPECT_EQ(Words(w.Line()).size(), 3u) << daemon_->Log();
+  for (const int fd : silent) close(fd);
 }
 
 // A second daemon on the same socket is refused by the kernel's lock, naming the socket.
