@@ -80,6 +80,11 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
       if (s.ok() && out->segment.empty()) {
         s = Status::InvalidArgument("option --segment needs a non-empty name");
       }
+    } else if (name == "--socket") {
+      s = require_value(&out->socket);
+      if (s.ok() && out->socket.empty()) {
+        s = Status::InvalidArgument("option --socket needs a non-empty path");
+      }
     } else if (name == "--watch" || name == "-w") {
       out->watch = true;
       if (has_value) {
@@ -125,6 +130,9 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
     }
     if (!s.ok()) return s;
   }
+  if (!out->segment.empty() && !out->socket.empty()) {
+    return Status::InvalidArgument("options --segment and --socket exclude each other");
+  }
   if (out->command == "help") {
     out->help = true;
     out->command = out->arguments.empty() ? "" : out->arguments.front();
@@ -142,6 +150,14 @@ std::string ResolveSegmentName(const Invocation& inv) {
   const char* env = std::getenv("RETRYD_SEGMENT");
   if (env != nullptr && env[0] != '\0') return env;
   return "retryd";
+}
+
+std::string ResolveSocketPath(const Invocation& inv) {
+  if (!inv.socket.empty()) return inv.socket;
+  if (!inv.segment.empty()) return "";  // a segment named on the command line is meant
+  const char* env = std::getenv("RETRYD_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return "";
 }
 
 bool UseColor(const Invocation& inv, bool stdout_is_terminal) {
@@ -183,6 +199,9 @@ Commands:
   text += R"(
 Options:
   -s, --segment NAME           segment to read (default: $RETRYD_SEGMENT, else "retryd")
+      --socket PATH            attach through the daemon's socket instead (default without
+                               --segment: $RETRYD_SOCKET, else the segment by name);
+                               read-only, but read-write for set-mode and reset
       --json                   machine-readable output (status, workers; schema:
                                docs/retryctl-json-schema.json)
   -w, --watch [SECONDS]        refresh every SECONDS (default 2) until Ctrl-C (status, workers)
@@ -191,7 +210,8 @@ Options:
       --stale-after SECONDS    heartbeat age at which the daemon is shown down (default 3)
   -h, --help                   help (after a command: that command's help)
 
-retryctl reads the shared-memory segment directly, so it works while the daemon is stopped.
+retryctl reads the shared-memory segment directly, so it works while the daemon is stopped
+(by name; through the socket it needs the daemon that serves the segment).
 
 Exit status: 0 ok; 1 status found a dependency open, half-open or forced-open;
 2 usage error, or the segment could not be attached (missing, permission, incompatible).

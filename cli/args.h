@@ -1,8 +1,8 @@
 // cli/args.h: the command line of retryctl, parsed into a plain value.
 //
 // retryctl takes one command and its arguments; global options may appear anywhere:
-//   retryctl [--segment NAME] [--json] [--watch [SECONDS]] [--color auto|always|never]
-//            [--stale-after SECONDS] COMMAND [ARGS...]
+//   retryctl [--segment NAME | --socket PATH] [--json] [--watch [SECONDS]]
+//            [--color auto|always|never] [--stale-after SECONDS] COMMAND [ARGS...]
 // `--watch` takes an optional interval: the next argument is taken as the interval when it is
 // a positive number; `--watch=SECONDS` is never ambiguous.
 // Thread safety: value types and pure functions.
@@ -21,6 +21,7 @@ struct Invocation {
   std::string command;                 // "status", "metrics", ... ; empty with --help alone
   std::vector<std::string> arguments;  // the command's positional arguments
   std::string segment;                 // from --segment; empty: see ResolveSegmentName
+  std::string socket;                  // from --socket; empty: see ResolveSocketPath
   bool json = false;
   bool watch = false;
   double watch_seconds = 2.0;        // refresh interval of --watch
@@ -35,6 +36,10 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out);
 
 // ResolveSegmentName: --segment, else $RETRYD_SEGMENT (if set and non-empty), else "retryd".
 std::string ResolveSegmentName(const Invocation& inv);
+
+// ResolveSocketPath: --socket, else "" with --segment, else $RETRYD_SOCKET (if set and
+// non-empty), else "" (the segment is attached by name).
+std::string ResolveSocketPath(const Invocation& inv);
 
 // UseColor: --color always/never, or auto: stdout is a terminal and NO_COLOR is unset or empty.
 bool UseColor(const Invocation& inv, bool stdout_is_terminal);

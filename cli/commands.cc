@@ -15,6 +15,7 @@
 #include "daemon/config.h"
 #include "daemon/metrics.h"
 #include "shm/admission.h"
+#include "shm/attach.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/policy.h"
@@ -25,6 +26,7 @@ namespace retryd::cli {
 struct Context {
   Invocation inv;
   std::string segment;
+  std::string socket;  // non-empty: attach through the daemon's socket
   std::FILE* out;
   std::FILE* err;
   bool color = false;
@@ -55,9 +57,26 @@ std::string Dump(const nlohmann::ordered_json& doc) {
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
+// How long retryctl waits for the daemon's answer on its socket.
+constexpr int kSocketTimeoutMs = 5'000;
+
+// AttachSegment maps the segment by name, or through the daemon's socket. retryctl takes no
+// lease, so it closes its connection at once: a read-only peer holds no process slot, and the
+// slot of a read-write one (set-mode, reset) is freed as the connection closes; the mapping
+// stays valid either way.
+Status AttachSegment(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg) {
+  if (c.socket.empty()) return shm::Segment::Attach(c.segment, access, seg);
+  shm::Attachment a;
+  Status s = shm::AttachThroughSocket(c.socket, access, kSocketTimeoutMs, &a);
+  if (!s.ok()) return s;
+  close(a.connection);
+  *seg = std::move(a.segment);
+  return s;
+}
+
 // Attach maps the segment and turns a failure into one clear line.
 Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg) {
-  Status s = shm::Segment::Attach(c.segment, access, seg);
+  Status s = AttachSegment(c, access, seg);
   if (s.ok()) return s;
   switch (s.code()) {
     case Status::Code::kNotFound:
@@ -71,7 +90,9 @@ Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment
     case Status::Code::kIncompatible:
       return Status::Incompatible("cannot use " + s.message());
     default:
-      return Status::IoError("cannot attach segment '" + c.segment + "': " + s.ToString());
+      return Status::IoError((c.socket.empty() ? "cannot attach segment '" + c.segment + "': "
+                                               : std::string("cannot attach: ")) +
+                             s.ToString());
   }
 }
 
@@ -384,7 +405,10 @@ With --watch: 0 when ended by Ctrl-C.
      R"(Lists the processes registered in the segment: slot, pid, command name, attach time, leases
 held (probe and bulkhead leases owned by the process, over every dependency) and whether the
 process still runs (same pid and start time). Dead processes are marked DEAD; the daemon
-reclaims their leases on its next tick.
+reclaims their leases on its next tick. A process attached through the daemon's socket shows
+the pid the daemon sees, and where the process sees itself under another pid (another pid
+namespace), that one too, as in 1234 (4 in its namespace). It is live while its connection is
+open, and the daemon frees its leases and slot when the connection closes.
 )",
      RunWorkers},
     {"set-mode",
@@ -450,6 +474,7 @@ int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* er
     return kExitError;
   }
   c.segment = ResolveSegmentName(c.inv);
+  c.socket = ResolveSocketPath(c.inv);
   c.out_is_terminal = isatty(fileno(out)) == 1;
   c.color = UseColor(c.inv, c.out_is_terminal) && !c.inv.json;
 

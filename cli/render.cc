@@ -384,8 +384,11 @@ std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<sh
     if (w.state == shm::WorkerState::kDead) state = {"DEAD", kRed};
     if (w.state == shm::WorkerState::kClaiming) state = {"claiming", kDim};
     if (w.state == shm::WorkerState::kUnknown) state = {"UNKNOWN", kRed};
+    // The pid as the daemon sees it; a process in another pid namespace sees itself otherwise.
+    std::string pid = std::to_string(w.pid);
+    if (w.own_pid != 0) pid += " (" + std::to_string(w.own_pid) + " in its namespace)";
     t.AddRow({{std::to_string(w.slot), nullptr},
-              {std::to_string(w.pid), nullptr},
+              {pid, nullptr},
               {w.comm.empty() ? "-" : w.comm, nullptr},
               {attached, nullptr},
               {lease_text, nullptr},
@@ -411,6 +414,8 @@ json WorkersJson(const shm::SegmentStatus& s, const std::vector<shm::WorkerStatu
         {"slot", w.slot},
         {"owner_id", w.slot + 1},
         {"pid", w.pid},
+        {"own_pid", w.own_pid == 0 ? json(nullptr) : json(w.own_pid)},
+        {"connected", w.connected},
         {"comm", w.comm},
         {"start_time_ticks", w.start_time},
         {"attach_unix_ms", w.attach_unix_ms == 0 ? json(nullptr) : json(w.attach_unix_ms)},

@@ -26,10 +26,16 @@ int Fail(const Status& s) {
 extern "C" {
 
 int retryd_open(const retryd_options_t* options, retryd_client_t** out) {
+  return retryd_open_socket(nullptr, options, out);
+}
+
+int retryd_open_socket(const char* socket_path, const retryd_options_t* options,
+                       retryd_client_t** out) {
   if (!out) return Fail(Status::InvalidArgument("retryd_open: out is NULL"));
   *out = nullptr;
   try {
     retryd::ClientOptions opt;
+    if (socket_path) opt.socket = socket_path;
     if (options && options->segment) opt.segment = options->segment;
     if (options) opt.fallback_to_local = options->fallback_to_local != 0;
     std::unique_ptr<ClientImpl> impl;

@@ -1,6 +1,7 @@
 #include "client/src/client_impl.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,9 +67,22 @@ void ClientImpl::BeforeFork() {
 
 void ClientImpl::AfterFork(bool child) {
   g_log_mu.Unlock();
+  if (child) {
+    for (ClientImpl* c : Clients()) c->ForgetConnectionInChild();
+  }
   for (ClientImpl* c : Clients()) c->mu_.Unlock();
   g_clients_mu.Unlock();
   if (child) g_fork_generation.fetch_add(1, kRelaxed);
+}
+
+void ClientImpl::ForgetConnectionInChild() {
+  // The child holds copies of the parent's connections: while a copy is open the daemon would
+  // not see the parent die. SlowPath attaches the child with its own.
+  if (connection_ >= 0) close(connection_);
+  if (pending_connection_ >= 0) close(pending_connection_);
+  connection_ = -1;
+  pending_connection_ = -1;
+  moving_ = false;  // the thread that was moving this client does not exist in the child
 }
 
 ClientImpl::~ClientImpl() {
@@ -78,13 +92,30 @@ ClientImpl::~ClientImpl() {
     clients.erase(std::remove(clients.begin(), clients.end(), this), clients.end());
   }
   MutexLock lock(&mu_);
-  if (seg_ && !seg_->is_private() && owner_pid_ == getpid()) {
+  if (socket_.empty() && seg_ && !seg_->is_private() && owner_pid_ == getpid()) {
     shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
   }
+  // The daemon frees the slot and any lease left when the connection closes.
+  if (connection_ >= 0) close(connection_);
 }
 
-Status ClientImpl::AttachShared(std::unique_ptr<shm::Segment>* seg) {
-  return shm::Segment::Attach(name_, shm::Access::kReadWrite, seg);
+Status ClientImpl::AttachShared(shm::Attachment* out) {
+  if (!socket_.empty()) {
+    return shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, kAttachTimeoutMs, out);
+  }
+  *out = shm::Attachment{};
+  return shm::Segment::Attach(name_, shm::Access::kReadWrite, &out->segment);
+}
+
+std::string ClientImpl::Where() const {
+  return (socket_.empty() ? "segment '" : "retryd socket '") + name_ + "'";
+}
+
+// SameObject: do `a` and `b` map the same shared-memory object?
+static bool SameObject(const shm::Segment& a, const shm::Segment& b) {
+  struct stat sa, sb;
+  return a.fd() >= 0 && b.fd() >= 0 && fstat(a.fd(), &sa) == 0 && fstat(b.fd(), &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out) {
@@ -93,38 +124,53 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
                    [] { ClientImpl::AfterFork(true); });
   });
   std::unique_ptr<ClientImpl> c(new ClientImpl);
-  c->name_ = options.segment;
+  c->socket_ = options.socket;
+  if (c->socket_.empty() && options.segment.empty()) {
+    const char* env = std::getenv("RETRYD_SOCKET");
+    if (env && *env) c->socket_ = env;
+  }
+  c->name_ = c->socket_.empty() ? options.segment : c->socket_;
   if (c->name_.empty()) {
     const char* env = std::getenv("RETRYD_SEGMENT");
     c->name_ = env && *env ? env : "retryd";
   }
   c->fallback_to_local_ = options.fallback_to_local;
   c->fork_generation_.store(g_fork_generation.load(kRelaxed), kRelaxed);
-  std::unique_ptr<shm::Segment> seg;
-  Status s = c->AttachShared(&seg);
-  if (!s.ok()) {
-    if (!options.fallback_to_local || s.code() != Status::Code::kNotFound) return s;
-    Log(1, s.message() + "; using per-process limits until it appears");
-    seg = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
-    c->local_.store(true, kRelaxed);
-    c->next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
-  }
-  {
-    // Not shared yet: the lock costs nothing and keeps every access to what it guards under it.
-    MutexLock lock(&c->mu_);
-    c->owner_pid_ = getpid();
-    c->owner_.store(seg->is_private() ? 1 : shm::RegisterProcess(*seg, c->owner_pid_), kRelaxed);
-    c->header_.store(&seg->header(), kRelaxed);
-    c->seg_ = std::move(seg);
-  }
-  if (c->owner_.load(kRelaxed) == shm::kUnknownOwner) {
-    Log(1, "segment '" + c->name_ +
-               "': process registry full; leases of this process are "
-               "reclaimed by expiry only");
-  }
+  // Known to the fork handlers before it attaches: a fork() in another thread waits for the
+  // attach (mu_) and its child closes the connection made (ForgetConnectionInChild).
   {
     MutexLock lock(&g_clients_mu);
     Clients().push_back(c.get());
+  }
+  {
+    MutexLock lock(&c->mu_);
+    shm::Attachment a;
+    Status s = c->AttachShared(&a);
+    if (!s.ok()) {
+      // A refusal (kPermissionDenied) is returned whatever the fallback: a worker the daemon
+      // refused must not run unnoticed on per-process limits.
+      if (!options.fallback_to_local || s.code() != Status::Code::kNotFound) return s;
+      Log(1, s.message() + (c->socket_.empty() ? "; using per-process limits until it appears"
+                                               : "; using per-process limits until it answers"));
+      a.segment = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
+      c->degraded_.store(kLocal, kRelaxed);
+      c->next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+    }
+    c->owner_pid_ = getpid();
+    uint16_t owner = 1;
+    if (a.connection >= 0) {
+      owner = a.owner;
+      c->connection_ = a.connection;
+    } else if (!a.segment->is_private()) {
+      owner = shm::RegisterProcess(*a.segment, c->owner_pid_);
+    }
+    c->owner_.store(owner, kRelaxed);
+    c->header_.store(&a.segment->header(), kRelaxed);
+    c->seg_ = std::move(a.segment);
+  }
+  if (c->owner_.load(kRelaxed) == shm::kUnknownOwner) {
+    Log(1, c->Where() +
+               ": process registry full; leases of this process are reclaimed by expiry only");
   }
   *out = std::move(c);
   return Status::Ok();
@@ -189,6 +235,8 @@ Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
                                    std::to_string(shm::kMaxNameLen) +
                                    " characters of A-Z a-z 0-9 _ . : -");
   }
+  // Resolve is a cold path that may attach: a forked child, or a client waiting for the daemon.
+  if (NeedsSlowPath()) SlowPath();
   MutexLock lock(&mu_);
   shm::Segment* looked_in = nullptr;
   Lookup found;
@@ -223,46 +271,92 @@ Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
 
 void ClientImpl::SlowPath() {
   MutexLock lock(&mu_);
-  // 1. A forked child is a new process: register it.
+  // 1. A forked child is a new process: by name it registers itself; through the socket it
+  // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
   const uint64_t gen = g_fork_generation.load(kRelaxed);
   if (fork_generation_.load(kRelaxed) != gen) {
     owner_pid_ = getpid();
-    if (!seg_->is_private()) owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+    if (!seg_->is_private()) {
+      if (socket_.empty()) {
+        owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+      } else {
+        owner_.store(shm::kUnknownOwner, kRelaxed);
+        degraded_.fetch_or(kDetached, kRelaxed);
+        next_upgrade_ns_.store(0, kRelaxed);
+      }
+    }
     fork_generation_.store(gen, kRelaxed);
   }
-  // 2. The segment was retired, or we run on private state: try the host's segment.
+  // 2. The segment was retired, we run on private state, or hold no connection: attach.
   const bool retired =
       !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
-  if (!(retired || seg_->is_private()) || shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed))
-    return;
-  next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
-  std::unique_ptr<shm::Segment> fresh;
-  if (Status s = AttachShared(&fresh); !s.ok()) {
-    // Keep what we have: a retired segment's limits still hold among the workers left on it.
+  const uint32_t degraded = degraded_.load(kRelaxed);
+  if (!(retired || degraded != 0) || moving_ ||
+      shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed)) {
     return;
   }
+  next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+  shm::Attachment fresh;
+  if (Status s = AttachShared(&fresh); !s.ok()) {
+    // Keep what we have: a retired segment's limits still hold among the workers left on it.
+    // A refusal is said once, whatever state this client is in; a detached child says why it
+    // is detached once.
+    if (!attach_failure_logged_ &&
+        (s.code() == Status::Code::kPermissionDenied || (degraded & kDetached))) {
+      attach_failure_logged_ = true;
+      Log(s.code() == Status::Code::kPermissionDenied ? 2 : 1,
+          s.message() + ((degraded & kDetached)
+                             ? "; this process's leases are reclaimed by expiry only until it "
+                               "attaches"
+                             : "; still on per-process limits"));
+    }
+    return;
+  }
+  attach_failure_logged_ = false;
+  if (fresh.connection >= 0 && SameObject(*seg_, *fresh.segment)) {
+    // The daemon sent the segment this process maps already (a forked child's inherited
+    // mapping): keep that mapping, so that permits in flight stay valid; take the new owner.
+    if (connection_ >= 0) close(connection_);
+    connection_ = fresh.connection;
+    owner_.store(fresh.owner, kRelaxed);
+    degraded_.fetch_and(~kDetached, kRelaxed);
+    return;
+  }
+  // Until this client moves, the new connection is one a fork() must close in its child.
+  pending_connection_ = fresh.connection;
+  moving_ = true;
   // Look every resolved name up in the fresh segment before moving to it, without mu_ (see
-  // client_impl.h); names resolved meanwhile are looked up in the next round.
-  shm::Segment* const current = seg_.get();
+  // client_impl.h); names resolved meanwhile are looked up in the next round. `moving_` keeps
+  // other threads from moving this client meanwhile.
   std::vector<Lookup> found;
   for (uint32_t n; (n = entry_count_.load(kRelaxed)) > found.size();) {
     std::vector<std::string> names;
     for (uint32_t i = uint32_t(found.size()); i < n; ++i) names.push_back(entries_[i].name);
     lock.Unlock();
-    for (const std::string& name : names) found.push_back(LookUp(*fresh, name));
+    for (const std::string& name : names) found.push_back(LookUp(*fresh.segment, name));
     lock.Lock();
-    // Another thread moved this client while this one looked (its lookups took over the
-    // reattach interval): it is current, drop ours.
-    if (seg_.get() != current) return;
   }
-  Log(0, retired ? "segment '" + name_ + "' was replaced; reattached"
-                 : "segment '" + name_ + "' appeared; moving to host-wide limits");
-  if (!seg_->is_private()) shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
+  moving_ = false;
+  const bool was_private = seg_->is_private();
+  Log(0, retired       ? Where() + " was replaced; reattached"
+         : was_private ? Where() + (socket_.empty() ? " appeared" : " answered") +
+                             "; moving to host-wide limits"
+                       : Where() + ": attached to a new segment");
+  if (socket_.empty() && !was_private) {
+    shm::UnregisterProcess(*seg_, owner_.load(kRelaxed), owner_pid_);
+  }
   old_.push_back(std::move(seg_));
-  seg_ = std::move(fresh);
-  local_.store(false, kRelaxed);
+  seg_ = std::move(fresh.segment);
+  degraded_.store(0, kRelaxed);
   owner_pid_ = getpid();
-  owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+  if (!socket_.empty()) {
+    if (connection_ >= 0) close(connection_);
+    connection_ = pending_connection_;
+    pending_connection_ = -1;
+    owner_.store(fresh.owner, kRelaxed);
+  } else {
+    owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);
+  }
   for (uint32_t i = 0; i < found.size(); ++i) {
     if (Status s = Bind(entries_[i], *seg_, found[i]); !s.ok()) {
       // The entry stays on the segment it was on, still mapped: its limits keep holding among
@@ -276,9 +370,9 @@ void ClientImpl::SlowPath() {
 
 inline bool ClientImpl::NeedsSlowPath() const {
   const shm::SegmentHeader* h = header_.load(kRelaxed);
-  // The clock is read only while retired or local, to pace the attempts to reattach.
+  // The clock is read only while retired, local or detached, to pace the attempts to attach.
   return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
-         ((h->retired.load(kRelaxed) != 0 || local_.load(kRelaxed)) &&
+         ((h->retired.load(kRelaxed) != 0 || degraded_.load(kRelaxed) != 0) &&
           shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed));
 }
 

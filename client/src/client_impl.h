@@ -2,13 +2,24 @@
 //
 // It owns a mapping of the host's segment (or a process-private one) and a fixed table of
 // resolved dependencies, each pointing at a slot. The hot path reads one entry and calls the
-// shm algorithms; everything that may make a syscall (registration after fork, reattach to a
-// replaced segment, moving from private state to the host's segment) is a cold path taken
-// under `mu_`, detected on the hot path with one relaxed load each.
-// `mu_` is never held while waiting on another process: creating a dependency in the segment
-// may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so a
-// fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
-// released and take it again to publish what they found.
+// shm algorithms; everything that may make a syscall (registration after fork, attaching again
+// through the socket after fork, reattach to a replaced segment, moving from private state to
+// the host's segment) is a cold path taken under `mu_`, detected on the hot path with one
+// relaxed load each.
+// `mu_` is not held while waiting on another process's lock: creating a dependency in the
+// segment may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so
+// a fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
+// released and take it again to publish what they found. The one wait under `mu_` is the
+// socket attach (at most kAttachTimeoutMs for the daemon's answer): holding it there means no
+// fork() can copy a connection this client has not yet recorded, so every copy a child gets is
+// one that the child handler closes (a copy left open would hide this process's death).
+//
+// Socket mode, the connection's states (each fd GUARDED_BY mu_):
+//   attached    connection_ >= 0, owner_ the daemon's id for it
+//   local       no daemon answered at Open: private state, kLocal set, paced attempts to attach
+//   detached    a forked child (AfterFork closed its copy of the parent's connection) or a
+//               child whose attach failed: kDetached set, owner_ kUnknownOwner (its leases are
+//               reclaimed by expiry only, never with its parent's), paced attempts to attach
 // Thread safety: thread-safe. What `mu_` guards is annotated for clang's -Wthread-safety.
 #pragma once
 
@@ -20,6 +31,7 @@
 #include "client/src/mutex.h"
 #include "retryd/client.h"
 #include "shm/admission.h"
+#include "shm/attach.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
 
@@ -31,6 +43,7 @@ void Log(int level, const std::string& line);
 class ClientImpl final : public Client {
  public:
   static constexpr uint32_t kMaxResolved = 4096;
+  static constexpr int kAttachTimeoutMs = 1000;
 
   ~ClientImpl() override;
   static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
@@ -43,11 +56,15 @@ class ClientImpl final : public Client {
   void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) override {
     CompleteRaw(permit->raw(), int(outcome), uint64_t(latency.count() < 0 ? 0 : latency.count()));
   }
-  bool local() const override { return local_.load(std::memory_order_relaxed); }
+  bool local() const override {
+    return (degraded_.load(std::memory_order_relaxed) & kLocal) != 0;
+  }
   std::string segment_name() const override { return name_; }
 
   // fork() handlers: take every client's lock (and the log's) before the fork, release them
-  // in both processes after it, so that the child inherits none held by another thread.
+  // in both processes after it, so that the child inherits none held by another thread. In the
+  // child, every client's connection to the daemon is closed first (close() only, which is
+  // async-signal-safe), so that the parent's death still closes the daemon's end.
   // Not analysed: they take and release a list of locks in two functions.
   static void BeforeFork() NO_THREAD_SAFETY_ANALYSIS;
   static void AfterFork(bool child) NO_THREAD_SAFETY_ANALYSIS;
@@ -80,13 +97,24 @@ class ClientImpl final : public Client {
     uint32_t index = 0;
   };
 
+  // degraded_ bits: why the hot path reads the clock to pace attempts to attach.
+  static constexpr uint32_t kLocal = 1;     // on process-private state
+  static constexpr uint32_t kDetached = 2;  // socket mode, on the host's segment, no connection
+
   ClientImpl() = default;
   // Rebind resolves entry `dep`'s name again after its slot stopped holding it (retired, or
   // given to another name); returns the slot to use now. Cold: once per such change.
   shm::DependencySlot* Rebind(uint32_t dep) EXCLUDES(mu_);
   // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
   void SlowPath() EXCLUDES(mu_);
-  Status AttachShared(std::unique_ptr<shm::Segment>* seg);
+  // AttachShared maps the host's segment into *out: through the socket (with the owner id and
+  // the connection the daemon gave), or by name (out->connection is -1: the caller registers
+  // the process). Under mu_: see above.
+  Status AttachShared(shm::Attachment* out) REQUIRES(mu_);
+  // Where names the segment, or the socket, in log lines.
+  std::string Where() const;
+  // ForgetConnectionInChild closes this client's connections in a forked child.
+  void ForgetConnectionInChild() NO_THREAD_SAFETY_ANALYSIS;
   // LookUp finds or creates `name` in `seg`. It may wait for the segment's create lock, held
   // by another process: call it without mu_.
   static Lookup LookUp(shm::Segment& seg, std::string_view name);
@@ -96,7 +124,8 @@ class ClientImpl final : public Client {
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
 
-  std::string name_;
+  std::string name_;    // segment name, or the socket's path in socket mode
+  std::string socket_;  // empty: the segment is mapped by name
   bool fallback_to_local_ = true;
   Mutex mu_;
   std::unique_ptr<shm::Segment> seg_ GUARDED_BY(mu_);  // current segment
@@ -104,7 +133,13 @@ class ClientImpl final : public Client {
   std::vector<std::unique_ptr<shm::Segment>> old_ GUARDED_BY(mu_);
   std::unique_ptr<shm::Segment> private_ GUARDED_BY(mu_);  // per-process state for refused names
   std::atomic<shm::SegmentHeader*> header_{nullptr};
-  std::atomic<bool> local_{false};
+  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached
+  // Socket mode: this process's connection to the daemon (-1: none), and one just made that
+  // SlowPath is about to take over (its lookups run with mu_ released).
+  int connection_ GUARDED_BY(mu_) = -1;
+  int pending_connection_ GUARDED_BY(mu_) = -1;
+  bool moving_ GUARDED_BY(mu_) = false;            // SlowPath is moving to another segment
+  bool attach_failure_logged_ GUARDED_BY(mu_) = false;
   std::atomic<uint16_t> owner_{shm::kUnknownOwner};
   pid_t owner_pid_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> fork_generation_{0};

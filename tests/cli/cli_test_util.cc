@@ -130,9 +130,11 @@ RunResult Retryctl(const std::vector<std::string>& args, const RunOptions& opt) 
   std::vector<std::string> argv = {RetryctlFor(opt.uid)};
   argv.insert(argv.end(), args.begin(), args.end());
   RunOptions o = opt;
-  // The tests decide about colour and the segment themselves (set_env applies after this).
+  // The tests decide about colour, the segment and the socket themselves (set_env applies
+  // after this).
   o.unset_env.push_back("NO_COLOR");
   o.unset_env.push_back("RETRYD_SEGMENT");
+  o.unset_env.push_back("RETRYD_SOCKET");
   return Run(argv, o);
 }
 

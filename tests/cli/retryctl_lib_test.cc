@@ -103,6 +103,25 @@ TEST(Commands, TheTableDrivesParsingDispatchAndHelp) {
   EXPECT_EQ(CommandHelp("statuss"), "");
 }
 
+// --socket, else (without --segment) $RETRYD_SOCKET, else the segment by name.
+TEST(Args, SocketPathResolution) {
+  Invocation inv;
+  ASSERT_TRUE(Parse({"status"}, &inv).ok());
+  unsetenv("RETRYD_SOCKET");
+  EXPECT_EQ(ResolveSocketPath(inv), "");
+  setenv("RETRYD_SOCKET", "/run/env.sock", 1);
+  EXPECT_EQ(ResolveSocketPath(inv), "/run/env.sock");
+  ASSERT_TRUE(Parse({"status", "--segment", "named"}, &inv).ok());
+  EXPECT_EQ(ResolveSocketPath(inv), "") << "a segment named on the command line is meant";
+  ASSERT_TRUE(Parse({"--socket=/run/flag.sock", "status"}, &inv).ok());
+  EXPECT_EQ(ResolveSocketPath(inv), "/run/flag.sock");
+  unsetenv("RETRYD_SOCKET");
+  EXPECT_THAT(Parse({"status", "--socket", "a", "--segment", "b"}, &inv).message(),
+              HasSubstr("--segment and --socket exclude each other"));
+  EXPECT_THAT(Parse({"status", "--socket"}, &inv).message(),
+              HasSubstr("option --socket needs a value"));
+}
+
 TEST(Args, SegmentNameAndColourResolution) {
   Invocation inv;
   ASSERT_TRUE(Parse({"status"}, &inv).ok());
@@ -175,6 +194,31 @@ TEST(Render, DeltasSayWhatTheCountersCover) {
   EXPECT_EQ(j["counters_are"], "delta");
   EXPECT_EQ(j["interval_ms"], 2'000);
   EXPECT_EQ(j["dependencies"][0]["counters"]["first_attempts"], 4);
+}
+
+// A connected worker shows the pid the daemon sees, and its own where it differs.
+TEST(Render, WorkersShowAConnectedWorkersOwnPid) {
+  shm::SegmentStatus header;
+  header.name = "/run/retryd/retryd.sock";
+  header.max_processes = 8;
+  shm::WorkerStatus ns;
+  ns.slot = 0;
+  ns.pid = 1234;
+  ns.own_pid = 4;
+  ns.connected = true;
+  ns.comm = "worker";
+  shm::WorkerStatus same = ns;
+  same.slot = 1;
+  same.pid = 1300;
+  same.own_pid = 0;
+  const std::string table = RenderWorkersTable(header, {ns, same}, RenderOptions{});
+  EXPECT_THAT(table, HasSubstr("1234 (4 in its namespace)"));
+  EXPECT_THAT(table, Not(HasSubstr("1300 (")));
+  const nlohmann::ordered_json doc = WorkersJson(header, {ns, same});
+  EXPECT_EQ(doc["workers"][0]["pid"], 1234);
+  EXPECT_EQ(doc["workers"][0]["own_pid"], 4);
+  EXPECT_EQ(doc["workers"][0]["connected"], true);
+  EXPECT_TRUE(doc["workers"][1]["own_pid"].is_null());
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 //   client->Complete(&permit, retryd::Outcome::kSuccess, latency);  // hot, always
 //
 // Thread safety: a Client is thread-safe; a Permit belongs to one attempt and one thread.
-// After fork() the child may keep using the parent's Client (it re-registers itself).
+// After fork() the child may keep using the parent's Client: it re-registers itself, or,
+// attached through the daemon's socket, closes its copy of the parent's connection at once and
+// attaches with its own before its first Admit or Resolve.
 // Hot path: Admit and Complete make no syscall, take no lock, allocate nothing and throw
 // nothing (reattaching after fork or to a replaced segment is a one-time slow path).
 #pragma once
@@ -66,18 +68,30 @@ class Permit {
 using LogFn = std::function<void(int level, std::string_view line)>;
 
 struct ClientOptions {
-  // Segment name; empty: $RETRYD_SEGMENT, else "retryd".
+  // Segment name; empty: $RETRYD_SEGMENT, else "retryd". Not used with a socket.
   std::string segment;
-  // With no segment on the host, run on process-private state with the built-in default
-  // policy (and say so once) instead of failing. Default: true, so that a worker never fails
-  // to start because the daemon is down; it moves to the segment once one appears.
+  // The daemon's Unix socket (its config's `socket`); empty: none if `segment` is set, else
+  // $RETRYD_SOCKET if set and non-empty, else none; with none the segment is mapped by name. With a socket, Open attaches
+  // through it (waiting at most about 1 s for the daemon's answer): the daemon learns who the
+  // process is from the kernel, gives it its owner id and takes the close of its connection,
+  // however the process dies, as its death. The connection stays open, close-on-exec, for the
+  // Client's life.
+  std::string socket;
+  // With no segment on the host (no daemon at the socket), run on process-private state with
+  // the built-in default policy (and say so once) instead of failing. Default: true, so that a
+  // worker never fails to start because the daemon is down; it moves to the host's limits once
+  // the segment appears (the daemon answers), looking about once a second. A daemon that
+  // refuses this process (its allow rules, the socket's permissions) is an error all the same.
   bool fallback_to_local = true;
 };
 
 class RETRYD_EXPORT Client {
  public:
-  // Open maps the segment and registers this process. On success stores the client in *out;
-  // on error stores nullptr and returns why (no segment, permission, incompatible layout).
+  // Open maps the segment and registers this process (or attaches through the socket, where
+  // the daemon registers it). On success stores the client in *out; on error stores nullptr
+  // and returns why: kNotFound (no segment, no daemon at the socket; only without
+  // `fallback_to_local`), kPermissionDenied (the segment's or the socket's permissions, or the
+  // daemon refused the process, with its reason), kIncompatible (layout, protocol), kIoError.
   static Status Open(const ClientOptions& options, std::unique_ptr<Client>* out);
   virtual ~Client();
 
@@ -98,6 +112,7 @@ class RETRYD_EXPORT Client {
 
   // local: true while running on process-private state (no segment on the host).
   virtual bool local() const = 0;
+  // segment_name: the segment's name, or with a socket, the socket's path.
   virtual std::string segment_name() const = 0;
 
  protected:

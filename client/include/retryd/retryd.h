@@ -17,7 +17,11 @@
  * naming the problem is in retryd_last_error() (thread-local). Nothing throws.
  * Thread safety: a client may be used from any number of threads at once. After fork() the
  * child may keep using the parent's client: it registers itself as a new process on its next
- * admit.
+ * admit (through the daemon's socket: the child closes its copy of the parent's connection at
+ * the fork, and attaches with its own on its next admit or resolve).
+ * ABI: structs the caller allocates (retryd_options_t, retryd_permit_t) never change size or
+ * layout: a caller built against an older header passes the smaller struct. New settings come
+ * as new functions (retryd_open_socket) or environment variables.
  * Hot path: retryd_admit and retryd_complete make no syscall, take no lock and allocate
  * nothing (except after fork or when the segment was replaced: a one-time reattach). */
 #ifndef RETRYD_RETRYD_H_
@@ -65,20 +69,32 @@ typedef struct retryd_permit {
 } retryd_permit_t;
 
 typedef struct retryd_options {
-  /* Segment name. NULL: $RETRYD_SEGMENT, else "retryd". */
+  /* Segment name. NULL: $RETRYD_SEGMENT, else "retryd". Not used with a socket. */
   const char* segment;
-  /* Nonzero (the default with NULL options): when no segment exists, run on process-private
-   * state with the built-in default policy instead of failing, and say so once in the log;
-   * the client moves to the host's segment once one appears. Zero: retryd_open fails. */
+  /* Nonzero (the default with NULL options): when no segment exists (no daemon answers at the
+   * socket), run on process-private state with the built-in default policy instead of
+   * failing, and say so once in the log; the client moves to the host's segment once one
+   * appears (the daemon answers). Zero: retryd_open fails. A daemon that refuses the process
+   * is an error either way (RETRYD_EPERM). */
   int fallback_to_local;
 } retryd_options_t;
 
-/* retryd_open maps the host's segment and registers this process. On success stores a new
- * client in *out and returns RETRYD_OK; on error stores NULL and returns a RETRYD_E* code.
- * `options` may be NULL. Thread-safe. */
+/* retryd_open maps the host's segment and registers this process. With no segment named in
+ * `options` and $RETRYD_SOCKET set and non-empty, it attaches through the daemon's Unix socket
+ * at that path instead, as retryd_open_socket does. On success stores a new client in *out and returns RETRYD_OK; on
+ * error stores NULL and returns a RETRYD_E* code. `options` may be NULL. Thread-safe. */
 RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t** out);
 
-/* retryd_close unregisters this process and frees the client. Permits not yet completed are
+/* retryd_open_socket attaches through the daemon's Unix socket `socket_path` (the daemon's
+ * config `socket`; NULL or "": as retryd_open) and waits at most about a second for the
+ * daemon's answer. The daemon registers the process and gives it the segment; the library
+ * keeps the connection open (close-on-exec) until retryd_close, and the daemon takes its close,
+ * however the process dies, as the process's death. Errors as retryd_open, and RETRYD_EPERM
+ * when the daemon refuses the process (retryd_last_error() holds its reason). Thread-safe. */
+RETRYD_EXPORT int retryd_open_socket(const char* socket_path, const retryd_options_t* options,
+                                     retryd_client_t** out);
+
+/* retryd_close unregisters this process (closes its connection) and frees the client. Permits not yet completed are
  * abandoned (their leases expire). NULL is a no-op. Not thread-safe with other calls on the
  * same client. */
 RETRYD_EXPORT void retryd_close(retryd_client_t* client);

@@ -1,0 +1,271 @@
+// retryctl through the daemon's socket (--socket, $RETRYD_SOCKET): the real binary against the
+// real `retryd` serving a sealed segment, with workers attached through the socket. Tests that
+// need root (a pid namespace) skip without it. Every wait is for a condition.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "shm/admission.h"
+#include "shm/attach.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/daemon/daemon_harness.h"
+
+namespace retryd::cli_test {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// Long enough for a loaded machine; a condition that holds ends the wait at once.
+constexpr int kWaitMs = 60'000;
+
+bool WaitUntil(const std::function<bool()>& cond) {
+  const uint64_t deadline = shm::PreciseNowNs() + uint64_t(kWaitMs) * 1'000'000;
+  while (!cond()) {
+    if (shm::PreciseNowNs() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+void ExpectValidJson(const std::string& out) {
+  const RunResult v = Python("validate_json.py", {SchemaPath()}, out);
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err << "\ndocument:\n" << out;
+}
+
+// RowOf returns the line of `table` that holds " <pid> " (the PID column), or "".
+std::string RowOf(const std::string& table, pid_t pid) {
+  std::istringstream in(table);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" " + std::to_string(pid) + " ") != std::string::npos) return line;
+  }
+  return "";
+}
+
+// Background runs `argv` with its stdout on a pipe, until killed.
+class Background {
+ public:
+  explicit Background(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Background() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_) fclose(out_);
+  }
+  std::string Line() {
+    char buf[256];
+    if (!out_ || !fgets(buf, sizeof(buf), out_)) return "";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+class RetryctlSocket : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/retryctl-socket-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    chmod(dir_.c_str(), 0755);
+    socket_ = dir_ + "/retryd.sock";
+    config_ = dir_ + "/retryd.toml";
+  }
+  void TearDown() override {
+    if (worker_.connection >= 0) close(worker_.connection);
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // StartDaemon starts retryd serving a sealed segment on socket_, with "orders" (a bulkhead
+  // of 4 whose leases last an hour), and maps it read-only in obs_.
+  void StartDaemon() {
+    daemon::testing::WriteFile(
+        config_, "[daemon]\nsocket = \"" + socket_ +
+                     "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
+                     "max_processes = 64\n[dependency.orders]\nbulkhead_limit = 4\n"
+                     "bulkhead_timeout = \"1h\"\n");
+    daemon_ = std::make_unique<daemon::testing::DaemonProcess>(
+        std::vector<std::string>{"--config=" + config_}, notify_.path());
+    ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
+    const Status s = shm::AttachThroughSocket(socket_, shm::Access::kReadOnly, kWaitMs, &obs_);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    close(obs_.connection);
+    obs_.connection = -1;
+  }
+
+  // AttachWorker attaches this process read-write through the socket, as a worker does, and
+  // takes one bulkhead lease of "orders" under the daemon's owner id.
+  void AttachWorker() {
+    const Status s =
+        shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, kWaitMs, &worker_);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const int32_t i = worker_.segment->Find("orders");
+    ASSERT_GE(i, 0);
+    shm::Caller caller{worker_.owner, 0, 7};
+    ASSERT_EQ(shm::Admit(*worker_.segment->dependency(uint32_t(i)), uint32_t(i), 0, NowNs(),
+                         caller, &held_),
+              shm::Decision::kAdmitted);
+  }
+
+  // ConnectedSlots counts the slots the daemon registered for connections.
+  uint32_t ConnectedSlots() const {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < obs_.segment->process_high_water(); ++i) {
+      n += shm::ProcessOwner::Decode(obs_.segment->process(i)->owner.load()).connected();
+    }
+    return n;
+  }
+  shm::DependencySlot& Orders() const {
+    return *obs_.segment->dependency(uint32_t(obs_.segment->Find("orders")));
+  }
+
+  std::string dir_, socket_, config_;
+  daemon::testing::NotifySocket notify_;
+  std::unique_ptr<daemon::testing::DaemonProcess> daemon_;
+  shm::Attachment obs_, worker_;
+  shm::Permit held_;
+};
+
+// status, status --json, workers and workers --json read the daemon's segment through the
+// socket, named by --socket or $RETRYD_SOCKET; a connected worker shows as such, and retryctl
+// itself holds no slot.
+TEST_F(RetryctlSocket, StatusAndWorkersReadTheDaemonsSegment) {
+  StartDaemon();
+  AttachWorker();
+
+  RunResult r = Retryctl({"--socket", socket_, "status"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("orders"));
+  EXPECT_THAT(r.out, HasSubstr(socket_));
+
+  r = Retryctl({"status", "--json", "--socket=" + socket_});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ExpectValidJson(r.out);
+  const json status = json::parse(r.out);
+  bool orders = false;
+  for (const json& d : status.at("dependencies")) orders |= d.at("name") == "orders";
+  EXPECT_TRUE(orders) << r.out;
+
+  RunOptions env;
+  env.set_env.emplace_back("RETRYD_SOCKET", socket_);
+  r = Retryctl({"status"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("orders"));
+
+  r = Retryctl({"--socket", socket_, "workers"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string row = RowOf(r.out, getpid());
+  EXPECT_THAT(row, HasSubstr("1 (0 probe, 1 bulkhead)")) << r.out;
+  EXPECT_THAT(row, HasSubstr("live")) << r.out;
+  EXPECT_THAT(row, ::testing::Not(HasSubstr("namespace"))) << "same pid namespace: " << row;
+
+  r = Retryctl({"workers", "--json"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ExpectValidJson(r.out);
+  const json workers = json::parse(r.out);
+  ASSERT_EQ(workers.at("workers").size(), 1u) << "retryctl holds no slot: " << r.out;
+  const json& w = workers.at("workers")[0];
+  EXPECT_EQ(w.at("pid"), getpid());
+  EXPECT_EQ(w.at("owner_id"), worker_.owner);
+  EXPECT_EQ(w.at("connected"), true);
+  EXPECT_TRUE(w.at("own_pid").is_null());
+  EXPECT_EQ(w.at("bulkhead_leases"), 1);
+  EXPECT_EQ(w.at("state"), "live");
+}
+
+// set-mode and reset attach read-write through the socket; the slot the daemon gives that
+// connection is freed when retryctl is done.
+TEST_F(RetryctlSocket, SetModeAndResetWriteThroughTheSocket) {
+  StartDaemon();
+  RunResult r = Retryctl({"--socket", socket_, "set-mode", "orders", "shadow"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mode enforce -> shadow"));
+  EXPECT_EQ(Orders().mode.load(), uint32_t(shm::Mode::kShadow));
+  r = Retryctl({"--socket", socket_, "reset", "orders"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("dependency 'orders': reset"));
+  EXPECT_TRUE(WaitUntil([&] { return ConnectedSlots() == 0; }));
+}
+
+// A worker in its own pid namespace shows the pid the daemon sees and its own.
+TEST_F(RetryctlSocket, AWorkerInAnotherPidNamespaceShowsBothPids) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for unshare --pid";
+  StartDaemon();
+  Background w({"unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
+                RETRYD_ATTACH_WORKER, socket_, "hold", "orders"});
+  const std::string held = w.Line();
+  ASSERT_THAT(held, HasSubstr("held ")) << daemon_->Log();
+  const uint16_t owner = uint16_t(std::stoi(held.substr(5)));
+  const pid_t pid = shm::ProcessOwner::Decode(obs_.segment->process(owner - 1u)->owner.load()).pid;
+  ASSERT_NE(pid, 1);
+
+  RunResult r = Retryctl({"--socket", socket_, "workers"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(RowOf(r.out, pid), HasSubstr(std::to_string(pid) + " (1 in its namespace)"))
+      << r.out;
+
+  r = Retryctl({"--socket", socket_, "workers", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ExpectValidJson(r.out);
+  const json doc = json::parse(r.out);
+  ASSERT_EQ(doc.at("workers").size(), 1u) << r.out;
+  EXPECT_EQ(doc.at("workers")[0].at("pid"), pid);
+  EXPECT_EQ(doc.at("workers")[0].at("own_pid"), 1);
+  EXPECT_EQ(doc.at("workers")[0].at("connected"), true);
+}
+
+// Nothing at the socket, and --socket with --segment: one line and exit 2.
+TEST_F(RetryctlSocket, NoDaemonAtTheSocketAndConflictingOptions) {
+  RunResult r = Retryctl({"--socket", socket_, "status"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("no retryd listens at retryd socket '" + socket_ + "'"));
+  r = Retryctl({"--socket", socket_, "--segment", "x", "status"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--segment and --socket exclude each other"));
+  r = Retryctl({"--socket", "", "status"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--socket needs a non-empty path"));
+}
+
+}  // namespace
+}  // namespace retryd::cli_test
