@@ -202,11 +202,15 @@ int Daemon::Run() {
         } else {
           LOG(INFO) << "daemon: " << strsignal(int(info.ssi_signo)) << " from pid " << info.ssi_pid
                     << ": stopping; "
-                    << (attach_ ? "the sealed segment lives on in the workers that hold it"
+                    << (attach_ ? "the sealed segment is retired: workers move to the next "
+                                  "daemon's"
                                 : "segment '" + segment_->name() +
                                       "' stays for the workers and the next daemon");
           Notify("STOPPING=1");
           segment_->header().daemon_pid.store(0, kRelaxed);
+          // A sealed segment dies with the last process that holds it: the next daemon starts
+          // a new one, and `retired` sends the workers there (on their paced check).
+          if (attach_) segment_->header().retired.store(1, std::memory_order_release);
           return 0;
         }
       }

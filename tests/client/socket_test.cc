@@ -412,5 +412,30 @@ TEST_F(ClientSocketTest, AWorkerStartedBeforeItsDaemonAttachesWhenItStarts) {
   EXPECT_EQ(per_process, 1) << "said once, however many attempts found no daemon";
 }
 
+// A daemon that stops cleanly retires its sealed segment: a worker on it moves to the next
+// daemon's segment on its paced check, and admits there under a new owner id.
+TEST_F(ClientSocketTest, AWorkerMovesToTheNextDaemonAfterACleanStop) {
+  StartDaemon();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Open(Options(true), &c).ok());
+  Dependency orders;
+  ASSERT_TRUE(c->Resolve("orders", &orders).ok());
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(kWaitMs), 0) << daemon_->Log();
+  StartDaemon();
+  Observe();
+  EXPECT_TRUE(WaitUntil([&] {
+    Permit q;
+    c->Admit(orders, 0, &q);
+    c->Complete(&q, Outcome::kSuccess, milliseconds(1));
+    return OwnerOf(getpid()) != 0;
+  })) << daemon_->Log();
+  const uint64_t before = Successes();
+  Permit r;
+  ASSERT_TRUE(c->Admit(orders, 0, &r));
+  c->Complete(&r, Outcome::kSuccess, milliseconds(1));
+  EXPECT_EQ(Successes() - before, 1u) << "the call counted in the new daemon's segment";
+}
+
 }  // namespace
 }  // namespace retryd
