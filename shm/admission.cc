@@ -262,7 +262,8 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
       sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy);
   for (uint32_t i = 0; i < bulkhead_words; ++i) {
     uint64_t w = slot.bulkhead_leases[i].load(kRelaxed);
-    if (!Lease::Expired(w, now_ms) || !slot.bulkhead_leases[i].compare_exchange_strong(w, 0, kRelaxed)) {
+    if (!Lease::Expired(w, now_ms) ||
+        !slot.bulkhead_leases[i].compare_exchange_strong(w, 0, kRelaxed)) {
       continue;
     }
     ++freed;

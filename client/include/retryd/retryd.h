@@ -50,7 +50,7 @@ extern "C" {
 #define RETRYD_REJECTED_OPEN 2           /* breaker open (or mode forced-open) */
 #define RETRYD_REJECTED_HALF_OPEN_BUSY 3 /* half-open, the probe leases are taken */
 #define RETRYD_REJECTED_BULKHEAD_FULL 4
-#define RETRYD_REJECTED_BUDGET_EMPTY 5   /* a retry, and the host's retry budget is spent */
+#define RETRYD_REJECTED_BUDGET_EMPTY 5 /* a retry, and the host's retry budget is spent */
 
 /* Outcomes for retryd_complete. */
 #define RETRYD_SUCCESS 0
@@ -81,8 +81,9 @@ typedef struct retryd_options {
 
 /* retryd_open maps the host's segment and registers this process. With no segment named in
  * `options` and $RETRYD_SOCKET set and non-empty, it attaches through the daemon's Unix socket
- * at that path instead, as retryd_open_socket does. On success stores a new client in *out and returns RETRYD_OK; on
- * error stores NULL and returns a RETRYD_E* code. `options` may be NULL. Thread-safe. */
+ * at that path instead, as retryd_open_socket does. On success stores a new client in *out and
+ * returns RETRYD_OK; on error stores NULL and returns a RETRYD_E* code. `options` may be NULL.
+ * Thread-safe. */
 RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t** out);
 
 /* retryd_open_socket attaches through the daemon's Unix socket `socket_path` (the daemon's
@@ -94,16 +95,17 @@ RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t**
 RETRYD_EXPORT int retryd_open_socket(const char* socket_path, const retryd_options_t* options,
                                      retryd_client_t** out);
 
-/* retryd_close unregisters this process (closes its connection) and frees the client. Permits not yet completed are
- * abandoned (their leases expire). NULL is a no-op. Not thread-safe with other calls on the
- * same client. */
+/* retryd_close unregisters this process (closes its connection) and frees the client. Permits not
+ * yet completed are abandoned (their leases expire). NULL is a no-op. Not thread-safe with other
+ * calls on the same client. */
 RETRYD_EXPORT void retryd_close(retryd_client_t* client);
 
 /* retryd_resolve finds (or, where the daemon allows, creates) dependency `name` and stores its
  * handle in *out. Returns RETRYD_OK, RETRYD_EINVAL (bad name), or RETRYD_OK with per-process
  * limits when the host's table is full or unknown names are refused (logged once). Cold path:
  * call once per dependency and keep the handle. Thread-safe. */
-RETRYD_EXPORT int retryd_resolve(retryd_client_t* client, const char* name, retryd_dependency_t* out);
+RETRYD_EXPORT int retryd_resolve(retryd_client_t* client, const char* name,
+                                 retryd_dependency_t* out);
 
 /* retryd_admit asks whether attempt number `attempt` (0 = first attempt, 1 = first retry...)
  * may go out now, and fills *permit. Returns the decision (RETRYD_ADMITTED...) or
