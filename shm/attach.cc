@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -68,6 +69,10 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
     close(fd);
     return s;
   };
+  // A daemon that is stopped with its backlog full would block connect and send forever: both
+  // wait at most `timeout_ms` (for a Unix socket, SO_SNDTIMEO bounds connect too).
+  const timeval limit{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     if (err == ENOENT || err == ECONNREFUSED) {
@@ -78,6 +83,10 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
       return fail(Status::PermissionDenied(
           At(socket_path) + ": " + std::strerror(err) +
           " (the daemon's socket_group and socket_mode settings decide who may connect)"));
+    }
+    if (err == EAGAIN || err == EINPROGRESS) {
+      return fail(Status::IoError(At(socket_path) + ": the daemon did not accept within " +
+                                  std::to_string(timeout_ms) + " ms"));
     }
     return fail(Status::IoError(At(socket_path) + ": connect: " + std::strerror(err)));
   }

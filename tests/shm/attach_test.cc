@@ -1,0 +1,86 @@
+// The attach protocol's client side against listeners that misbehave: one that never accepts
+// (a stopped daemon whose backlog is full) and one that accepts and never answers. Each attach
+// gives up within its timeout with an error naming the socket, instead of hanging.
+#include "shm/attach.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shm/clock.h"
+
+namespace retryd::shm {
+namespace {
+
+class Listener {
+ public:
+  explicit Listener(int backlog) {
+    path_ = "/tmp/retryd-attach-unit-" + std::to_string(getpid()) + ".sock";
+    unlink(path_.c_str());
+    fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path_.data(), path_.size());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(fd_, backlog), 0);
+  }
+  ~Listener() {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+TEST(AttachThroughSocketTest, AListenerThatNeverAcceptsGivesUpWithinTheTimeout) {
+  Listener l(0);
+  // Fill the backlog with connections that are never accepted.
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, l.path().data(), l.path().size());
+  std::vector<int> queued;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      break;
+    }
+    queued.push_back(fd);
+  }
+  Attachment a;
+  const uint64_t start = PreciseNowNs();
+  const Status s = AttachThroughSocket(l.path(), Access::kReadWrite, 300, &a);
+  EXPECT_EQ(s.code(), Status::Code::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find(l.path()), std::string::npos) << s.message();
+  EXPECT_LT(PreciseNowNs() - start, 60'000'000'000u) << "it returned, and did not hang";
+  for (const int fd : queued) close(fd);
+}
+
+TEST(AttachThroughSocketTest, AListenerThatNeverAnswersGivesUpWithinTheTimeout) {
+  Listener l(16);
+  Attachment a;
+  const Status s = AttachThroughSocket(l.path(), Access::kReadWrite, 300, &a);
+  EXPECT_EQ(s.code(), Status::Code::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("no answer"), std::string::npos) << s.message();
+}
+
+TEST(AttachThroughSocketTest, NothingListeningIsNotFound) {
+  Attachment a;
+  const Status s = AttachThroughSocket("/tmp/retryd-no-such-socket", Access::kReadOnly, 300, &a);
+  EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("is retryd running?"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace retryd::shm
