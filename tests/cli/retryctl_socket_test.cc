@@ -33,6 +33,7 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
+using retryd::daemon::testing::ChildProcess;
 
 // Long enough for a loaded machine; a condition that holds ends the wait at once.
 constexpr int kWaitMs = 60'000;
@@ -60,45 +61,6 @@ std::string RowOf(const std::string& table, pid_t pid) {
   return "";
 }
 
-// Background runs `argv` with its stdout on a pipe, until killed.
-class Background {
- public:
-  explicit Background(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], 1);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~Background() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_) fclose(out_);
-  }
-  std::string Line() {
-    char buf[256];
-    if (!out_ || !fgets(buf, sizeof(buf), out_)) return "";
-    std::string s(buf);
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
 
 class RetryctlSocket : public ::testing::Test {
  protected:
@@ -231,7 +193,7 @@ TEST_F(RetryctlSocket, SetModeAndResetWriteThroughTheSocket) {
 TEST_F(RetryctlSocket, AWorkerInAnotherPidNamespaceShowsBothPids) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root for unshare --pid";
   StartDaemon();
-  Background w({"unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
+  ChildProcess w({"unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
                 RETRYD_ATTACH_WORKER, socket_, "hold", "orders"});
   const std::string held = w.Line();
   ASSERT_THAT(held, HasSubstr("held ")) << daemon_->Log();

@@ -41,56 +41,12 @@ namespace retryd::daemon {
 namespace {
 
 using testing::DaemonProcess;
+using Worker = testing::ChildProcess;
 using testing::NotifySocket;
 using testing::WaitUntil;
 using testing::WriteFile;
 
 
-// Worker is attach_worker run as a child process (through `prefix`, e.g. unshare), with its
-// stdout on a pipe.
-class Worker {
- public:
-  explicit Worker(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], 1);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~Worker() {
-    Kill();
-    if (out_) fclose(out_);
-  }
-  // Line reads the next line the worker prints ("" at its end).
-  std::string Line() {
-    char buf[256];
-    if (!out_ || !fgets(buf, sizeof(buf), out_)) return "";
-    std::string s(buf);
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
 
 std::vector<std::string> Words(const std::string& line) {
   std::istringstream in(line);

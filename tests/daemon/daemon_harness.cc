@@ -183,4 +183,42 @@ bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
   return true;
 }
 
+ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  out_ = fdopen(fds[0], "r");
+}
+
+ChildProcess::~ChildProcess() {
+  Kill();
+  if (out_) fclose(out_);
+}
+
+std::string ChildProcess::Line() {
+  char buf[256];
+  if (!out_ || !fgets(buf, sizeof(buf), out_)) return "";
+  std::string s(buf);
+  if (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+void ChildProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
 }  // namespace retryd::daemon::testing

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -62,6 +63,24 @@ struct RunResult {
 };
 // RunToCompletion runs the retryd binary with `args` and captures its output.
 RunResult RunToCompletion(const std::vector<std::string>& args);
+
+// ChildProcess runs `argv` (searched in PATH) with its stdout on a pipe, and kills (SIGKILL)
+// and reaps it when destroyed or killed. Not thread-safe.
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  // Line reads the next line the child prints ("" at its end).
+  std::string Line();
+  void Kill();
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
 
 // WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms` (a
 // bound that only ends a failing test: tests wait for conditions, never for margins).
