@@ -194,6 +194,16 @@ class ClientSocketTest : public ::testing::Test {
     }
     return n;
   }
+  // CallsUntilAttached makes calls through `c` until this process holds a connected slot in
+  // the observed segment (the client looks for the daemon on its calls, about once a second).
+  bool CallsUntilAttached(Client& c, Dependency dep) const {
+    return WaitUntil([&] {
+      Permit q;
+      c.Admit(dep, 0, &q);
+      c.Complete(&q, Outcome::kSuccess, milliseconds(1));
+      return OwnerOf(getpid()) != 0;
+    });
+  }
   uint64_t Successes() const { return Orders().counters[shm::kSuccesses].load(); }
 
   std::string dir_, socket_, config_;
@@ -394,12 +404,7 @@ TEST_F(ClientSocketTest, AWorkerStartedBeforeItsDaemonAttachesWhenItStarts) {
   StartDaemon();
   Observe();
   // Calls go on as usual; the client looks for the daemon on them, about once a second.
-  EXPECT_TRUE(WaitUntil([&] {
-    Permit q;
-    c->Admit(orders, 0, &q);
-    c->Complete(&q, Outcome::kSuccess, milliseconds(1));
-    return OwnerOf(getpid()) != 0;
-  })) << daemon_->Log();
+  EXPECT_TRUE(CallsUntilAttached(*c, orders)) << daemon_->Log();
   EXPECT_FALSE(c->local());
   const uint64_t before = Successes();
   Permit r;
@@ -424,12 +429,7 @@ TEST_F(ClientSocketTest, AWorkerMovesToTheNextDaemonAfterACleanStop) {
   ASSERT_EQ(daemon_->Wait(kWaitMs), 0) << daemon_->Log();
   StartDaemon();
   Observe();
-  EXPECT_TRUE(WaitUntil([&] {
-    Permit q;
-    c->Admit(orders, 0, &q);
-    c->Complete(&q, Outcome::kSuccess, milliseconds(1));
-    return OwnerOf(getpid()) != 0;
-  })) << daemon_->Log();
+  EXPECT_TRUE(CallsUntilAttached(*c, orders)) << daemon_->Log();
   const uint64_t before = Successes();
   Permit r;
   ASSERT_TRUE(c->Admit(orders, 0, &r));
