@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "shm/attach.h"
 
 namespace retryd::cli {
 namespace {
@@ -153,11 +154,7 @@ std::string ResolveSegmentName(const Invocation& inv) {
 }
 
 std::string ResolveSocketPath(const Invocation& inv) {
-  if (!inv.socket.empty()) return inv.socket;
-  if (!inv.segment.empty()) return "";  // a segment named on the command line is meant
-  const char* env = std::getenv("RETRYD_SOCKET");
-  if (env != nullptr && env[0] != '\0') return env;
-  return "";
+  return shm::ResolveSocket(inv.socket, inv.segment);
 }
 
 bool UseColor(const Invocation& inv, bool stdout_is_terminal) {
@@ -198,10 +195,12 @@ Commands:
   }
   text += R"(
 Options:
-  -s, --segment NAME           segment to read (default: $RETRYD_SEGMENT, else "retryd")
+  -s, --segment NAME           segment to read by name (default: $RETRYD_SEGMENT, else
+                               "retryd")
       --socket PATH            attach through the daemon's socket instead (default without
-                               --segment: $RETRYD_SOCKET, else the segment by name);
-                               read-only, but read-write for set-mode and reset
+                               --segment: $RETRYD_SOCKET; else, without $RETRYD_SEGMENT,
+                               /run/retryd/retryd.sock if it exists; else the segment by
+                               name); read-only, but read-write for set-mode and reset
       --json                   machine-readable output (status, workers; schema:
                                docs/retryctl-json-schema.json)
   -w, --watch [SECONDS]        refresh every SECONDS (default 2) until Ctrl-C (status, workers)

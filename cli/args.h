@@ -37,8 +37,8 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out);
 // ResolveSegmentName: --segment, else $RETRYD_SEGMENT (if set and non-empty), else "retryd".
 std::string ResolveSegmentName(const Invocation& inv);
 
-// ResolveSocketPath: --socket, else "" with --segment, else $RETRYD_SOCKET (if set and
-// non-empty), else "" (the segment is attached by name).
+// ResolveSocketPath: shm::ResolveSocket of --socket and --segment ("": the segment is attached
+// by name).
 std::string ResolveSocketPath(const Invocation& inv);
 
 // UseColor: --color always/never, or auto: stdout is a terminal and NO_COLOR is unset or empty.

@@ -1,6 +1,7 @@
 #include "daemon/attach_server.h"
 
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/epoll.h>
@@ -159,10 +160,7 @@ void AttachServer::Accept() {
       peers_.erase(oldest);
       ++counts_.refused;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (!Watch(fd)) {
       close(fd);
       continue;
     }
@@ -170,6 +168,89 @@ void AttachServer::Accept() {
     peer.seq = ++accepted_;
     peers_[fd] = peer;
   }
+}
+
+bool AttachServer::Watch(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = fd;
+  return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+uint64_t AttachServer::Adopt(shm::Segment& seg, std::vector<FdStore::Entry>* stored) {
+  std::vector<bool> held(seg.max_processes() + 1u, false);
+  for (auto it = stored->begin(); it != stored->end();) {
+    Peer peer;
+    if (!ParseStoredConnection(it->name, &peer.owner, &peer.owner_word)) {
+      ++it;
+      continue;
+    }
+    const shm::ProcessSlot* slot = seg.process(peer.owner - 1u);
+    if (slot == nullptr || slot->owner.load(std::memory_order_acquire) != peer.owner_word ||
+        peers_.count(it->fd) != 0 || !Watch(it->fd)) {
+      // Not an owner of this segment any more: the store forgets it.
+      if (options_.store) options_.store->Remove(it->name);
+      close(it->fd);
+    } else {
+      peer.seq = ++accepted_;
+      peer.attached = true;
+      peer.stored_as = it->name;
+      held[peer.owner] = true;
+      peers_[it->fd] = peer;
+      ++counts_.adopted;
+    }
+    it = stored->erase(it);
+  }
+  // A connected owner without a connection: its worker died while no daemon ran (the manager
+  // drops a stored connection that hangs up), or it was never stored.
+  uint64_t freed_owners = 0;
+  for (uint32_t i = 0; i < seg.process_high_water(); ++i) {
+    const uint64_t word = seg.process(i)->owner.load(std::memory_order_acquire);
+    if (word == 0 || !shm::ProcessOwner::Decode(word).connected() || held[i + 1]) continue;
+    shm::ReclaimOwner(seg, uint16_t(i + 1), word);
+    ++freed_owners;
+  }
+  return freed_owners;
+}
+
+void AttachServer::Keep(int fd, Peer& peer) {
+  if (options_.store == nullptr || !options_.store->enabled()) return;
+  const std::string name = StoredConnectionName(
+      peer.owner, peer.owner_word, std::to_string(getpid()) + "." + std::to_string(peer.seq));
+  if (options_.store->Store(name, fd)) {
+    peer.stored_as = name;
+  } else if (!store_failure_logged_) {
+    store_failure_logged_ = true;
+    LOG(WARNING) << "fd store: could not hand owner " << peer.owner
+                 << "'s connection to the service manager (said once): after a restart, such "
+                    "a worker's owner is freed while it lives";
+  }
+}
+
+bool AttachServer::Resume(shm::Segment& seg, int fd, Peer& peer, const shm::AttachHello& hello,
+                          pid_t pid) {
+  const shm::ProcessSlot* slot = seg.process(hello.resume_owner - 1u);
+  if (slot == nullptr || slot->owner.load(std::memory_order_acquire) != hello.resume_word) {
+    return false;
+  }
+  for (auto& [old_fd, old] : peers_) {
+    if (old_fd == fd || !old.attached || old.read_only || old.owner != hello.resume_owner ||
+        old.owner_word != hello.resume_word) {
+      continue;
+    }
+    // The same process on both connections, by the kernel's word: the owner moves with it, its
+    // leases untouched; the old connection stops counting.
+    shm::Credentials was;
+    if (!shm::PeerCredentials(old_fd, &was) || was.pid != pid) return false;
+    peer.owner = old.owner;
+    peer.owner_word = old.owner_word;
+    if (!old.stored_as.empty() && options_.store) options_.store->Remove(old.stored_as);
+    close(old_fd);
+    peers_.erase(old_fd);
+    ++counts_.resumed;
+    return true;
+  }
+  return false;
 }
 
 std::string AttachServer::Admits(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const {
@@ -219,11 +300,18 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   }
   if (!hello.read_only) {
     hello.comm[sizeof(hello.comm) - 1] = '\0';
-    welcome.owner = shm::RegisterConnected(seg, cred.pid, hello.own_pid, hello.comm);
-    if (welcome.owner != shm::kUnknownOwner) {
-      peer.owner = welcome.owner;
-      peer.owner_word = seg.process(welcome.owner - 1u)->owner.load(std::memory_order_acquire);
+    if (hello.resume_owner != 0 && Resume(seg, fd, peer, hello, cred.pid)) {
+      welcome.owner = peer.owner;
+    } else {
+      welcome.owner = shm::RegisterConnected(seg, cred.pid, hello.own_pid, hello.comm);
+      if (welcome.owner != shm::kUnknownOwner) {
+        peer.owner = welcome.owner;
+        peer.owner_word = seg.process(welcome.owner - 1u)->owner.load(std::memory_order_acquire);
+      }
     }
+    // Stored before the worker hears its owner: a daemon killed in between leaves a stored
+    // connection whose worker gave up (and hung up), never a worker whose owner is unstored.
+    if (peer.owner != 0) Keep(fd, peer);
   }
   peer.attached = true;
   peer.read_only = hello.read_only != 0;
@@ -245,6 +333,7 @@ uint64_t AttachServer::Close(shm::Segment& seg, int fd) {
     freed = shm::ReclaimOwner(seg, peer.owner, peer.owner_word);
     ++counts_.hung_up;
   }
+  if (!peer.stored_as.empty() && options_.store) options_.store->Remove(peer.stored_as);
   close(fd);  // also leaves the epoll set
   peers_.erase(it);
   return freed;

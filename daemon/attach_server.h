@@ -11,6 +11,12 @@
 // primary or a supplementary group (SO_PEERGROUPS) must. Root (uid 0) is always admitted. A
 // refused peer gets a one-line reason that names the setting that would admit it.
 //
+// Restarts (fd_store.h): with a service manager, each read-write connection is handed to the
+// manager's fd store before the worker's welcome is sent, and removed when it closes; a
+// restarted daemon takes them back (Adopt), so a worker that lives through a restart keeps its
+// owner and its leases, and one that died meanwhile is freed. A worker that attaches again while
+// holding its connection (shm/attach.h, Resuming) keeps its owner.
+//
 // One daemon per socket: `Listen` takes flock(LOCK_EX) on `path + ".lock"` for the server's
 // life, so a second daemon is refused by the kernel, and a socket file left by a dead daemon
 // is replaced.
@@ -25,7 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "daemon/fd_store.h"
 #include "retryd/status.h"
+#include "shm/attach.h"
 #include "shm/segment.h"
 
 namespace retryd::daemon {
@@ -38,6 +46,7 @@ struct AttachServerOptions {
   std::vector<uid_t> allow_users;   // empty with allow_groups empty: whoever can connect
   std::vector<gid_t> allow_groups;
   std::string source;          // where the settings came from, for refusal reasons
+  const FdStore* store = nullptr;  // null: connections are not kept across restarts
 };
 
 class AttachServer {
@@ -55,6 +64,12 @@ class AttachServer {
   // pid), kPermissionDenied / kIoError (naming the path and the system error).
   Status Listen(const AttachServerOptions& options);
 
+  // Adopt takes back the connections a previous daemon stored (names "conn-..."; others are
+  // left in `stored`), and then frees every connected owner of `seg` none of them holds: its
+  // worker died while no daemon ran. Call after Listen, before the first Serve. Returns the
+  // number of owners freed.
+  uint64_t Adopt(shm::Segment& seg, std::vector<FdStore::Entry>* stored);
+
   // fd is one descriptor to poll for POLLIN: new connections, hellos and hang-ups.
   int fd() const { return epoll_fd_; }
 
@@ -70,6 +85,8 @@ class AttachServer {
     uint64_t welcomed = 0;
     uint64_t refused = 0;
     uint64_t hung_up = 0;  // attached read-write peers whose connection closed
+    uint64_t resumed = 0;  // peers that attached again and kept their owner
+    uint64_t adopted = 0;  // connections taken back from the fd store
   };
   const Counts& counts() const { return counts_; }
 
@@ -80,13 +97,21 @@ class AttachServer {
     bool read_only = false;
     uint16_t owner = 0;
     uint64_t owner_word = 0;
+    std::string stored_as;  // its name in the fd store, or ""
   };
   void Accept();
   void Hello(shm::Segment& seg, int fd, Peer& peer);
   uint64_t Close(shm::Segment& seg, int fd);
+  // Resume moves `hello`'s owner to the connection `fd` if the connection it was registered on
+  // is one of peers_ and belongs to the same process (`pid`); false otherwise.
+  bool Resume(shm::Segment& seg, int fd, Peer& peer, const shm::AttachHello& hello, pid_t pid);
+  // Keep stores a read-write peer's connection in the fd store.
+  void Keep(int fd, Peer& peer);
+  bool Watch(int fd);
   std::string Admits(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const;
 
   AttachServerOptions options_;
+  bool store_failure_logged_ = false;
   int listen_fd_ = -1;
   int lock_fd_ = -1;
   int epoll_fd_ = -1;

@@ -202,14 +202,15 @@ int Daemon::Run() {
         } else {
           LOG(INFO) << "daemon: " << strsignal(int(info.ssi_signo)) << " from pid " << info.ssi_pid
                     << ": stopping; "
-                    << (attach_ ? "the sealed segment is retired: workers move to the next "
-                                  "daemon's"
+                    << (attach_ ? "the sealed segment is retired: its workers attach to the "
+                                  "next daemon (which adopts it from the fd store, if any)"
                                 : "segment '" + segment_->name() +
                                       "' stays for the workers and the next daemon");
           Notify("STOPPING=1");
           segment_->header().daemon_pid.store(0, kRelaxed);
-          // A sealed segment dies with the last process that holds it: the next daemon starts
-          // a new one, and `retired` sends the workers there (on their paced check).
+          // `retired` sends the workers to the next daemon (on their paced check): one that
+          // adopts this segment from the fd store takes it back into service, and each worker
+          // resumes its owner there; one without it starts a new segment, and they move.
           if (attach_) segment_->header().retired.store(1, std::memory_order_release);
           return 0;
         }

@@ -15,7 +15,11 @@
 //   tick     every `tick_ms` (see Tick); never waits for the create lock more than
 //            kLockWaitPerPassNs (10 ms)
 //   SIGHUP   reload the config file; a bad file is logged and the running config stays
-//   SIGTERM  exit 0, leaving the segment in place for workers and the next daemon
+//   SIGTERM  exit 0, leaving the segment in place for workers and the next daemon (a sealed
+//            one is marked retired: its workers attach again, see Run)
+//   restart  with a socket and a service manager, the sealed segment and every worker's
+//            connection wait in the manager's fd store (fd_store.h): the next daemon adopts
+//            both, so the memory, its state and each live worker's leases carry over
 //
 // Runtime changes by an operator (retryctl set-mode) last until the daemon restarts or the
 // dependency's section of the config changes; a reload does not undo them otherwise.
@@ -164,6 +168,7 @@ class Daemon {
   // The socket workers attach through ([daemon] socket), or null when the segment keeps its
   // /dev/shm name.
   std::unique_ptr<AttachServer> attach_;
+  FdStore fd_store_;  // the service manager's, to keep the sealed segment across restarts
   std::vector<SlotView> seen_;
   shm::Caller caller_{};
   shm::DeadOwnerReaper reaper_;

@@ -5,6 +5,7 @@
 #include <pwd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iterator>
 
@@ -16,6 +17,41 @@ namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr uint64_t kMsNs = 1'000'000;
+
+// A numeric id that names no account here: containers often run with ids /etc does not list.
+bool NumericId(const std::string& s, uint32_t* id) {
+  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit)) return false;
+  *id = uint32_t(std::stoul(s));
+  return true;
+}
+
+// LookUpUser / LookUpGroup: a name in the user (group) database, else a numeric id.
+Status LookUpUser(const std::string& name, const std::string& source, const char* key, uid_t* out) {
+  uint32_t id;
+  if (const passwd* pw = getpwnam(name.c_str())) {
+    *out = pw->pw_uid;
+  } else if (NumericId(name, &id)) {
+    *out = uid_t(id);
+  } else {
+    return Status::InvalidArgument(source + ": key 'daemon." + key + "': no such user \"" + name +
+                                   "\" on this host (a name, or a numeric uid)");
+  }
+  return Status::Ok();
+}
+
+Status LookUpGroup(const std::string& name, const std::string& source, const char* key,
+                   gid_t* out) {
+  uint32_t id;
+  if (const group* gr = getgrnam(name.c_str())) {
+    *out = gr->gr_gid;
+  } else if (NumericId(name, &id)) {
+    *out = gid_t(id);
+  } else {
+    return Status::InvalidArgument(source + ": key 'daemon." + key + "': no such group \"" + name +
+                                   "\" on this host (a name, or a numeric gid)");
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -29,20 +65,14 @@ Status ResolveAllowed(const DaemonSettings& d, const std::string& source,
   uids->clear();
   gids->clear();
   for (const std::string& name : d.allow_users) {
-    const passwd* pw = getpwnam(name.c_str());
-    if (pw == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.allow_users': no such user \"" +
-                                     name + "\" on this host");
-    }
-    uids->push_back(pw->pw_uid);
+    uid_t uid;
+    if (Status st = LookUpUser(name, source, "allow_users", &uid); !st.ok()) return st;
+    uids->push_back(uid);
   }
   for (const std::string& name : d.allow_groups) {
-    const group* gr = getgrnam(name.c_str());
-    if (gr == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.allow_groups': no such group \"" +
-                                     name + "\" on this host");
-    }
-    gids->push_back(gr->gr_gid);
+    gid_t gid;
+    if (Status st = LookUpGroup(name, source, "allow_groups", &gid); !st.ok()) return st;
+    gids->push_back(gid);
   }
   return Status::Ok();
 }
@@ -52,20 +82,10 @@ Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_
   *uid = uid_t(-1);
   *gid = gid_t(-1);
   if (!d.owner.empty()) {
-    const passwd* pw = getpwnam(d.owner.c_str());
-    if (pw == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.owner': no such user \"" + d.owner +
-                                     "\" on this host");
-    }
-    *uid = pw->pw_uid;
+    if (Status st = LookUpUser(d.owner, source, "owner", uid); !st.ok()) return st;
   }
   if (!d.group.empty()) {
-    const group* gr = getgrnam(d.group.c_str());
-    if (gr == nullptr) {
-      return Status::InvalidArgument(source + ": key 'daemon.group': no such group \"" + d.group +
-                                     "\" on this host");
-    }
-    *gid = gr->gr_gid;
+    if (Status st = LookUpGroup(d.group, source, "group", gid); !st.ok()) return st;
   }
   return Status::Ok();
 }

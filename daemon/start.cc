@@ -1,5 +1,6 @@
 // Starting the daemon: load the config, then create, adopt or replace the segment and publish
 // the config into it.
+#include <fcntl.h>
 #include <glog/logging.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "daemon/daemon.h"
@@ -29,9 +31,35 @@ void RaiseFileLimit(uint32_t max_processes) {
   }
 }
 
+// ProcHidesOthers: does /proc hide processes other than this user's (hidepid=, or the unit's
+// ProtectProc=invisible)? Pid 1 is always there to be seen, unless hidden.
+bool ProcHidesOthers() {
+  struct stat st;
+  return getpid() != 1 && stat("/proc/1", &st) != 0 && errno == ENOENT &&
+         stat("/proc/self", &st) == 0;
+}
+
+// OwnDescription opens the file `fd` refers to anew (a new open file description), or returns
+// -1. The daemon lock (flock) belongs to a description: the daemon locks one the fd store does
+// not share, so that the lock goes when the daemon dies even while the store keeps the segment.
+int OwnDescription(int fd) {
+  return open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDWR | O_CLOEXEC);
+}
+
 }  // namespace
 
 Status Daemon::OpenNamedSegment(const Config& cfg, uid_t uid, gid_t gid) {
+  // By name, a worker is judged alive by /proc: where /proc hides it, every worker would look
+  // dead within a tick and lose its leases. Refused rather than silently wrong.
+  if (ProcHidesOthers()) {
+    return Status::InvalidArgument(
+        cfg.source +
+        ": [daemon] socket is \"\", so workers are judged alive by /proc, but /proc "
+        "hides other users' processes here (mounted with hidepid=, or the unit's "
+        "ProtectProc=invisible): every worker would look dead. Set socket (e.g. socket = "
+        "\"/run/retryd/retryd.sock\"), which judges workers by their connection, or let /proc "
+        "show them");
+  }
   shm::CreateOptions create;
   create.name = cfg.daemon.segment;
   create.max_dependencies = cfg.daemon.max_dependencies;
@@ -83,7 +111,8 @@ Status Daemon::OpenSealedSegment(const Config& cfg, uid_t uid, gid_t gid) {
       !st.ok()) {
     return st;
   }
-  // The socket's lock first: a second daemon is refused before it creates anything.
+  listen.store = &fd_store_;
+  // The socket's lock first: a second daemon is refused before it creates or adopts anything.
   attach_ = std::make_unique<AttachServer>();
   if (Status st = attach_->Listen(listen); !st.ok()) return st;
   shm::CreateOptions create;
@@ -91,11 +120,66 @@ Status Daemon::OpenSealedSegment(const Config& cfg, uid_t uid, gid_t gid) {
   create.max_dependencies = cfg.daemon.max_dependencies;
   create.max_processes = cfg.daemon.max_processes;
   create.as_daemon = true;  // retryctl tells a running daemon by this lock, as by name
-  if (Status st = shm::Segment::CreateSealed(create, &segment_); !st.ok()) return st;
-  LOG(INFO) << "segment: created a sealed segment (" << create.max_dependencies
-            << " dependencies, " << create.max_processes << " processes, "
-            << segment_->size() / 1024 << " KiB); workers attach through socket '"
-            << listen.path << "'";
+
+  // What the service manager kept for this daemon across its restart (fd_store.h).
+  std::vector<FdStore::Entry> stored = FdStore::TakeStored();
+  auto stored_segment = std::find_if(stored.begin(), stored.end(),
+                                     [](const auto& e) { return e.name == kStoredSegment; });
+  if (stored_segment != stored.end()) {
+    int fd = stored_segment->fd;
+    stored.erase(stored_segment);
+    if (const int own = OwnDescription(fd); own >= 0) {
+      close(fd);
+      fd = own;
+    } else {
+      LOG(WARNING) << "segment: cannot reopen the stored segment (" << std::strerror(errno)
+                   << "): the daemon lock will outlive this daemon while the store keeps it";
+    }
+    std::unique_ptr<shm::Segment> kept;
+    const Status st = shm::Segment::AdoptSealed(fd, create, &kept);
+    if (st.ok()) {
+      segment_ = std::move(kept);
+      const uint64_t freed = attach_->Adopt(*segment_, &stored);
+      shm::SegmentHeader& h = segment_->header();
+      LOG(INFO) << "segment: adopted the sealed segment from the fd store with its state ("
+                << h.dependency_high_water.load(kRelaxed) << " dependency slots used, "
+                << attach_->counts().adopted << " workers still attached, " << freed
+                << " freed that ended while no daemon ran)";
+    } else {
+      // Its workers move to the new segment when they see it retired.
+      if (kept) kept->header().retired.store(1, std::memory_order_release);
+      fd_store_.Remove(kStoredSegment);
+      LOG(WARNING) << "segment: the one in the fd store cannot be adopted: " << st.message()
+                   << "; retired it and creating a new one";
+    }
+  }
+  if (segment_ == nullptr) {
+    if (Status st = shm::Segment::CreateSealed(create, &segment_); !st.ok()) return st;
+    // Connections stored for another segment name owners that this one does not have.
+    (void)attach_->Adopt(*segment_, &stored);
+    const int copy = OwnDescription(segment_->fd());
+    const bool kept = fd_store_.Store(kStoredSegment, copy >= 0 ? copy : segment_->fd());
+    if (copy >= 0) close(copy);
+    LOG(INFO) << "segment: created a sealed segment (" << create.max_dependencies
+              << " dependencies, " << create.max_processes << " processes, "
+              << segment_->size() / 1024 << " KiB); workers attach through socket '" << listen.path
+              << "'; "
+              << (kept ? "handed to the service manager's fd store, to adopt on a restart"
+                       : "no service manager to keep it: a restart starts a new one");
+  }
+  // systemd 254 and later say how many descriptors the store takes.
+  if (const char* max = getenv("FDSTORE");
+      max != nullptr && fd_store_.enabled() &&
+      strtoull(max, nullptr, 10) < create.max_processes + 1ull) {
+    LOG(WARNING) << "fd store: FileDescriptorStoreMax=" << max
+                 << " is below max_processes + 1 = " << create.max_processes + 1ull
+                 << ": after a restart, workers past it would be freed while they live";
+  }
+  for (const FdStore::Entry& e : stored) {
+    LOG(WARNING) << "fd store: dropped '" << e.name << "', which this daemon does not use";
+    fd_store_.Remove(e.name);
+    close(e.fd);
+  }
   return Status::Ok();
 }
 

@@ -2,11 +2,13 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -54,7 +56,7 @@ bool ReceiveWelcome(int connection, AttachWelcome* welcome, int* fd) {
 }  // namespace
 
 Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
-                           Attachment* out) {
+                           Attachment* out, const AttachResume& resume) {
   *out = Attachment{};
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -93,6 +95,8 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
   AttachHello hello;
   hello.read_only = access == Access::kReadOnly ? 1 : 0;
   hello.own_pid = int32_t(getpid());
+  hello.resume_owner = resume.owner;
+  hello.resume_word = resume.owner_word;
   const std::string comm = OwnComm();
   std::memcpy(hello.comm, comm.data(), std::min(comm.size(), sizeof(hello.comm) - 1));
   if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != ssize_t(sizeof(hello))) {
@@ -131,8 +135,26 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
   out->connection = fd;
   out->segment = std::move(seg);
   out->owner = welcome.owner;
+  if (const ProcessSlot* p =
+          welcome.owner != 0 ? out->segment->process(welcome.owner - 1u) : nullptr) {
+    out->owner_word = p->owner.load(std::memory_order_acquire);
+  }
   out->daemon_pid = welcome.daemon_pid;
   return Status::Ok();
+}
+
+std::string ResolveSocket(const std::string& socket, const std::string& segment,
+                          const char* default_socket) {
+  if (!socket.empty()) return socket;
+  if (!segment.empty()) return "";
+  auto set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && v[0] != '\0' ? v : nullptr;
+  };
+  if (const char* env = set("RETRYD_SOCKET")) return env;
+  if (set("RETRYD_SEGMENT")) return "";
+  struct stat st;
+  return stat(default_socket, &st) == 0 && S_ISSOCK(st.st_mode) ? default_socket : "";
 }
 
 bool SendWelcome(int connection, const AttachWelcome& welcome, int segment_fd) {

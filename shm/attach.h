@@ -2,7 +2,8 @@
 //
 // The daemon keeps the segment in a sealed memfd (Segment::CreateSealed) and listens on a Unix
 // seqpacket socket. A process attaches with one connection, on the cold path:
-//   1. it sends a Hello: the access it wants, its pid as it sees itself, its command name;
+//   1. it sends a Hello: the access it wants, its pid as it sees itself, its command name,
+//      and, when it attaches again while still holding a connection, the owner it holds;
 //   2. the daemon reads the peer's uid, gid and pid from the kernel (SO_PEERCRED), checks them
 //      against its allow rules, registers a read-write peer in the process registry, and
 //      answers with a Welcome that carries the owner id, the pid as the daemon sees it and the
@@ -12,6 +13,13 @@
 //      it when the last thread of the process exits, however the process dies, and the daemon
 //      takes the hang-up as the death of the owner: no /proc, no pid, so it holds with hidden
 //      /proc, zombie main threads, any pid namespace and recycled pids.
+// Resuming: a process that attaches again while it still holds its connection (after the
+// daemon restarted and retired the segment, see daemon.h) names the owner id and owner word
+// it holds. The daemon keeps that owner for it, with its leases, if the connection that owner
+// was registered on is one it holds and its peer is the same process (SO_PEERCRED pid); the
+// old connection then stops counting (the daemon closes its end) and the process closes its
+// own. Anything else registers a new owner. A lease in flight across a restart is never freed
+// by the move.
 // The connection is close-on-exec. A forked child shares its parent's connection, so it must
 // close that copy (or its parent's death would go unseen while the child lives) and attach on
 // its own before its first admit: the client library does both.
@@ -31,10 +39,17 @@ namespace retryd::shm {
 
 inline constexpr char kDefaultSocket[] = "/run/retryd/retryd.sock";
 
+// ResolveSocket picks the socket a process attaches through, "" meaning the segment by name:
+// `socket` if not empty; else "" if `segment` is not empty (a segment named is meant); else
+// $RETRYD_SOCKET if set and not empty; else "" if $RETRYD_SEGMENT is set and not empty; else
+// `default_socket` if a socket file is there (the packaged daemon's); else "". Thread-safe.
+std::string ResolveSocket(const std::string& socket, const std::string& segment,
+                          const char* default_socket = kDefaultSocket);
+
 // The two messages, one seqpacket each. Both ends run on one host from one build family: the
 // version is checked, the byte order is the host's.
 inline constexpr uint32_t kAttachMagic = 0x41445452;  // "RTDA"
-inline constexpr uint16_t kAttachVersion = 1;
+inline constexpr uint16_t kAttachVersion = 2;
 
 struct AttachHello {
   uint32_t magic = kAttachMagic;
@@ -42,6 +57,15 @@ struct AttachHello {
   uint16_t read_only = 0;  // 1: status and metrics only, no registration
   int32_t own_pid = 0;     // the pid as the process sees itself (its own pid namespace)
   char comm[16] = {};      // its command name, NUL padded
+  uint16_t resume_owner = 0;  // the owner id it holds on its open connection, or 0
+  uint16_t reserved = 0;
+  uint64_t resume_word = 0;  // that owner's word (ProcessSlot::owner) when it attached
+};
+
+// What a process that attaches again holds already (see Resuming above).
+struct AttachResume {
+  uint16_t owner = 0;
+  uint64_t owner_word = 0;
 };
 
 enum class AttachResult : uint16_t { kWelcome = 0, kRefused = 1 };
@@ -62,6 +86,7 @@ struct Attachment {
   int connection = -1;  // close-on-exec; the caller owns it
   std::unique_ptr<Segment> segment;
   uint16_t owner = 0;
+  uint64_t owner_word = 0;  // that owner's word as registered (to resume it later)
   pid_t daemon_pid = 0;
 };
 
@@ -72,8 +97,9 @@ struct Attachment {
 //                      peer (its reason, which names the setting that would admit it)
 //   kIncompatible      the daemon speaks another protocol version, or sent a bad segment
 //   kIoError           anything else, with the system error
+// `resume` names the owner this process holds already, if any.
 Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
-                           Attachment* out);
+                           Attachment* out, const AttachResume& resume = {});
 
 // --- The daemon's side --------------------------------------------------------------------
 

@@ -112,6 +112,14 @@ DaemonLock Segment::ProbeDaemonLock() const {
 }
 
 Status Segment::Validate(const void* base, uint64_t size) {
+  if (Status s = ValidateLayout(base, size); !s.ok()) return s;
+  if (static_cast<const SegmentHeader*>(base)->retired.load(std::memory_order_acquire) != 0) {
+    return Status::Incompatible("retired by retryd (a new segment replaces it; reattach)");
+  }
+  return Status::Ok();
+}
+
+Status Segment::ValidateLayout(const void* base, uint64_t size) {
   if (size < sizeof(SegmentHeader)) {
     return Status::Incompatible("truncated: " + std::to_string(size) +
                                 " bytes, less than a header (" +
@@ -161,9 +169,6 @@ Status Segment::Validate(const void* base, uint64_t size) {
   if (size < want) {
     return Status::Incompatible("truncated: " + std::to_string(size) + " bytes of " +
                                 std::to_string(want));
-  }
-  if (h.retired.load(std::memory_order_acquire) != 0) {
-    return Status::Incompatible("retired by retryd (a new segment replaces it; reattach)");
   }
   return Status::Ok();
 }
@@ -308,6 +313,33 @@ Status Segment::CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>*
 
 Status Segment::AttachFd(int fd, Access access, std::string_view label,
                          std::unique_ptr<Segment>* out) {
+  return MapSealed(fd, access, label, /*adopt=*/false, out);
+}
+
+Status Segment::AdoptSealed(int fd, const CreateOptions& opt, std::unique_ptr<Segment>* out) {
+  std::unique_ptr<Segment> seg;
+  if (Status s = MapSealed(fd, Access::kReadWrite, opt.name, /*adopt=*/true, &seg); !s.ok()) {
+    return s;
+  }
+  if (seg->max_dependencies() != opt.max_dependencies ||
+      seg->max_processes() != opt.max_processes) {
+    *out = std::move(seg);  // the caller retires it
+    return Status::Incompatible("capacity changed (" + std::to_string((*out)->max_dependencies()) +
+                                " -> " + std::to_string(opt.max_dependencies) + " dependencies, " +
+                                std::to_string((*out)->max_processes()) + " -> " +
+                                std::to_string(opt.max_processes) + " processes)");
+  }
+  if (opt.as_daemon) {
+    if (Status st = TakeDaemonLock(fd, opt.name); !st.ok()) return st;
+    seg->holds_daemon_lock_ = true;
+  }
+  seg->header().retired.store(0, std::memory_order_release);
+  *out = std::move(seg);
+  return Status::Ok();
+}
+
+Status Segment::MapSealed(int fd, Access access, std::string_view label, bool adopt,
+                          std::unique_ptr<Segment>* out) {
   out->reset();
   std::unique_ptr<Segment> seg(new Segment);
   seg->mapping_.reset(new Mapping);
@@ -333,7 +365,9 @@ Status Segment::AttachFd(int fd, Access access, std::string_view label,
   }
   seg->size_ = seg->mapping_->region.get_size();
   seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
-  if (Status s = Validate(seg->header_, seg->size_); !s.ok()) {
+  if (Status s =
+          adopt ? ValidateLayout(seg->header_, seg->size_) : Validate(seg->header_, seg->size_);
+      !s.ok()) {
     return Status::Incompatible(Quoted(label) + ": " + s.message());
   }
   seg->BindTables();

@@ -80,6 +80,14 @@ class Segment {
   static Status AttachFd(int fd, Access access, std::string_view label,
                          std::unique_ptr<Segment>* out);
 
+  // AdoptSealed (daemon) maps the sealed segment behind `fd` (taking ownership of it), as a
+  // restarted daemon gets it back from the service manager, with all its state: checked as
+  // AttachFd checks, except that a retired one (its daemon stopped cleanly) is taken back into
+  // service. It takes the daemon lock when `opt.as_daemon` (the descriptor is the one the last
+  // daemon held, so its lock comes with it). Errors: those of AttachFd; kIncompatible when its
+  // capacities are not `opt`'s (the caller then creates a new one).
+  static Status AdoptSealed(int fd, const CreateOptions& opt, std::unique_ptr<Segment>* out);
+
   // PeerDescriptor opens a new descriptor of this segment's object with `access`, for a peer
   // (a new open file description, so the peer's flock calls never touch this one's daemon
   // lock), or returns -1 with errno set. Close-on-exec.
@@ -146,6 +154,11 @@ class Segment {
 
  private:
   Segment() = default;
+  // ValidateLayout is Validate without the retired check (AdoptSealed takes a retired one back).
+  static Status ValidateLayout(const void* base, uint64_t size);
+  // MapSealed is AttachFd; `adopt` accepts a retired segment.
+  static Status MapSealed(int fd, Access access, std::string_view label, bool adopt,
+                          std::unique_ptr<Segment>* out);
   struct Mapping;
   std::unique_ptr<Mapping> mapping_;
   SegmentHeader* header_ = nullptr;

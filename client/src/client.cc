@@ -101,7 +101,13 @@ ClientImpl::~ClientImpl() {
 
 Status ClientImpl::AttachShared(shm::Attachment* out) {
   if (!socket_.empty()) {
-    return shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, kAttachTimeoutMs, out);
+    // Still holding a connection (the segment was retired by a restart): keep its owner.
+    shm::AttachResume resume;
+    if (connection_ >= 0 && owner_.load(kRelaxed) != shm::kUnknownOwner) {
+      resume = {owner_.load(kRelaxed), owner_word_};
+    }
+    return shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, kAttachTimeoutMs, out,
+                                    resume);
   }
   *out = shm::Attachment{};
   return shm::Segment::Attach(name_, shm::Access::kReadWrite, &out->segment);
@@ -124,11 +130,7 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
                    [] { ClientImpl::AfterFork(true); });
   });
   std::unique_ptr<ClientImpl> c(new ClientImpl);
-  c->socket_ = options.socket;
-  if (c->socket_.empty() && options.segment.empty()) {
-    const char* env = std::getenv("RETRYD_SOCKET");
-    if (env && *env) c->socket_ = env;
-  }
+  c->socket_ = shm::ResolveSocket(options.socket, options.segment);
   c->name_ = c->socket_.empty() ? options.segment : c->socket_;
   if (c->name_.empty()) {
     const char* env = std::getenv("RETRYD_SEGMENT");
@@ -161,6 +163,7 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
     if (a.connection >= 0) {
       owner = a.owner;
       c->connection_ = a.connection;
+      c->owner_word_ = a.owner_word;
     } else if (!a.segment->is_private()) {
       owner = shm::RegisterProcess(*a.segment, c->owner_pid_);
     }
@@ -318,6 +321,7 @@ void ClientImpl::SlowPath() {
     // mapping): keep that mapping, so that permits in flight stay valid; take the new owner.
     if (connection_ >= 0) close(connection_);
     connection_ = fresh.connection;
+    owner_word_ = fresh.owner_word;
     owner_.store(fresh.owner, kRelaxed);
     degraded_.fetch_and(~kDetached, kRelaxed);
     return;
@@ -353,6 +357,7 @@ void ClientImpl::SlowPath() {
     if (connection_ >= 0) close(connection_);
     connection_ = pending_connection_;
     pending_connection_ = -1;
+    owner_word_ = fresh.owner_word;
     owner_.store(fresh.owner, kRelaxed);
   } else {
     owner_.store(shm::RegisterProcess(*seg_, owner_pid_), kRelaxed);

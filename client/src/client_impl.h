@@ -141,6 +141,9 @@ class ClientImpl final : public Client {
   bool moving_ GUARDED_BY(mu_) = false;            // SlowPath is moving to another segment
   bool attach_failure_logged_ GUARDED_BY(mu_) = false;
   std::atomic<uint16_t> owner_{shm::kUnknownOwner};
+  // Socket mode: owner_'s word as the daemon registered it, to resume it on connection_ when
+  // this client attaches again (shm/attach.h).
+  uint64_t owner_word_ GUARDED_BY(mu_) = 0;
   pid_t owner_pid_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> fork_generation_{0};
   std::atomic<uint64_t> next_upgrade_ns_{0};

@@ -2,6 +2,7 @@
 
 import ctypes
 import dataclasses
+import os
 import functools
 import threading
 import time
@@ -111,21 +112,29 @@ class Env:
 class Client:
     """A connection to the host's retryd segment.
 
-    Client(segment=None, fallback_to_local=True): `segment` defaults to $RETRYD_SEGMENT, else
-    "retryd". With no segment on the host and `fallback_to_local`, the client runs on
-    per-process state with the default policy (and says so once on stderr) and moves to the
-    host's segment once one appears; without it, ClientError is raised.
+    Client(segment=None, fallback_to_local=True, socket=None): `socket` is the daemon's Unix
+    socket (its config's `socket`). With neither named, the client attaches through
+    $RETRYD_SOCKET if set; else, with $RETRYD_SEGMENT unset, through /run/retryd/retryd.sock if
+    it exists (the packaged daemon's); else it maps the segment $RETRYD_SEGMENT, or "retryd",
+    by name. With no daemon answering (no segment by name) and `fallback_to_local`, the client
+    runs on per-process state with the default policy (and says so once on stderr) and moves to
+    the host's limits once the daemon answers; without it, ClientError is raised. A daemon that
+    refuses this process raises ClientError (EPERM) with its reason either way.
 
     Thread-safe. Fork-safe: a child made by os.fork or multiprocessing's fork start method
     keeps using its parent's client, which registers the child as a process of its own on its
     first admission. close() must not race with calls in flight.
     """
 
-    def __init__(self, segment=None, fallback_to_local=True):
+    def __init__(self, segment=None, fallback_to_local=True, socket=None):
         self._lib = _native.lib()
         opts = _native.Options(segment.encode() if segment else None, int(bool(fallback_to_local)))
         handle = ctypes.c_void_p()
-        rc = self._lib.retryd_open(ctypes.byref(opts), ctypes.byref(handle))
+        if socket:
+            rc = self._lib.retryd_open_socket(os.fsencode(socket), ctypes.byref(opts),
+                                              ctypes.byref(handle))
+        else:
+            rc = self._lib.retryd_open(ctypes.byref(opts), ctypes.byref(handle))
         if rc != _native.OK:
             raise ClientError(rc, _native.last_error())
         self._handle = handle.value

@@ -165,6 +165,8 @@ def _declare(lib):
     c_client = ctypes.c_void_p
     sigs = {
         "retryd_open": (ctypes.c_int, [ctypes.POINTER(Options), ctypes.POINTER(c_client)]),
+        "retryd_open_socket": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(Options),
+                                              ctypes.POINTER(c_client)]),
         "retryd_close": (None, [c_client]),
         "retryd_resolve": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
         "retryd_admit": (ctypes.c_int, [c_client, ctypes.c_int32, ctypes.c_uint32, ctypes.POINTER(Permit)]),

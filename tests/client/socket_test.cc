@@ -148,14 +148,16 @@ class ClientSocketTest : public ::testing::Test {
 
   // StartDaemon starts retryd serving its segment on socket_, with `daemon_keys` added to
   // [daemon] and "orders": a bulkhead of 4 whose leases last an hour (never expire here).
-  void StartDaemon(const std::string& daemon_keys = "") {
+  // With `from_store`, it starts as systemd restarts a unit: with what its fd store holds.
+  void StartDaemon(const std::string& daemon_keys = "", bool from_store = false) {
     WriteFile(config_, "[daemon]\nsocket = \"" + socket_ +
                            "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
                            "max_processes = 64\n" + daemon_keys +
                            "[dependency.orders]\nbulkhead_limit = 4\n"
                            "bulkhead_timeout = \"1h\"\n");
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
-                                              notify_.path());
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--config=" + config_}, notify_.path(), std::vector<std::string>{},
+        from_store ? notify_.Store() : std::vector<daemon::testing::StoredFd>{});
     ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
   }
 
@@ -417,8 +419,9 @@ TEST_F(ClientSocketTest, AWorkerStartedBeforeItsDaemonAttachesWhenItStarts) {
   EXPECT_EQ(per_process, 1) << "said once, however many attempts found no daemon";
 }
 
-// A daemon that stops cleanly retires its sealed segment: a worker on it moves to the next
-// daemon's segment on its paced check, and admits there under a new owner id.
+// A daemon that stops cleanly retires its sealed segment. Without a service manager to keep it
+// (the store flushed, as on a full stop), the next daemon starts a new one: a worker moves to it
+// on its paced check, and admits there under a new owner id.
 TEST_F(ClientSocketTest, AWorkerMovesToTheNextDaemonAfterACleanStop) {
   StartDaemon();
   std::unique_ptr<Client> c;
@@ -427,6 +430,7 @@ TEST_F(ClientSocketTest, AWorkerMovesToTheNextDaemonAfterACleanStop) {
   ASSERT_TRUE(c->Resolve("orders", &orders).ok());
   daemon_->Signal(SIGTERM);
   ASSERT_EQ(daemon_->Wait(kWaitMs), 0) << daemon_->Log();
+  notify_.Flush();
   StartDaemon();
   Observe();
   EXPECT_TRUE(CallsUntilAttached(*c, orders)) << daemon_->Log();
@@ -435,6 +439,47 @@ TEST_F(ClientSocketTest, AWorkerMovesToTheNextDaemonAfterACleanStop) {
   ASSERT_TRUE(c->Admit(orders, 0, &r));
   c->Complete(&r, Outcome::kSuccess, milliseconds(1));
   EXPECT_EQ(Successes() - before, 1u) << "the call counted in the new daemon's segment";
+}
+
+// A worker in the middle of a long call when the daemon restarts (a clean stop, then a start
+// with what the service manager's fd store kept) keeps its owner and its lease: the new daemon
+// adopts the segment and the worker's connection, and takes the segment back into service. The
+// worker, which saw it retired while no daemon ran, stays on it.
+TEST_F(ClientSocketTest, AWorkerMidCallKeepsItsOwnerAndLeaseAcrossARestart) {
+  StartDaemon();
+  Observe();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Open(Options(true), &c).ok());
+  Dependency orders;
+  ASSERT_TRUE(c->Resolve("orders", &orders).ok());
+  Permit call;
+  ASSERT_TRUE(c->Admit(orders, 0, &call));  // the long call
+  const uint16_t owner = OwnerOf(getpid());
+  ASSERT_NE(owner, 0);
+  ASSERT_EQ(LeasesOf(owner), 1u);
+
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(kWaitMs), 0) << daemon_->Log();
+  ASSERT_EQ(seg().header().retired.load(), 1u);
+  // Calls while no daemon runs: the worker looks for one, finds none, and stays.
+  const uint64_t look_from = shm::CoarseNowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    Permit q;
+    if (c->Admit(orders, 0, &q)) c->Complete(&q, Outcome::kSuccess, milliseconds(1));
+    return shm::CoarseNowNs() - look_from > 2'500'000'000ull;  // past two paced looks
+  }));
+
+  StartDaemon("", /*from_store=*/true);
+  EXPECT_EQ(seg().header().retired.load(), 0u) << "the same segment, back in service";
+  ASSERT_TRUE(
+      WaitUntil([&] { return seg().header().daemon_pid.load() == uint32_t(daemon_->pid()); }));
+  EXPECT_EQ(OwnerOf(getpid()), owner);
+  EXPECT_EQ(LeasesOf(owner), 1u) << "the call in flight still holds its lease";
+  const uint64_t successes = Successes();
+  c->Complete(&call, Outcome::kSuccess, milliseconds(1));
+  EXPECT_EQ(Successes() - successes, 1u);
+  EXPECT_EQ(LeasesOf(owner), 0u);
+  EXPECT_EQ(Orders().counters[shm::kLeasesReclaimedDead].load(), 0u);
 }
 
 }  // namespace

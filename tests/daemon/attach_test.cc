@@ -124,6 +124,35 @@ class AttachTest : public ::testing::Test {
     return true;
   }
 
+  // Restart starts retryd again as systemd restarts a unit: with what its fd store holds now
+  // (the stand-in drops what hung up meanwhile), and waits until it is ready.
+  void Restart() {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
+                                              notify_.path(), std::vector<std::string>{},
+                                              notify_.Store());
+    ASSERT_NE(notify_.WaitFor("READY=1", 10'000), "") << daemon_->Log();
+  }
+  size_t StoredNamed(const std::string& prefix) {
+    size_t n = 0;
+    for (const auto& e : notify_.Store()) n += e.name.rfind(prefix, 0) == 0;
+    return n;
+  }
+  // AttachAsWorker attaches this test process read-write, as a worker.
+  shm::Attachment AttachAsWorker() {
+    shm::Attachment a;
+    const Status s = shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a);
+    EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << daemon_->Log();
+    return a;
+  }
+  // Hold takes a lease of "orders" as owner `a.owner`.
+  static bool Hold(shm::Attachment& a) {
+    shm::DependencySlot& d = *a.segment->dependency(uint32_t(a.segment->Find("orders")));
+    shm::Permit p;
+    shm::Caller caller{a.owner, 0, 1};
+    return shm::IsAdmitted(
+        shm::Admit(d, uint32_t(a.segment->Find("orders")), 0, shm::CoarseNowNs(), caller, &p));
+  }
+
   std::string dir_, socket_, config_;
   NotifySocket notify_;
   std::unique_ptr<DaemonProcess> daemon_;
@@ -358,6 +387,25 @@ TEST_F(AttachTest, UnderAHidingProcTheDaemonJudgesWorkersByTheirConnection) {
 }
 
 // A peer the allow rules do not admit is refused with one line naming the setting.
+// By name, the daemon judges workers by /proc; where /proc hides them it refuses to start,
+// naming the setting that works there, instead of reclaiming every live worker's leases.
+TEST_F(AttachTest, ByNameUnderAHidingProcTheDaemonRefusesToStart) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount /proc and run retryd as nobody";
+  WriteFile(config_, "[daemon]\nsegment = \"" + testing::UniqueName() + "\"\n");
+  const std::string log = dir_ + "/retryd.log";
+  Worker daemon({"unshare", "--mount", "--propagation", "private", "--kill-child", "sh", "-c",
+                 "mount -t proc -o hidepid=2 proc /proc && setpriv --reuid=65534 "
+                 "--regid=65534 --clear-groups \"$0\" \"$@\" 2>\"" +
+                     log + "\"; echo exit $?",
+                 RETRYD_BINARY, "--config=" + config_});
+  EXPECT_EQ(daemon.Line(), "exit 1") << testing::ReadFile(log);
+  const std::string err = testing::ReadFile(log);
+  EXPECT_NE(err.find(config_ + ": [daemon] socket is \"\", so workers are judged alive by /proc"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("ProtectProc=invisible"), std::string::npos) << err;
+}
+
 TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
   StartDaemon("", "allow_users = [\"root\"]\n");
@@ -439,6 +487,114 @@ TEST_F(AttachTest, ASecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadOnly, 5'000, &a).ok())
       << "the first daemon still serves";
   close(a.connection);
+}
+
+// Under a service manager the daemon keeps the sealed segment and every worker's connection in
+// the manager's fd store. Killed with SIGKILL and started again with what the store holds, it
+// adopts the same memory (an open breaker stays open, with its deadline), keeps the owner and
+// the lease of a worker that lived through it, and frees those of a worker that died while no
+// daemon ran (whose connection the manager dropped when it hung up).
+TEST_F(AttachTest, AKilledDaemonRestartedFromItsFdStoreKeepsTheMemoryAndTheLiveWorkers) {
+  StartDaemon(
+      "[dependency.payments]\nmin_calls = 1\nopen_for = \"1h\"\nopen_for_max = \"1h\"\n"
+      "open_jitter = \"0s\"\n");
+  shm::Attachment obs = Observer();
+  ASSERT_NE(obs.segment, nullptr);
+  Worker lives(WorkerArgs("hold"));
+  Worker dies(WorkerArgs("hold"));
+  const std::vector<std::string> a = Words(lives.Line()), b = Words(dies.Line());
+  ASSERT_EQ(a.size(), 3u) << daemon_->Log();
+  ASSERT_EQ(b.size(), 3u) << daemon_->Log();
+  const uint16_t alive = uint16_t(std::stoi(a[1])), dead = uint16_t(std::stoi(b[1]));
+
+  // Trip "payments" as a worker of our own.
+  shm::Attachment me = AttachAsWorker();
+  ASSERT_NE(me.segment, nullptr);
+  const uint32_t index = uint32_t(me.segment->Find("payments"));
+  shm::DependencySlot& payments = *me.segment->dependency(index);
+  for (int i = 0; i < 100 && shm::BreakerWord::Decode(payments.breaker.load()).state !=
+                                 shm::BreakerState::kOpen;
+       ++i) {
+    shm::Permit p;
+    shm::Caller caller{me.owner, 0, 1};
+    if (shm::IsAdmitted(shm::Admit(payments, index, 0, shm::CoarseNowNs(), caller, &p))) {
+      shm::Complete(payments, &p, shm::Outcome::kFailure, 0, shm::CoarseNowNs(), caller);
+    }
+  }
+  const uint64_t breaker = payments.breaker.load(), breaker_time = payments.breaker_time.load();
+  ASSERT_EQ(shm::BreakerWord::Decode(breaker).state, shm::BreakerState::kOpen);
+  // The segment and the three read-write connections are in the store (not the observer's).
+  EXPECT_EQ(StoredNamed("segment"), 1u);
+  EXPECT_EQ(StoredNamed("conn-"), 3u);
+
+  daemon_->Signal(SIGKILL);
+  ASSERT_EQ(daemon_->Wait(10'000), 128 + SIGKILL);
+  dies.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return StoredNamed("conn-") == 2; }, 5'000))
+      << "the stand-in drops the dead worker's connection, as systemd does";
+  EXPECT_EQ(LeasesOf(*obs.segment, dead), 1u) << "no daemon ran to free it yet";
+
+  Restart();
+  EXPECT_TRUE(WaitUntil(
+      [&] { return obs.segment->header().daemon_pid.load() == uint32_t(daemon_->pid()); }, 10'000))
+      << "the new daemon runs on the same memory\n"
+      << daemon_->Log();
+  EXPECT_EQ(payments.breaker.load(), breaker) << "still open";
+  EXPECT_EQ(payments.breaker_time.load(), breaker_time) << "with the same deadline";
+  EXPECT_EQ(LeasesOf(*obs.segment, alive), 1u);
+  EXPECT_TRUE(OwnerOf(*obs.segment, alive).connected());
+  EXPECT_EQ(OwnerOf(*obs.segment, alive).pid, lives.pid());
+  EXPECT_EQ(LeasesOf(*obs.segment, dead), 0u);
+  EXPECT_EQ(obs.segment->process(dead - 1u)->owner.load(), 0u);
+  EXPECT_NE(daemon_->Log().find("1 freed that ended while no daemon ran"), std::string::npos)
+      << daemon_->Log();
+  EXPECT_TRUE(Hold(me)) << "the test's own owner still admits";
+
+  // The adopted connection is watched like any other: a hang-up frees at once.
+  lives.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, alive) == 0; }, 5'000));
+  EXPECT_TRUE(WaitUntil([&] { return StoredNamed("conn-") == 1; }, 5'000));
+}
+
+// A clean stop retires the sealed segment; the next daemon adopts it from the store and takes
+// it back into service. A process that attaches again while holding its connection names the
+// owner it holds and keeps it, with its leases; another process naming that owner gets its own.
+TEST_F(AttachTest, AProcessAttachingAgainKeepsItsOwnerAndAnotherCannotTakeIt) {
+  StartDaemon();
+  shm::Attachment me = AttachAsWorker();
+  ASSERT_NE(me.segment, nullptr);
+  ASSERT_TRUE(Hold(me));
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(10'000), 0) << daemon_->Log();
+  EXPECT_EQ(me.segment->header().retired.load(), 1u);
+  Restart();
+  EXPECT_TRUE(WaitUntil([&] { return me.segment->header().retired.load() == 0; }, 10'000))
+      << daemon_->Log();
+
+  const shm::AttachResume resume{me.owner, me.owner_word};
+  pid_t child = fork();
+  if (child == 0) {
+    shm::Attachment other;
+    const Status s =
+        shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &other, resume);
+    _exit(!s.ok() ? 3 : other.owner == resume.owner ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "a forked child took its parent's owner";
+
+  shm::Attachment again;
+  const Status s =
+      shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &again, resume);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(again.owner, me.owner);
+  EXPECT_EQ(again.owner_word, me.owner_word);
+  close(me.connection);  // no longer counts: the daemon closed its end when it moved the owner
+  ASSERT_TRUE(Ticks(*again.segment, 3));
+  EXPECT_EQ(LeasesOf(*again.segment, me.owner), 1u);
+  EXPECT_EQ(again.segment->process(me.owner - 1u)->owner.load(), me.owner_word);
+  close(again.connection);
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*again.segment, me.owner) == 0; }, 5'000));
 }
 
 }  // namespace

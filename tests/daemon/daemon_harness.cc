@@ -1,21 +1,23 @@
 #include "tests/daemon/daemon_harness.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 namespace retryd::daemon::testing {
 namespace {
@@ -71,40 +73,158 @@ NotifySocket::NotifySocket() {
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
   unlink(path_.c_str());
-  if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      pipe2(stop_, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "cannot bind notify socket " << path_ << ": " << std::strerror(errno);
+    return;
   }
+  reader_ = std::thread([this] { Read(); });
 }
 
 NotifySocket::~NotifySocket() {
-  if (fd_ >= 0) close(fd_);
+  if (reader_.joinable()) {
+    (void)!write(stop_[1], "x", 1);
+    reader_.join();
+  }
+  Flush();
+  for (const int fd : {fd_, stop_[0], stop_[1]}) {
+    if (fd >= 0) close(fd);
+  }
   unlink(path_.c_str());
 }
 
-std::string NotifySocket::WaitFor(const std::string& line, int timeout_ms) {
-  const uint64_t deadline = NowMs() + uint64_t(timeout_ms);
+void NotifySocket::Read() {
   for (;;) {
-    const uint64_t now = NowMs();
-    if (now >= deadline) return "";
+    pollfd p[2] = {{fd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) continue;
+    if (p[1].revents != 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    DrainLocked();
+    received_.notify_all();
+  }
+}
+
+void NotifySocket::DrainLocked() {
+  for (;;) {
     pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, int(deadline - now)) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    if (n <= 0) continue;
-    std::string msg(buf, size_t(n));
-    messages_.push_back(msg);
-    std::istringstream lines(msg);
-    for (std::string l; std::getline(lines, l);) {
-      if (l == line) return msg;
+    if (poll(&p, 1, 0) <= 0) return;
+    ReceiveLocked(MSG_DONTWAIT);
+  }
+}
+
+void NotifySocket::ReceiveLocked(int flags) {
+  char buf[4096];
+  iovec iov{buf, sizeof(buf)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(fd_, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (n < 0) return;
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(fd);
+    }
+  }
+  const std::string text(buf, size_t(n));
+  messages_.push_back(text);
+  std::string name = "stored";
+  bool store = false, remove = false;
+  std::istringstream lines(text);
+  for (std::string l; std::getline(lines, l);) {
+    if (l == "FDSTORE=1") store = true;
+    if (l == "FDSTOREREMOVE=1") remove = true;
+    if (l.rfind("FDNAME=", 0) == 0) name = l.substr(7);
+  }
+  if (remove) {
+    for (auto it = store_.begin(); it != store_.end();) {
+      if (it->name == name) {
+        close(it->fd);
+        it = store_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const int fd : fds) {
+    struct stat st, other;
+    const bool known =
+        store && fstat(fd, &st) == 0 &&
+        std::any_of(store_.begin(), store_.end(), [&](const StoredFd& e) {
+          return fstat(e.fd, &other) == 0 && other.st_dev == st.st_dev && other.st_ino == st.st_ino;
+        });
+    if (store && !known) {
+      store_.push_back({name, fd});
+    } else {
+      close(fd);
     }
   }
 }
 
+std::string NotifySocket::WaitFor(const std::string& line, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    for (; looked_at_ < messages_.size(); ++looked_at_) {
+      std::istringstream lines(messages_[looked_at_]);
+      for (std::string l; std::getline(lines, l);) {
+        if (l == line) return messages_[looked_at_++];
+      }
+    }
+    if (received_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        looked_at_ == messages_.size()) {
+      return "";
+    }
+  }
+}
+
+std::vector<StoredFd> NotifySocket::Store() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
+  for (auto it = store_.begin(); it != store_.end();) {
+    pollfd p{it->fd, 0, 0};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+      close(it->fd);
+      it = store_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return store_;
+}
+
+void NotifySocket::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const StoredFd& e : store_) close(e.fd);
+  store_.clear();
+}
+
 DaemonProcess::DaemonProcess(const std::vector<std::string>& args, const std::string& notify_path,
-                             const std::vector<std::string>& env) {
+                             const std::vector<std::string>& env,
+                             const std::vector<StoredFd>& passed) {
   log_path_ = TempPath(".log");
   pid_ = fork();
   if (pid_ == 0) {
+    if (!passed.empty()) {
+      // Out of the way first, then down to 3, 4, ... (dup2 leaves them open across exec).
+      std::vector<int> high;
+      std::string names;
+      for (const StoredFd& e : passed) {
+        high.push_back(fcntl(e.fd, F_DUPFD_CLOEXEC, 64 + int(passed.size())));
+        names += (names.empty() ? "" : ":") + e.name;
+      }
+      for (size_t i = 0; i < high.size(); ++i) dup2(high[i], 3 + int(i));
+      setenv("LISTEN_FDS", std::to_string(passed.size()).c_str(), 1);
+      setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
+      setenv("LISTEN_FDNAMES", names.c_str(), 1);
+    }
     const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (log >= 0) dup2(log, STDERR_FILENO);
     if (notify_path.empty()) {

@@ -4,41 +4,72 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace retryd::daemon::testing {
 
+// A descriptor kept in the service manager's fd store, with its name.
+struct StoredFd {
+  std::string name;
+  int fd = -1;
+};
+
 // NotifySocket binds a unix datagram socket like systemd's NOTIFY_SOCKET and collects the
-// messages sent to it. Not thread-safe.
+// messages sent to it. It also keeps an fd store as systemd does for a unit with
+// FileDescriptorStoreMax=: "FDSTORE=1" with "FDNAME=" keeps the descriptors sent along (a
+// descriptor of a file it holds already is not kept twice), "FDSTOREREMOVE=1" with "FDNAME="
+// closes those of that name, and one that hangs up (POLLHUP or POLLERR) is dropped. The store
+// lives on across the daemon's restarts, as systemd's does until the unit is fully stopped.
+// Like systemd, it reads all the time (a thread of its own): the daemon's sd_notify blocks
+// once 10 datagrams wait unread (net.unix.max_dgram_qlen). Thread-safe.
 class NotifySocket {
  public:
   NotifySocket();
-  ~NotifySocket();
+  ~NotifySocket();  // stops reading, closes the store
   NotifySocket(const NotifySocket&) = delete;
   NotifySocket& operator=(const NotifySocket&) = delete;
 
   const std::string& path() const { return path_; }
-  // WaitFor receives messages until one holds the line `line` (e.g. "READY=1") and returns it,
-  // or returns "" after `timeout_ms`. Every message received is kept in messages().
+  // WaitFor waits until a message not yet returned by WaitFor holds the line `line` (e.g.
+  // "READY=1") and returns it, or returns "" after `timeout_ms`. The messages before the one
+  // returned are not looked at again.
   std::string WaitFor(const std::string& line, int timeout_ms);
-  const std::vector<std::string>& messages() const { return messages_; }
+  // Store is what the fd store holds now (every message sent so far applied, and what hung up
+  // dropped); the descriptors stay the store's.
+  std::vector<StoredFd> Store();
+  // Flush closes everything in the store, as systemd does when the unit stops for good.
+  void Flush();
 
  private:
+  void Read();                    // the reader thread
+  void DrainLocked();             // receives every message already sent; mu_ held
+  void ReceiveLocked(int flags);  // receives one message; mu_ held
   int fd_ = -1;
+  int stop_[2] = {-1, -1};  // a pipe: the destructor writes to stop the reader
   std::string path_;
-  std::vector<std::string> messages_;
+  std::mutex mu_;
+  std::condition_variable received_;
+  std::vector<std::string> messages_;  // guarded by mu_
+  size_t looked_at_ = 0;               // messages_ WaitFor is done with; guarded by mu_
+  std::vector<StoredFd> store_;        // guarded by mu_
+  std::thread reader_;
 };
 
 // DaemonProcess forks and execs the retryd binary with `args`, NOTIFY_SOCKET set to
 // `notify_path` (if not empty), the "NAME=VALUE" strings of `env` added to its environment, and
 // stderr (the glog output) captured in a file.
+// `passed` are handed to it as systemd hands a unit its stored descriptors: at 3, 4, ... with
+// LISTEN_FDS, LISTEN_PID and LISTEN_FDNAMES set.
 class DaemonProcess {
  public:
   DaemonProcess(const std::vector<std::string>& args, const std::string& notify_path,
-                const std::vector<std::string>& env = {});
+                const std::vector<std::string>& env = {}, const std::vector<StoredFd>& passed = {});
   ~DaemonProcess();  // kills (SIGKILL) and reaps a child still running
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;

@@ -1,11 +1,10 @@
 // Tests of the real `retryd` binary as a process: sd_notify on a test socket, SIGHUP reload,
 // SIGTERM, kill -9 and restart, dead workers killed with SIGKILL, the metrics textfile and
 // --check_config. Each test uses its own segment name and removes it.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +13,8 @@
 #include <memory>
 #include <thread>
 
+#include "daemon/config.h"
+#include "daemon/daemon.h"
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
@@ -593,6 +594,33 @@ TEST(CheckConfigTest, ExitCodesAndMessages) {
   r = testing::RunToCompletion({"--tick_ms=5000"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--tick_ms=5000 out of range"), std::string::npos) << r.err;
+}
+
+// Owners, groups and allowed peers are names, or numeric ids where the host's databases list
+// none (a container's users); anything else is refused, naming the key and the value.
+TEST(ResolveOwnershipTest, ANameOrANumericId) {
+  DaemonSettings d;
+  d.owner = "root";
+  d.group = "4343";
+  uid_t uid;
+  gid_t gid;
+  ASSERT_TRUE(ResolveOwnership(d, "f.toml", &uid, &gid).ok());
+  EXPECT_EQ(uid, 0u);
+  EXPECT_EQ(gid, 4343u);
+  d.owner = "12ab";
+  const Status bad = ResolveOwnership(d, "f.toml", &uid, &gid);
+  EXPECT_EQ(bad.message(),
+            "f.toml: key 'daemon.owner': no such user \"12ab\" on this host (a "
+            "name, or a numeric uid)");
+  d.allow_users = {"4242", "root"};
+  d.allow_groups = {"root", "77"};
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+  ASSERT_TRUE(ResolveAllowed(d, "f.toml", &uids, &gids).ok());
+  EXPECT_EQ(uids, (std::vector<uid_t>{4242, 0}));
+  EXPECT_EQ(gids, (std::vector<gid_t>{0, 77}));
+  d.allow_groups = {"-1"};
+  EXPECT_FALSE(ResolveAllowed(d, "f.toml", &uids, &gids).ok());
 }
 
 }  // namespace

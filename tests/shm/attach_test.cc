@@ -82,5 +82,31 @@ TEST(AttachThroughSocketTest, NothingListeningIsNotFound) {
   EXPECT_NE(s.message().find("is retryd running?"), std::string::npos) << s.message();
 }
 
+// How a process that names nothing finds the daemon: the environment first, then the packaged
+// daemon's socket if one is there, else the segment by name.
+TEST(ResolveSocketTest, TheNamedThenTheEnvironmentThenThePackagedSocket) {
+  unsetenv("RETRYD_SOCKET");
+  unsetenv("RETRYD_SEGMENT");
+  std::string packaged;
+  {
+    Listener daemon(1);
+    packaged = daemon.path();
+    EXPECT_EQ(ResolveSocket("", "", packaged.c_str()), packaged);
+    EXPECT_EQ(ResolveSocket("/x.sock", "", packaged.c_str()), "/x.sock");
+    EXPECT_EQ(ResolveSocket("", "seg", packaged.c_str()), "") << "a segment named is meant";
+    setenv("RETRYD_SEGMENT", "seg", 1);
+    EXPECT_EQ(ResolveSocket("", "", packaged.c_str()), "");
+    setenv("RETRYD_SOCKET", "/env.sock", 1);
+    EXPECT_EQ(ResolveSocket("", "", packaged.c_str()), "/env.sock");
+    unsetenv("RETRYD_SOCKET");
+    unsetenv("RETRYD_SEGMENT");
+  }
+  EXPECT_EQ(ResolveSocket("", "", packaged.c_str()), "") << "no socket there: by name";
+  // A plain file at the path is no daemon's socket.
+  close(open(packaged.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  EXPECT_EQ(ResolveSocket("", "", packaged.c_str()), "");
+  unlink(packaged.c_str());
+}
+
 }  // namespace
 }  // namespace retryd::shm

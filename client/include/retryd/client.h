@@ -73,11 +73,12 @@ struct ClientOptions {
   // Segment name; empty: $RETRYD_SEGMENT, else "retryd". Not used with a socket.
   std::string segment;
   // The daemon's Unix socket (its config's `socket`); empty: none if `segment` is set, else
-  // $RETRYD_SOCKET if set and non-empty, else none; with none the segment is mapped by name. With a
-  // socket, Open attaches through it (waiting at most about 1 s for the daemon's answer): the
-  // daemon learns who the process is from the kernel, gives it its owner id and takes the close of
-  // its connection, however the process dies, as its death. The connection stays open,
-  // close-on-exec, for the Client's life.
+  // $RETRYD_SOCKET if set and non-empty, else none if $RETRYD_SEGMENT is set and non-empty, else
+  // /run/retryd/retryd.sock if that socket file exists (the packaged daemon's), else none; with
+  // none the segment is mapped by name. With a socket, Open attaches through it (waiting at
+  // most about 1 s for the daemon's answer): the daemon learns who the process is from the
+  // kernel, gives it its owner id and takes the close of its connection, however the process
+  // dies, as its death. The connection stays open, close-on-exec, for the Client's life.
   std::string socket;
   // With no segment on the host (no daemon at the socket), run on process-private state with
   // the built-in default policy (and say so once) instead of failing. Default: true, so that a

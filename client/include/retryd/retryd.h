@@ -80,10 +80,11 @@ typedef struct retryd_options {
 } retryd_options_t;
 
 /* retryd_open maps the host's segment and registers this process. With no segment named in
- * `options` and $RETRYD_SOCKET set and non-empty, it attaches through the daemon's Unix socket
- * at that path instead, as retryd_open_socket does. On success stores a new client in *out and
- * returns RETRYD_OK; on error stores NULL and returns a RETRYD_E* code. `options` may be NULL.
- * Thread-safe. */
+ * `options`, it attaches through the daemon's Unix socket instead, as retryd_open_socket does,
+ * when $RETRYD_SOCKET is set and non-empty (at that path) or, with $RETRYD_SEGMENT unset or
+ * empty, when /run/retryd/retryd.sock exists (the packaged daemon's socket). On success stores
+ * a new client in *out and returns RETRYD_OK; on error stores NULL and returns a RETRYD_E*
+ * code. `options` may be NULL. Thread-safe. */
 RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t** out);
 
 /* retryd_open_socket attaches through the daemon's Unix socket `socket_path` (the daemon's
