@@ -156,7 +156,7 @@ void AttachServer::Accept() {
         const bool older = oldest == peers_.end() || it->second.seq < oldest->second.seq;
         if (!it->second.attached && older) oldest = it;
       }
-      close(oldest->first);
+      Drop(oldest->first);
       peers_.erase(oldest);
       ++counts_.refused;
     }
@@ -175,6 +175,15 @@ bool AttachServer::Watch(int fd) {
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.fd = fd;
   return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+void AttachServer::Drop(int fd) {
+  // close() alone does not leave the epoll set while another descriptor of the same connection
+  // lives, and the fd store holds one until the manager has read FDSTOREREMOVE: the connection
+  // would go on reporting its hang-up under a number that the next accept reuses, and the new
+  // peer would be taken for the one that left.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  close(fd);
 }
 
 uint64_t AttachServer::Adopt(shm::Segment& seg, std::vector<FdStore::Entry>* stored) {
@@ -245,7 +254,7 @@ bool AttachServer::Resume(shm::Segment& seg, int fd, Peer& peer, const shm::Atta
     peer.owner = old.owner;
     peer.owner_word = old.owner_word;
     if (!old.stored_as.empty() && options_.store) options_.store->Remove(old.stored_as);
-    close(old_fd);
+    Drop(old_fd);
     peers_.erase(old_fd);
     ++counts_.resumed;
     return true;
@@ -334,7 +343,7 @@ uint64_t AttachServer::Close(shm::Segment& seg, int fd) {
     ++counts_.hung_up;
   }
   if (!peer.stored_as.empty() && options_.store) options_.store->Remove(peer.stored_as);
-  close(fd);  // also leaves the epoll set
+  Drop(fd);
   peers_.erase(it);
   return freed;
 }

@@ -108,6 +108,7 @@ class AttachServer {
   // Keep stores a read-write peer's connection in the fd store.
   void Keep(int fd, Peer& peer);
   bool Watch(int fd);
+  void Drop(int fd);  // leaves the epoll set, then closes
   std::string Admits(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const;
 
   AttachServerOptions options_;

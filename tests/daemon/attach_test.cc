@@ -556,6 +556,43 @@ TEST_F(AttachTest, AKilledDaemonRestartedFromItsFdStoreKeepsTheMemoryAndTheLiveW
   EXPECT_TRUE(WaitUntil([&] { return StoredNamed("conn-") == 1; }, 5'000));
 }
 
+// A connection that hangs up while the fd store still holds its descriptor (the manager has not
+// read FDSTOREREMOVE yet) is gone for the daemon: the next connection it accepts, under the same
+// descriptor number, keeps its owner and its lease. The test holds a descriptor of the first
+// connection, as a slow manager would; before, the hang-up went on being reported under the
+// reused number and the new worker was freed as if it had hung up.
+TEST_F(AttachTest, AHangUpTheStoreStillHoldsIsNotTakenForTheNextConnection) {
+  StartDaemon();
+  shm::Attachment obs = Observer();
+  ASSERT_NE(obs.segment, nullptr);
+  Worker first(WorkerArgs("hold"));
+  const std::vector<std::string> line = Words(first.Line());
+  ASSERT_EQ(line.size(), 3u) << daemon_->Log();
+  const uint16_t first_owner = uint16_t(std::stoi(line[1]));
+  ASSERT_TRUE(WaitUntil([&] { return StoredNamed("conn-") == 1; }, 5'000));
+  int held = -1;
+  for (const auto& e : notify_.Store()) {
+    if (e.name.rfind("conn-", 0) == 0) held = fcntl(e.fd, F_DUPFD_CLOEXEC, 0);
+  }
+  ASSERT_GE(held, 0);
+  first.Kill();
+  ASSERT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, first_owner) == 0; }, 5'000));
+
+  shm::Attachment me = AttachAsWorker();
+  ASSERT_NE(me.segment, nullptr) << daemon_->Log();
+  ASSERT_TRUE(Hold(me));
+  ASSERT_TRUE(Ticks(*obs.segment, 5));
+  EXPECT_EQ(LeasesOf(*obs.segment, me.owner), 1u) << daemon_->Log();
+  EXPECT_EQ(obs.segment->process(me.owner - 1u)->owner.load(), me.owner_word);
+  char probe;
+  EXPECT_EQ(recv(me.connection, &probe, 1, MSG_DONTWAIT | MSG_PEEK), -1)
+      << "the daemon closed the new worker's connection";
+  EXPECT_EQ(errno, EAGAIN);
+  close(held);
+  close(me.connection);
+  EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, me.owner) == 0; }, 5'000));
+}
+
 // A clean stop retires the sealed segment; the next daemon adopts it from the store and takes
 // it back into service. A process that attaches again while holding its connection names the
 // owner it holds and keeps it, with its leases; another process naming that owner gets its own.
