@@ -73,6 +73,9 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
     if (name == "--help" || name == "-h") {
       s = no_value();
       out->help = true;
+    } else if (name == "--version") {
+      s = no_value();
+      out->version = true;
     } else if (name == "--json") {
       s = no_value();
       out->json = true;
@@ -208,6 +211,7 @@ Options:
                                NO_COLOR set)
       --stale-after SECONDS    heartbeat age at which the daemon is shown down (default 3)
   -h, --help                   help (after a command: that command's help)
+      --version                print retryctl's version
 
 retryctl reads the shared-memory segment directly, so it works while the daemon is stopped
 (by name; through the socket it needs the daemon that serves the segment).

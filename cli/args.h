@@ -27,7 +27,8 @@ struct Invocation {
   double watch_seconds = 2.0;        // refresh interval of --watch
   double stale_after_seconds = 3.0;  // heartbeat older than this: daemon shown as down
   ColorChoice color = ColorChoice::kAuto;
-  bool help = false;  // --help / -h, or the `help` command
+  bool help = false;     // --help / -h, or the `help` command
+  bool version = false;  // --version
 };
 
 // ParseArguments fills *out from argv[1..argc). Returns kInvalidArgument naming the bad

@@ -465,6 +465,10 @@ int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* er
     Print(err, "retryctl: " + s.message() + "\n");
     return kExitError;
   }
+  if (c.inv.version) {
+    Print(out, std::string("retryctl version ") + RETRYD_VERSION + "\n");
+    return kExitOk;
+  }
   if (c.inv.help) {
     Print(out, c.inv.command.empty() ? GeneralHelp() : CommandHelp(c.inv.command));
     return kExitOk;

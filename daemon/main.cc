@@ -1,8 +1,10 @@
 // retryd: the host daemon. See daemon/daemon.h for what it does and systemd/retryd.service
 // for how it runs. Logs go to stderr (the journal under systemd) unless --log_dir is given.
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -18,6 +20,33 @@ DEFINE_string(check_config, "",
               "validate this config file, print 'FILE: OK' or the error, and exit 0 or 1");
 
 namespace {
+
+constexpr const char* kUsage =
+    "Usage: retryd [--config=FILE] [--segment=NAME] [--tick_ms=N]\n"
+    "       retryd --check_config=FILE\n"
+    "Host daemon of retry budgets and circuit breakers in shared memory.";
+
+// PrintHelp prints retryd's own flags. gflags' --help lists every flag of every library linked
+// (glog's, gflags' own), each under the path of its source on the build machine; those stay
+// behind --helpfull.
+void PrintHelp() {
+  std::printf("%s\n\nFlags:\n", kUsage);
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (f.filename != __FILE__) continue;
+    const bool text = f.type == "string";
+    const std::string fallback = text ? "\"" + f.default_value + "\"" : f.default_value;
+    std::printf("  --%s=%s\n      %s (default: %s)\n", f.name.c_str(), text ? "VALUE" : "N",
+                f.description.c_str(), fallback.c_str());
+  }
+  std::printf(
+      "  -h, --help\n      this help, and exit\n"
+      "  --version\n      print the version, and exit\n"
+      "  --helpfull\n      also the flags of the logging library (glog), e.g. --v=N\n\n"
+      "Logs go to stderr (the journal under systemd). Signals: SIGHUP reloads the config (a bad "
+      "file\nkeeps the running one), SIGTERM stops.\n");
+}
 
 int CheckConfig(const std::string& path) {
   using namespace retryd::daemon;
@@ -39,10 +68,17 @@ int CheckConfig(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "retryd [--config=FILE] [--segment=NAME] [--tick_ms=N] | --check_config=FILE\n"
-      "Host daemon of retry budgets and circuit breakers in shared memory.");
+  gflags::SetUsageMessage(kUsage);
   gflags::SetVersionString(RETRYD_VERSION);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) break;
+    for (const char* help : {"-h", "--help", "-help", "--helpshort", "-helpshort"}) {
+      if (std::strcmp(argv[i], help) == 0) {
+        PrintHelp();
+        return 0;
+      }
+    }
+  }
   FLAGS_logtostderr = true;
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (argc > 1) {

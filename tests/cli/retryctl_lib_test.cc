@@ -1,5 +1,6 @@
 // retryctl_lib in process: argument parsing, the command table and the rendering of a
 // segment's view.
+#include <cstdio>
 #include <cstdlib>
 
 #include <gmock/gmock.h>
@@ -79,6 +80,24 @@ TEST(Args, ErrorsNameTheProblem) {
   ASSERT_TRUE(Parse({"status", "--", "--json"}, &inv).ok());
   EXPECT_FALSE(inv.json);
   EXPECT_EQ(inv.arguments, std::vector<std::string>{"--json"});
+}
+
+TEST(Args, VersionSaysWhichRetryctl) {
+  Invocation inv;
+  ASSERT_TRUE(Parse({"--version"}, &inv).ok());
+  EXPECT_TRUE(inv.version);
+  EXPECT_EQ(Parse({"--version=1"}, &inv).message(), "option --version takes no value");
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  const char* argv[] = {"retryctl", "--version"};
+  EXPECT_EQ(RunRetryctl(2, argv, out, err), 0);
+  std::rewind(out);
+  char line[128] = {};
+  ASSERT_NE(std::fgets(line, sizeof(line), out), nullptr);
+  EXPECT_STREQ(line, "retryctl version " RETRYD_VERSION "\n");
+  std::fclose(out);
+  std::fclose(err);
+  EXPECT_NE(GeneralHelp().find("--version"), std::string::npos);
 }
 
 TEST(Commands, TheTableDrivesParsingDispatchAndHelp) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -594,6 +595,27 @@ TEST(CheckConfigTest, ExitCodesAndMessages) {
   r = testing::RunToCompletion({"--tick_ms=5000"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--tick_ms=5000 out of range"), std::string::npos) << r.err;
+}
+
+// --help and -h show retryd's own flags and exit 0; nothing of the libraries it links, and no
+// path of the build machine (gflags' own help listed 112 lines of them first, and exited 1).
+TEST(CheckConfigTest, HelpShowsOwnFlagsAndVersionSaysWhichRetryd) {
+  for (const char* flag : {"--help", "-h", "-help"}) {
+    const testing::RunResult r = testing::RunToCompletion({flag});
+    EXPECT_EQ(r.exit_code, 0) << flag << ": " << r.err;
+    EXPECT_EQ(r.out.rfind("Usage: retryd ", 0), 0u) << flag << ": " << r.out;
+    for (const char* own : {"--config=VALUE", "--segment=VALUE", "--tick_ms=N",
+                            "--check_config=VALUE", "--version", "--helpfull"}) {
+      EXPECT_NE(r.out.find(own), std::string::npos) << flag << " lacks " << own << ":\n" << r.out;
+    }
+    for (const char* foreign : {"logging.cc", "gflags", "logtostderr", ".cc", "/build"}) {
+      EXPECT_EQ(r.out.find(foreign), std::string::npos) << flag << " shows " << foreign;
+    }
+    EXPECT_LT(std::count(r.out.begin(), r.out.end(), '\n'), 30) << r.out;
+  }
+  const testing::RunResult v = testing::RunToCompletion({"--version"});
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  EXPECT_EQ(v.out.rfind("retryd version " RETRYD_VERSION "\n", 0), 0u) << v.out;
 }
 
 // Owners, groups and allowed peers are names, or numeric ids where the host's databases list
