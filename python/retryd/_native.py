@@ -2,8 +2,10 @@
 
 The library is looked up, on first use, in this order:
   1. the path in the RETRYD_LIBRARY environment variable;
-  2. ctypes.util.find_library("retryd") (an installed libretryd.so);
-  3. next to this package (libretryd.so copied into it), then the build directories of the
+  2. its soname, libretryd.so.0, through the dynamic loader (the library installed by the
+     libretryd0 package, or on LD_LIBRARY_PATH);
+  3. ctypes.util.find_library("retryd") (an installed libretryd.so);
+  4. next to this package (libretryd.so copied into it), then the build directories of the
      source tree this package sits in (build*/client/libretryd.so).
 Importing the package never fails for want of the library; the first call that needs it
 raises LibraryNotFound.
@@ -142,6 +144,9 @@ ATTEMPT_FN = ctypes.CFUNCTYPE(
 )
 OBSERVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(AttemptInfo))
 
+# The soname of the C ABI this module declares: client/CMakeLists.txt's SOVERSION.
+SONAME = "libretryd.so.0"
+
 _lock = threading.Lock()
 _lib = None
 
@@ -151,6 +156,7 @@ def _candidates():
     if env:
         yield env
         return
+    yield SONAME
     found = ctypes.util.find_library("retryd")
     if found:
         yield found

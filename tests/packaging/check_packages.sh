@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# check_packages.sh: build the Debian packages with scripts/package into OUT_DIR and check
+# them: lintian clean (scripts/package's own verdict), the files each package holds, the
+# Depends computed from the binaries, the maintainer scripts and triggers, and, from the
+# unpacked packages, a CMake project linking both libraries and the Python module loading the
+# library by its soname. Every check runs; the failures are listed at the end.
+# Usage: check_packages.sh SOURCE_DIR OUT_DIR
+set -uo pipefail
+src=${1:?"usage: check_packages.sh SOURCE_DIR OUT_DIR"}
+out=${2:?"usage: check_packages.sh SOURCE_DIR OUT_DIR"}
+failures=()
+fail() { failures+=("$*"); echo "FAIL: $*"; }
+finish() {
+  echo "=== done in ${SECONDS}s"
+  if [ ${#failures[@]} -gt 0 ]; then
+    printf 'FAILED (%d):\n' "${#failures[@]}"
+    printf '  %s\n' "${failures[@]}"
+    exit 1
+  fi
+  echo "all package checks passed"
+}
+step() { echo "=== $* (at ${SECONDS}s)"; }
+
+step "scripts/package --out $out"
+rm -rf "$out"
+mkdir -p "$out"
+if ! "$src/scripts/package" --out "$out"; then
+  fail "scripts/package failed: the build, or lintian errors or warnings (output above)"
+fi
+
+version=$(sed -nE 's/^project\(retryd VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
+arch=$(dpkg-architecture -qDEB_HOST_ARCH)
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+libdir=usr/lib/$multiarch
+declare -A deb=(
+  [retryd]=$out/retryd_${version}_$arch.deb
+  [libretryd0]=$out/libretryd0_${version}_$arch.deb
+  [libretryd-dev]=$out/libretryd-dev_${version}_$arch.deb
+  [python3-retryd]=$out/python3-retryd_${version}_all.deb
+)
+for pkg in "${!deb[@]}"; do
+  if [ ! -f "${deb[$pkg]}" ]; then
+    fail "$pkg: no ${deb[$pkg]}"
+    finish
+  fi
+done
+
+work=$(mktemp -d /tmp/retryd-check-packages-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# contents PKG: "path" or "path -> target" per line, without ./ and directories.
+contents() {
+  dpkg-deb -c "${deb[$1]}" | awk '$1 !~ /^d/ { $1=$2=$3=$4=$5=""; sub(/^ +\.\//, ""); print }'
+}
+# expect PKG LINE...: each line is in PKG's contents.
+expect() {
+  local pkg=$1 line list
+  shift
+  list=$(contents "$pkg")
+  for line in "$@"; do
+    grep -qxF -- "$line" <<<"$list" || fail "$pkg: does not hold '$line'"
+  done
+}
+# expect_none PKG REGEX: no path in PKG's contents matches.
+expect_none() {
+  local hits
+  hits=$(contents "$1" | sed 's/ -> .*//' | grep -E -- "$2")
+  [ -z "$hits" ] || fail "$1: holds what belongs elsewhere: $(tr '\n' ' ' <<<"$hits")"
+}
+# control PKG FILE: the control file FILE (control, conffiles, postinst, ...) of PKG.
+control() {
+  local dir=$work/control-$1
+  [ -d "$dir" ] || dpkg-deb -e "${deb[$1]}" "$dir"
+  cat "$dir/$2" 2>/dev/null
+}
+# expect_in PKG FILE TEXT...: each TEXT is in PKG's control file FILE.
+expect_in() {
+  local pkg=$1 file=$2 text body
+  shift 2
+  body=$(control "$pkg" "$file")
+  [ -n "$body" ] || { fail "$pkg: no control file '$file'"; return; }
+  for text in "$@"; do
+    grep -qF -- "$text" <<<"$body" || fail "$pkg: $file lacks '$text'"
+  done
+}
+
+step "file lists"
+expect retryd usr/sbin/retryd usr/bin/retryctl lib/systemd/system/retryd.service \
+  etc/retryd/retryd.toml usr/lib/sysusers.d/retryd.conf usr/lib/tmpfiles.d/retryd.conf \
+  usr/share/man/man8/retryd.8.gz usr/share/man/man1/retryctl.1.gz
+expect_none retryd "libretryd|^usr/include/|python3"
+expect libretryd0 "$libdir/libretryd.so.$version" "$libdir/libretryd.so.0 -> libretryd.so.$version"
+expect_none libretryd0 "^usr/include/|libretryd\.a$|libretryd\.so( |$)|^usr/s?bin/"
+headers=()
+for h in "$src"/client/include/retryd/*.h; do headers+=("usr/include/retryd/$(basename "$h")"); done
+expect libretryd-dev "${headers[@]}" "$libdir/libretryd.so -> libretryd.so.0" \
+  "$libdir/libretryd.a" "$libdir/pkgconfig/retryd.pc" \
+  "$libdir/cmake/retryd/retrydConfig.cmake" "$libdir/cmake/retryd/retrydConfigVersion.cmake" \
+  "$libdir/cmake/retryd/retrydTargets.cmake"
+expect_none libretryd-dev "libretryd\.so\.|^usr/s?bin/"
+modules=()
+for m in "$src"/python/retryd/*.py; do
+  modules+=("usr/lib/python3/dist-packages/retryd/$(basename "$m")")
+done
+expect python3-retryd "${modules[@]}"
+expect_none python3-retryd "\.so"
+
+step "control files and maintainer scripts"
+expect_in retryd conffiles /etc/retryd/retryd.toml
+# The daemon's and retryctl's shared libraries, each mapped to the package that holds it on
+# this build host, must all be in Depends (computed by ${shlibs:Depends}).
+depends=$(dpkg-deb -f "${deb[retryd]}" Depends)
+echo "retryd Depends: $depends"
+depends_names=$(tr ',|' '\n\n' <<<"$depends" | sed -E 's/^ *([^ ]+).*/\1/')
+# owner PATH: the package holding the library PATH (as ldconfig names it, or the file it
+# resolves to, under /usr or not: merged /usr has both).
+owner() {
+  local p
+  for p in "$1" "$(readlink -f "$1")" "/usr$1" "${1#/usr}"; do
+    dpkg -S "$p" 2>/dev/null | grep -v '^diversion' | head -n 1 | cut -d: -f1 | grep . && return
+  done
+}
+dpkg-deb -x "${deb[retryd]}" "$work/retryd"
+for bin in usr/sbin/retryd usr/bin/retryctl; do
+  for soname in $(objdump -p "$work/retryd/$bin" | awk '$1 == "NEEDED" { print $2 }'); do
+    path=$(ldconfig -p | awk -v s="$soname" '$1 == s { print $NF; exit }')
+    pkg=$(owner "$path")
+    if [ -z "$pkg" ]; then
+      fail "$bin: needs $soname ($path), which no installed package holds on this host"
+    elif ! grep -qxF -- "$pkg" <<<"$depends_names"; then
+      fail "retryd: $bin needs $soname (package $pkg), not in Depends: $depends"
+    fi
+  done
+done
+grep -q "libtomlplusplus3" <<<"$depends" || fail "retryd: Depends lacks libtomlplusplus3"
+# Enabled on install, started where systemd runs, restarted (not stopped) on upgrade, stopped
+# on removal, enable link removed on purge.
+expect_in retryd postinst "systemd-sysusers" "retryd.conf" "systemd-tmpfiles" \
+  "deb-systemd-helper enable 'retryd.service'" "_dh_action=restart" \
+  "deb-systemd-invoke \$_dh_action 'retryd.service'"
+expect_in retryd prerm '[ "$1" = remove ]' "deb-systemd-invoke stop 'retryd.service'"
+expect_in retryd postrm "deb-systemd-helper purge 'retryd.service'"
+expect_in libretryd0 triggers "activate-noawait ldconfig"
+expect_in libretryd0 shlibs "libretryd 0 libretryd0 (>= "
+grep -q "libc6" <<<"$(dpkg-deb -f "${deb[libretryd0]}" Depends)" ||
+  fail "libretryd0: Depends lacks libc6: $(dpkg-deb -f "${deb[libretryd0]}" Depends)"
+grep -q "libretryd0 (= $version)" <<<"$(dpkg-deb -f "${deb[libretryd-dev]}" Depends)" ||
+  fail "libretryd-dev: Depends lacks 'libretryd0 (= $version)'"
+grep -q "libretryd0" <<<"$(dpkg-deb -f "${deb[python3-retryd]}" Depends)" ||
+  fail "python3-retryd: Depends lacks libretryd0"
+for pkg in "${!deb[@]}"; do
+  desc=$(dpkg-deb -f "${deb[$pkg]}" Description | tail -n +2)
+  [ -n "$desc" ] || fail "$pkg: empty extended description"
+done
+
+step "configured paths"
+unit=$(cat "$work/retryd/lib/systemd/system/retryd.service")
+grep -qxF "ExecStart=/usr/sbin/retryd --config=/etc/retryd/retryd.toml" <<<"$unit" ||
+  fail "retryd.service: ExecStart does not run /usr/sbin/retryd --config=/etc/retryd/retryd.toml"
+root=$work/root
+for pkg in libretryd0 libretryd-dev python3-retryd; do dpkg-deb -x "${deb[$pkg]}" "$root"; done
+pc=$(cat "$root/$libdir/pkgconfig/retryd.pc")
+grep -qxF "prefix=/usr" <<<"$pc" || fail "retryd.pc: not prefix=/usr: $(head -n 1 <<<"$pc")"
+grep -qxF "libdir=\${prefix}/lib/$multiarch" <<<"$pc" ||
+  fail "retryd.pc: libdir is not \${prefix}/lib/$multiarch"
+
+step "find_package(retryd) from the unpacked libretryd-dev"
+if cmake -S "$src/tests/packaging/consumer" -B "$work/consumer" \
+     -DCMAKE_PREFIX_PATH="$root/usr" >"$work/consumer.log" 2>&1 &&
+   cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1; then
+  LD_LIBRARY_PATH=$root/$libdir "$work/consumer/consumer_shared" ||
+    fail "consumer_shared (retryd::retryd) does not run"
+  "$work/consumer/consumer_static" || fail "consumer_static (retryd::retryd_static) does not run"
+  if objdump -p "$work/consumer/consumer_static" | grep -q "NEEDED.*libretryd"; then
+    fail "consumer_static needs libretryd.so: retryd::retryd_static is not the static library"
+  fi
+else
+  cat "$work/consumer.log"
+  fail "the CMake project of tests/packaging/consumer does not build against libretryd-dev"
+fi
+
+step "the Python module loads libretryd by its soname"
+soname=$(objdump -p "$root/$libdir/libretryd.so.$version" | awk '$1 == "SONAME" { print $2 }')
+loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" \
+  PYTHONPATH="$root/usr/lib/python3/dist-packages" PYTHONDONTWRITEBYTECODE=1 \
+  python3 -c 'import retryd; print(retryd.library_path())' 2>&1)
+[ "$loaded" = "$soname" ] ||
+  fail "python3-retryd: loaded '$loaded', not the library's soname '$soname'"
+
+finish
