@@ -112,7 +112,9 @@ class Daemon {
     uint32_t state = 0;
     uint32_t mode = 0;
     uint64_t breaker = 0;
-    uint64_t closed_count = 0;
+    // The transition counters (opened, half_opened, closed) as of the last breaker line
+    // logged: the next line accounts for every transition since, seen by the tick or not.
+    uint64_t logged_transitions[3] = {0, 0, 0};
   };
 
   Daemon() = default;

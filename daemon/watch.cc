@@ -3,6 +3,10 @@
 // table or registry, unconfigured names), logged with a rate limit.
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <iterator>
+#include <string>
+
 #include "daemon/daemon.h"
 #include "shm/breaker.h"
 
@@ -36,16 +40,24 @@ bool Daemon::LogAllowed(uint64_t now_ns) {
 
 void Daemon::Observe(uint32_t index, bool log_changes) {
   const shm::DependencySlot& slot = *segment_->dependency(index);
+  static constexpr shm::Counter kTransitions[3] = {shm::kOpened, shm::kHalfOpened, shm::kClosed};
   SlotView now;
   now.generation = slot.generation.load(kRelaxed);
   now.state = slot.state.load(std::memory_order_acquire);
   now.mode = slot.mode.load(kRelaxed);
   now.breaker = slot.breaker.load(kRelaxed);
-  now.closed_count = slot.counters[shm::kClosed].load(kRelaxed);
+  uint64_t transitions[3];
+  for (int i = 0; i < 3; ++i) transitions[i] = slot.counters[kTransitions[i]].load(kRelaxed);
   SlotView& old = seen_[index];
+  std::copy(std::begin(old.logged_transitions), std::end(old.logged_transitions),
+            std::begin(now.logged_transitions));
+  const bool is_new =
+      now.generation != old.generation || old.state != uint32_t(shm::SlotState::kActive);
+  if (is_new || !log_changes) {
+    // A new dependency (or a reused slot), or a look that logs nothing, starts the account here.
+    std::copy(std::begin(transitions), std::end(transitions), std::begin(now.logged_transitions));
+  }
   if (log_changes && now.state == uint32_t(shm::SlotState::kActive)) {
-    const bool is_new =
-        now.generation != old.generation || old.state != uint32_t(shm::SlotState::kActive);
     if (is_new) {
       if (LogAllowed(now_ns_)) {
         LOG(INFO) << "dependency " << shm::ReadName(slot) << ": created by a worker with the "
@@ -59,16 +71,38 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
       }
       const shm::BreakerWord was = shm::BreakerWord::Decode(old.breaker);
       const shm::BreakerWord is = shm::BreakerWord::Decode(now.breaker);
-      if (was.seq != is.seq && LogAllowed(now_ns_)) {
-        if (was.state == is.state && is.state == shm::BreakerState::kClosed) {
-          LOG(INFO) << "dependency " << shm::ReadName(slot) << ": breaker reset";
-        } else if (was.state != is.state) {
-          LOG(INFO) << "dependency " << shm::ReadName(slot) << ": breaker "
-                    << shm::BreakerStateName(was.state) << " -> " << shm::BreakerStateName(is.state)
-                    << (is.state == shm::BreakerState::kOpen
-                            ? " (reopens " + std::to_string(is.reopens) + ")"
-                            : std::string());
+      uint64_t moved[3], total = 0;
+      for (int i = 0; i < 3; ++i) total += moved[i] = transitions[i] - now.logged_transitions[i];
+      // The tick sees the word only as it is now: open -> half-open -> open between two looks
+      // reads as open -> open. The counters see every transition, and a line that says fewer
+      // than happened names them all.
+      if ((was.seq != is.seq || total > 0) && LogAllowed(now_ns_)) {
+        std::string line = "dependency " + shm::ReadName(slot) + ": breaker ";
+        // A reset (retryctl reset, shm::Reset) is the one way to closed that counts nothing
+        // else and need not come from half-open.
+        const bool reset = moved[0] == 0 && moved[1] == 0 && moved[2] == 1 &&
+                           is.state == shm::BreakerState::kClosed &&
+                           was.state != shm::BreakerState::kHalfOpen;
+        if (reset) {
+          line += "reset";
+          if (was.state != is.state) {
+            line += std::string(" (was ") + shm::BreakerStateName(was.state) + ")";
+          }
+        } else {
+          line += std::string(shm::BreakerStateName(was.state)) + " -> " +
+                  shm::BreakerStateName(is.state);
+          if (is.state == shm::BreakerState::kOpen) {
+            line += " (reopens " + std::to_string(is.reopens) + ")";
+          }
+          if (total > 1 || (total == 1 && was.state == is.state)) {
+            line += "; " + std::to_string(total) + " transitions since the last line: " +
+                    std::to_string(moved[0]) + " to open, " + std::to_string(moved[1]) +
+                    " to half-open, " + std::to_string(moved[2]) + " to closed";
+          }
         }
+        LOG(INFO) << line;
+        std::copy(std::begin(transitions), std::end(transitions),
+                  std::begin(now.logged_transitions));
       }
     }
   }

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <sstream>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -34,6 +36,7 @@ using testing::NotifySocket;
 using testing::ReadFile;
 using testing::TempPath;
 using testing::UniqueName;
+using testing::WaitUntil;
 using testing::WaitUntil;
 using testing::WriteFile;
 
@@ -294,6 +297,76 @@ TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload
   d->Signal(SIGHUP);
   ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
   EXPECT_EQ(seg->dependency(uint32_t(db))->mode.load(), uint32_t(shm::Mode::kShadow));
+}
+
+// The tick sees the breaker word only as it is at the tick: open -> half-open -> open between
+// two looks reads as open -> open. The log still accounts for every transition the counters
+// saw: summed over the breaker lines, the transitions logged are the transitions counted.
+TEST_F(DaemonProcessTest, EveryBreakerTransitionIsInTheLogEvenBetweenTwoTicks) {
+  auto d = StartDaemon(Config(
+      "tick = \"1s\"\n[dependency.db]\nmin_calls = 2\nfailure_rate_threshold = 50\n"
+      "open_for = \"1ms\"\nopen_for_max = \"1ms\"\nopen_jitter = \"0s\"\nclose_after = 1\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t i = seg->Find("db");
+  ASSERT_GE(i, 0);
+  shm::DependencySlot& slot = *seg->dependency(uint32_t(i));
+  shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 7};
+  auto call = [&](shm::Outcome outcome) {
+    shm::Permit p;
+    const shm::Decision got = shm::Admit(slot, uint32_t(i), 0, shm::PreciseNowNs(), caller, &p);
+    if (shm::IsAdmitted(got)) shm::Complete(slot, &p, outcome, 1'000, shm::PreciseNowNs(), caller);
+    return got;
+  };
+  // Trip, then two probes that fail and one that succeeds: 3 opens, 3 half-opens, 1 close,
+  // most of them between two ticks.
+  ASSERT_EQ(call(shm::Outcome::kFailure), shm::Decision::kAdmitted);
+  ASSERT_EQ(call(shm::Outcome::kFailure), shm::Decision::kAdmitted);
+  ASSERT_EQ(StateOf(slot), shm::BreakerState::kOpen);
+  for (shm::Outcome probe : {shm::Outcome::kFailure, shm::Outcome::kFailure,
+                             shm::Outcome::kSuccess}) {
+    ASSERT_TRUE(WaitUntil([&] { return call(probe) == shm::Decision::kAdmittedProbe; }, 5'000));
+  }
+  ASSERT_EQ(StateOf(slot), shm::BreakerState::kClosed);
+  shm::UnregisterProcess(*seg, caller.owner, getpid());
+  const uint64_t counted[3] = {slot.counters[shm::kOpened].load(),
+                               slot.counters[shm::kHalfOpened].load(),
+                               slot.counters[shm::kClosed].load()};
+  ASSERT_EQ(counted[0], 3u);
+  ASSERT_EQ(counted[1], 3u);
+  ASSERT_EQ(counted[2], 1u);
+
+  // Logged: a line "X -> Y" alone is one transition into Y; one that says more names them all.
+  auto logged = [&](uint64_t out[3]) {
+    out[0] = out[1] = out[2] = 0;
+    std::istringstream log(d->Log());
+    for (std::string line; std::getline(log, line);) {
+      const size_t at = line.find("dependency db: breaker ");
+      if (at == std::string::npos || line.find("breaker reset") != std::string::npos) continue;
+      unsigned n = 0, a = 0, b = 0, c = 0;
+      const size_t since = line.find("; ");
+      if (since != std::string::npos &&
+          std::sscanf(line.c_str() + since,
+                      "; %u transitions since the last line: %u to open, %u to half-open, "
+                      "%u to closed",
+                      &n, &a, &b, &c) == 4) {
+        out[0] += a, out[1] += b, out[2] += c;
+        continue;
+      }
+      const std::string to = line.substr(line.find(" -> ") + 4);
+      out[to.rfind("open", 0) == 0 ? 0 : to.rfind("half-open", 0) == 0 ? 1 : 2] += 1;
+    }
+  };
+  uint64_t sum[3];
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        logged(sum);
+        return sum[0] == counted[0] && sum[1] == counted[1] && sum[2] == counted[2];
+      },
+      10'000))
+      << "logged " << sum[0] << " to open, " << sum[1] << " to half-open, " << sum[2]
+      << " to closed; counted 3, 3, 1:\n"
+      << d->Log();
 }
 
 TEST_F(DaemonProcessTest, KillNineThenRestartAdoptsTheSegmentWithItsOpenBreaker) {
