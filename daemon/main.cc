@@ -1,12 +1,20 @@
 // retryd: the host daemon. See daemon/daemon.h for what it does and systemd/retryd.service
-// for how it runs. Logs go to stderr (the journal under systemd) unless --log_dir is given.
+// for how it runs. Logs go to stderr unless --log_dir is given; when stderr is the journal, each
+// line starts with its syslog priority (JournalPrefix).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <gflags/gflags.h>
+// glog declares InitGoogleLogging with a prefix callback (which Debian's libglog exports) only
+// with this defined.
+#define GLOG_CUSTOM_PREFIX_SUPPORT 1
 #include <glog/logging.h>
 
 #include "daemon/config.h"
@@ -46,6 +54,25 @@ void PrintHelp() {
       "  --helpfull\n      also the flags of the logging library (glog), e.g. --v=N\n\n"
       "Logs go to stderr (the journal under systemd). Signals: SIGHUP reloads the config (a bad "
       "file\nkeeps the running one), SIGTERM stops.\n");
+}
+
+// StderrIsTheJournal: systemd sets JOURNAL_STREAM to "DEVICE:INODE" of the stream it connects
+// to the journal; stderr is that stream if its device and inode match (sd_journal_stream_fd(3)).
+bool StderrIsTheJournal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  unsigned long long dev = 0, ino = 0;
+  struct stat st;
+  return stream != nullptr && std::sscanf(stream, "%llu:%llu", &dev, &ino) == 2 &&
+         fstat(STDERR_FILENO, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+// JournalPrefix starts each line with its syslog priority, "<N>" (sd-daemon(3)), which journald
+// takes as the entry's PRIORITY: warnings and errors are told from the rest by `journalctl -p`.
+// The journal stamps time and pid itself, so the prefix keeps only severity, file and line.
+void JournalPrefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
+  const char level = m.severity[0];
+  const int priority = level == 'F' ? 2 : level == 'E' ? 3 : level == 'W' ? 4 : 6;
+  s << '<' << priority << '>' << level << ' ' << m.filename << ':' << m.line_number << ']';
 }
 
 int CheckConfig(const std::string& path) {
@@ -91,7 +118,11 @@ int main(int argc, char** argv) {
                  FLAGS_tick_ms, retryd::daemon::kMinTickMs, retryd::daemon::kMaxTickMs);
     return 2;
   }
-  google::InitGoogleLogging(argv[0]);
+  if (StderrIsTheJournal()) {
+    google::InitGoogleLogging(argv[0], &JournalPrefix, nullptr);
+  } else {
+    google::InitGoogleLogging(argv[0]);
+  }
 
   retryd::daemon::DaemonOptions options;
   options.config_path = FLAGS_config;

@@ -1,10 +1,13 @@
 // Tests of the real `retryd` binary as a process: sd_notify on a test socket, SIGHUP reload,
 // SIGTERM, kill -9 and restart, dead workers killed with SIGKILL, the metrics textfile and
 // --check_config. Each test uses its own segment name and removes it.
-#include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <sstream>
@@ -668,6 +671,72 @@ TEST(CheckConfigTest, ExitCodesAndMessages) {
   r = testing::RunToCompletion({"--tick_ms=5000"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--tick_ms=5000 out of range"), std::string::npos) << r.err;
+}
+
+// RunWithStderr runs retryd with `args` and its stderr appended to `log`; with `journal`, the
+// environment says that stderr is the journal's stream, as systemd's JOURNAL_STREAM does
+// ("0:0", a stream stderr is not, otherwise). Returns the child's pid.
+pid_t RunWithStderr(const std::vector<std::string>& args, const std::string& log, bool journal) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  struct stat st;
+  if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || fstat(STDERR_FILENO, &st) != 0) _exit(127);
+  const std::string stream =
+      journal ? std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) : "0:0";
+  setenv("JOURNAL_STREAM", stream.c_str(), 1);
+  std::vector<char*> argv{const_cast<char*>(RETRYD_BINARY)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(RETRYD_BINARY, argv.data());
+  _exit(127);
+}
+
+int Reap(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, 0) == pid && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Under systemd, stderr is the journal: each line starts with its syslog priority ("<6>" info,
+// "<4>" warning, "<3>" error), which journald takes as the entry's PRIORITY, so `journalctl -p
+// warning` shows warnings and errors and not the rest. Elsewhere the lines stay glog's.
+TEST(JournalTest, EachLineCarriesItsSyslogPriorityWhenStderrIsTheJournal) {
+  const std::string log = TempPath(".log"), config = TempPath(".toml");
+  const std::string segment = UniqueName();
+  WriteFile(config, "[daemon]\nsegment = \"" + segment + "\"\nmax_dependencies = 8\n"
+                    "max_processes = 8\n[dependency.db]\n");
+  const pid_t daemon = RunWithStderr({"--config=" + config}, log, true);
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log).find("daemon: ready") != std::string::npos; },
+                        10'000))
+      << ReadFile(log);
+  kill(daemon, SIGTERM);
+  EXPECT_EQ(Reap(daemon), 0);
+  EXPECT_EQ(Reap(RunWithStderr({"--config=/nonexistent/retryd.toml"}, log, true)), 1);
+
+  const std::string text = ReadFile(log);
+  std::istringstream lines(text);
+  int info = 0, error = 0, n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    ASSERT_GE(line.size(), 5u) << line;
+    const std::string head = line.substr(0, 5);
+    EXPECT_TRUE(head == "<6>I " || head == "<4>W " || head == "<3>E ") << line;
+    info += head == "<6>I " && line.find("daemon: ready") != std::string::npos;
+    error += head == "<3>E " && line.find("cannot start") != std::string::npos;
+  }
+  EXPECT_GT(n, 2) << text;
+  EXPECT_EQ(info, 1) << text;
+  EXPECT_EQ(error, 1) << text;
+
+  // A stderr that is not the journal's stream keeps glog's own prefix.
+  const std::string plain = TempPath(".log");
+  EXPECT_EQ(Reap(RunWithStderr({"--config=/nonexistent/retryd.toml"}, plain, false)), 1);
+  const std::string got = ReadFile(plain);
+  EXPECT_EQ(got.rfind("E", 0), 0u) << got;
+  EXPECT_EQ(got.find("<3>"), std::string::npos) << got;
+  shm::Segment::Remove(segment);
+  unlink(log.c_str());
+  unlink(plain.c_str());
+  unlink(config.c_str());
 }
 
 // --help and -h show retryd's own flags and exit 0; nothing of the libraries it links, and no
