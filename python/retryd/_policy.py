@@ -1,6 +1,7 @@
 """The retry policy of dep.call / @dep.retry, and how Python results and exceptions map onto
 the classification inputs of the C library (method, status, transport error kind)."""
 
+import collections
 import ctypes
 import dataclasses
 import socket
@@ -77,6 +78,48 @@ def _mro_names(exc):
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
+# How many exceptions one classification looks at: a cause chain can be long, or loop.
+_CHAIN_LIMIT = 64
+
+
+def _carried(exc):
+    """The exceptions `exc` carries, the nearest first: the one it was raised from, the
+    underlying error the HTTP clients keep in an attribute or an argument (urllib's
+    URLError.reason, urllib3's MaxRetryError.reason and ProxyError.original_error, the urllib3
+    error a requests exception wraps in args[0], the OSError httpcore's errors wrap), then the
+    one being handled when it was raised, unless `raise ... from` suppressed that (urllib3 1.26
+    raises NewConnectionError inside `except socket.error`, so the refusal is only there)."""
+    carried = [exc.__cause__, getattr(exc, "reason", None), getattr(exc, "original_error", None)]
+    carried.extend(exc.args)
+    if not exc.__suppress_context__:
+        carried.append(exc.__context__)
+    return [e for e in carried if isinstance(e, BaseException)]
+
+
+def _own_kind(exc):
+    """The transport error kind `exc`'s own type names, and whether it decides the
+    classification. A socket-level error does, and so does a timeout: the request may have been
+    sent, and a refusal behind it (one being handled when it was raised) must not make it look
+    unsent. A client's generic connection error or an OSError ("other") does not: what it
+    carries may say more."""
+    if isinstance(exc, socket.gaierror):
+        return "dns", True
+    if isinstance(exc, ConnectionRefusedError):
+        return "connect_refused", True
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return "connection_reset", True
+    if isinstance(exc, ssl.SSLError):
+        return "tls", True
+    # Not "...TimeoutError" by name: urllib3's NewConnectionError, a refusal or a failed lookup,
+    # is a ConnectTimeoutError.
+    names = _mro_names(exc)
+    if isinstance(exc, TimeoutError) or any(n.endswith("Timeout") for n in names):
+        return "timeout", True
+    if "ConnectionError" in names or isinstance(exc, OSError):
+        return "other", False
+    return None, False
+
+
 def default_classify_exception(exc):
     """Maps an exception raised by an attempt to a transport error kind, an AttemptResult, or
     None.
@@ -84,30 +127,36 @@ def default_classify_exception(exc):
     socket.gaierror is "dns", ConnectionRefusedError "connect_refused", a reset, abort or
     broken pipe "connection_reset", ssl.SSLError "tls", TimeoutError (and any exception class
     called ...Timeout, as in requests and httpx) "timeout", urllib's HTTPError a response with
-    its status, any other OSError "other". None (anything else, a bug in the attempt function
-    say) ends the call at once: the attempt counts as a failure and the exception propagates.
+    its status, any other OSError (or exception class called ConnectionError) "other". The
+    exception's cause chain is followed, nearest first (__cause__, __context__, URLError.reason,
+    urllib3's MaxRetryError.reason, the error a requests or httpcore exception wraps): the first
+    exception there that is one of the specific kinds or a timeout decides, so a refusal raised
+    through urllib, requests, urllib3 or httpx is "connect_refused" alike, and a client's
+    generic connection error is "other" only when nothing behind it says more. A refusal found
+    behind a timeout does not make the timeout safe to repeat. None (anything else, a bug in the
+    attempt function say) ends the call at once: the attempt counts as a failure and the
+    exception propagates.
     """
     if isinstance(exc, urllib.error.HTTPError):
         return AttemptResult(value=exc, status=exc.code,
                              retry_after=_header(exc.headers, "Retry-After"),
                              date=_header(exc.headers, "Date"))
-    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException):
-        inner = default_classify_exception(exc.reason)
-        return inner if inner is not None else "other"
-    if isinstance(exc, socket.gaierror):
-        return "dns"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connect_refused"
-    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
-        return "connection_reset"
-    if isinstance(exc, ssl.SSLError):
-        return "tls"
-    names = _mro_names(exc)
-    if isinstance(exc, TimeoutError) or any(n.endswith("Timeout") for n in names):
-        return "timeout"
-    if "ConnectionError" in names or isinstance(exc, OSError):
-        return "other"
-    return None
+    # Breadth first, so what the exception was raised from comes before what was being handled
+    # further back (an earlier, unrelated failure the attempt function had caught).
+    fallback = None
+    queue, seen = collections.deque([exc]), {id(exc)}
+    while queue:
+        current = queue.popleft()
+        kind, decides = _own_kind(current)
+        if decides:
+            return kind
+        if fallback is None:
+            fallback = kind
+        for inner in _carried(current):
+            if id(inner) not in seen and len(seen) < _CHAIN_LIMIT:
+                seen.add(id(inner))
+                queue.append(inner)
+    return fallback
 
 
 class Classifier:
