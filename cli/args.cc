@@ -217,7 +217,8 @@ retryctl reads the shared-memory segment directly, so it works while the daemon 
 (by name; through the socket it needs the daemon that serves the segment).
 
 Exit status: 0 ok; 1 status found a dependency open, half-open or forced-open;
-2 usage error, or the segment could not be attached (missing, permission, incompatible).
+2 usage error, or the segment could not be attached (missing, permission, incompatible);
+3 status found the daemon down or stale.
 )";
   return text;
 }

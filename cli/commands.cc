@@ -161,6 +161,13 @@ int Watch(const Context& c, const Frame& frame) {
   return kExitOk;
 }
 
+// StatusExit: a daemon that does not serve says more about the host than any one breaker: the
+// limits still hold, but dead workers' leases wait for their expiry, reloads and metrics stop.
+int StatusExit(const shm::SegmentStatus& s) {
+  if (s.daemon.state != shm::DaemonState::kUp) return kExitDaemonDown;
+  return s.AnyOpen() ? kExitOpen : kExitOk;
+}
+
 int RunStatus(const Context& c) {
   std::unique_ptr<shm::Segment> seg;
   if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
@@ -174,7 +181,7 @@ int RunStatus(const Context& c) {
   };
   if (!c.inv.watch) {
     Print(c.out, render(first, MakeRenderOptions(c)));
-    return first.AnyOpen() ? kExitOpen : kExitOk;
+    return StatusExit(first);
   }
 
   // --watch: reattach every frame (the daemon may have replaced the segment) and show counter
@@ -209,7 +216,7 @@ int RunStatus(const Context& c) {
       *text = render(snap, r);
     }
     previous = snap;
-    return snap.AnyOpen() ? kExitOpen : kExitOk;
+    return StatusExit(snap);
   });
 }
 
@@ -366,7 +373,8 @@ const Command kCommands[] = {
     {"status",
      "status [DEP...]",
      "one row per dependency: mode, breaker, window, retry budget,\n"
-     "bulkhead, rejections (exit 1 if a shown dependency is open)",
+     "bulkhead, rejections (exit 1 if a shown dependency is open, 3 if the\n"
+     "daemon is down)",
      "retryctl status [--json] [--watch [SECONDS]] [DEP...]",
      R"(Shows the segment header (generation, daemon pid, heartbeat age, attached processes) and one row
 per active dependency, or only the named ones:
@@ -385,8 +393,9 @@ Counters are cumulative since the dependency was created; with --watch, every re
 the first shows the change since the previous refresh instead, and the header says so.
 --json prints one JSON document (one per refresh, one per line, with --watch).
 
-Exit status: 1 when a shown dependency's breaker is open or half-open (in enforce or shadow
-mode), or its mode is forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP.
+Exit status: 3 when the daemon is down or stale (DAEMON DOWN, DAEMON STALE); else 1 when a
+shown dependency's breaker is open or half-open (in enforce or shadow mode), or its mode is
+forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP.
 With --watch: 0 when ended by Ctrl-C.
 )",
      RunStatus},

@@ -35,6 +35,7 @@ const Command* FindCommand(std::string_view name);
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitOpen = 1;   // status: a shown dependency is open or half-open
 inline constexpr int kExitError = 2;  // usage, attach (missing, permission, incompatible), config
+inline constexpr int kExitDaemonDown = 3;  // status: the daemon is down or stale (before kExitOpen)
 
 int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* err);
 

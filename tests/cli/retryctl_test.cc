@@ -311,7 +311,7 @@ TEST(RetryctlStatus, StaleHeartbeatIsShownLoudly) {
   seg.AddDependency("payments", TestPolicy());
   seg.Heartbeat(uint32_t(getpid()), /*age_ms=*/10'000);
   RunResult r = Retryctl({"status", "--segment", seg.name()});
-  EXPECT_EQ(r.exit_code, 0) << "workers keep working without the daemon";
+  EXPECT_EQ(r.exit_code, 3) << "a daemon that does not tick is not serving";
   EXPECT_THAT(r.out, HasSubstr("DAEMON STALE"));
   EXPECT_THAT(r.out, HasSubstr("heartbeat 10s ago"));
   json doc = StatusJson(seg);
@@ -321,11 +321,14 @@ TEST(RetryctlStatus, StaleHeartbeatIsShownLoudly) {
   // A threshold above the age: up again.
   r = Retryctl({"status", "--segment", seg.name(), "--stale-after", "60"});
   EXPECT_THAT(r.out, Not(HasSubstr("DAEMON")));
+  EXPECT_EQ(r.exit_code, 0);
 
   seg.Heartbeat(uint32_t(DeadPid()), 0);
   r = Retryctl({"status", "--segment", seg.name()});
   EXPECT_THAT(r.out, HasSubstr("DAEMON DOWN"));
   EXPECT_THAT(r.out, HasSubstr("is not running"));
+  EXPECT_EQ(r.exit_code, 3) << "down is told apart from ok (0) and open (1)";
+  EXPECT_EQ(Retryctl({"status", "--segment", seg.name(), "--json"}).exit_code, 3);
   doc = StatusJson(seg);
   EXPECT_EQ(doc["daemon"]["state"], "down");
   EXPECT_EQ(doc["daemon"]["pid_alive"], false);
