@@ -208,6 +208,8 @@ int Daemon::Run() {
                                       "' stays for the workers and the next daemon");
           Notify("STOPPING=1");
           segment_->header().daemon_pid.store(0, kRelaxed);
+          // The textfile would otherwise go on saying this pid and a fresh heartbeat age.
+          if (!config_.daemon.metrics_textfile.empty()) WriteMetrics(shm::PreciseNowNs());
           // `retired` sends the workers to the next daemon (on their paced check): one that
           // adopts this segment from the fd store takes it back into service, and each worker
           // resumes its owner there; one without it starts a new segment, and they move.

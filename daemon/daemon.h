@@ -63,6 +63,11 @@ void ApplyOverrides(const DaemonOptions& o, Config* cfg);
 // -1 (leave as is). Errors name `source`, the key and the unknown name. Thread-compatible.
 Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_t* uid,
                         gid_t* gid);
+// CheckPermissions refuses settings the kernel would refuse this process once it runs, naming
+// the key, the user it runs as and what would make it work: an owner other than itself, or a
+// group it is not in, without CAP_CHOWN (`uid`, `gid` from ResolveOwnership); a
+// metrics_textfile in a directory it cannot write. --check_config runs it as the unit's user.
+Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_t uid, gid_t gid);
 // ResolveAllowed looks up `d.allow_users` and `d.allow_groups`; errors name the unknown one.
 Status ResolveAllowed(const DaemonSettings& d, const std::string& source,
                       std::vector<uid_t>* uids, std::vector<gid_t>* gids);

@@ -83,6 +83,7 @@ int CheckConfig(const std::string& path) {
     uid_t uid;
     gid_t gid;
     st = ResolveOwnership(cfg.daemon, path, &uid, &gid);
+    if (st.ok()) st = CheckPermissions(cfg.daemon, path, uid, gid);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", st.message().c_str());

@@ -1,12 +1,18 @@
 // The daemon's config: what the command line overrides, who owns the segment, and publishing a
 // config (at start, and on every reload) into the segment.
+#include <fcntl.h>
 #include <glog/logging.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <pwd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 
 #include "daemon/daemon.h"
@@ -53,7 +59,70 @@ Status LookUpGroup(const std::string& name, const std::string& source, const cha
   return Status::Ok();
 }
 
+std::string UserName(uid_t uid) {
+  const passwd* pw = getpwuid(uid);
+  return pw ? std::string(pw->pw_name) : "uid " + std::to_string(uid);
+}
+
+std::string GroupName(gid_t gid) {
+  const group* gr = getgrgid(gid);
+  return gr ? std::string(gr->gr_name) : "gid " + std::to_string(gid);
+}
+
+// HasCapChown: may this process give a file to any owner and group (CAP_CHOWN, effective)?
+bool HasCapChown() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  return (data[CAP_TO_INDEX(CAP_CHOWN)].effective & CAP_TO_MASK(CAP_CHOWN)) != 0;
+}
+
+bool InGroup(gid_t gid) {
+  if (getegid() == gid) return true;
+  const int n = getgroups(0, nullptr);
+  std::vector<gid_t> groups(size_t(n > 0 ? n : 0));
+  if (n <= 0 || getgroups(n, groups.data()) != n) return false;
+  return std::find(groups.begin(), groups.end(), gid) != groups.end();
+}
+
 }  // namespace
+
+Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_t uid, gid_t gid) {
+  const std::string self = "retryd runs as user " + UserName(geteuid());
+  const bool can_chown = HasCapChown();
+  const char* grant =
+      "grant it CAP_CHOWN (`systemctl edit retryd`: CapabilityBoundingSet=CAP_CHOWN and "
+      "AmbientCapabilities=CAP_CHOWN)";
+  if (uid != uid_t(-1) && uid != geteuid() && !can_chown) {
+    return Status::PermissionDenied(
+        source + ": key 'daemon.owner': " + self + ", which cannot give its " +
+        (d.socket.empty() ? "segment" : "socket") + " to user " + UserName(uid) +
+        ": leave owner unset, run retryd as " + UserName(uid) + ", or " + grant);
+  }
+  if (gid != gid_t(-1) && !InGroup(gid) && !can_chown) {
+    return Status::PermissionDenied(
+        source + ": key 'daemon.group': " + self + ", which is not in group " + GroupName(gid) +
+        " and so cannot give its " + (d.socket.empty() ? "segment" : "socket") +
+        " to it: add the user to the group (`usermod -aG " + GroupName(gid) + " " +
+        UserName(geteuid()) + "`, then restart retryd), or " + grant);
+  }
+  if (!d.metrics_textfile.empty()) {
+    const size_t slash = d.metrics_textfile.rfind('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : d.metrics_textfile.substr(0, slash);
+    if (faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+      const int err = errno;
+      return Status::PermissionDenied(
+          source + ": key 'daemon.metrics_textfile': " + self + ", which cannot write in " +
+          dir + " (" + std::strerror(err) + "): let it (e.g. `setfacl -m u:" +
+          UserName(geteuid()) + ":rwx " + dir + "`) and, under systemd, let the unit write " +
+          "there too (ReadWritePaths=" + dir + " with `systemctl edit retryd`; the shipped " +
+          "unit allows /var/lib/prometheus/node-exporter)");
+    }
+  }
+  return Status::Ok();
+}
 
 void ApplyOverrides(const DaemonOptions& o, Config* cfg) {
   if (!o.segment.empty()) cfg->daemon.segment = o.segment;

@@ -196,6 +196,7 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   uid_t uid;
   gid_t gid;
   if (Status st = ResolveOwnership(cfg.daemon, cfg.source, &uid, &gid); !st.ok()) return st;
+  if (Status st = CheckPermissions(cfg.daemon, cfg.source, uid, gid); !st.ok()) return st;
   RaiseFileLimit(cfg.daemon.max_processes);
 
   if (Status st = cfg.daemon.socket.empty() ? d->OpenNamedSegment(cfg, uid, gid)

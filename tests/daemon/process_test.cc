@@ -2,6 +2,7 @@
 // SIGTERM, kill -9 and restart, dead workers killed with SIGKILL, the metrics textfile and
 // --check_config. Each test uses its own segment name and removes it.
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -577,11 +578,7 @@ TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
   auto d = StartDaemon(Config("metrics_textfile = \"" + prom + "\"\nmetrics_interval = \"100ms\"\n"
                               "[dependency.db]\n"));
   std::string text;
-  for (int i = 0; i < 300 && text.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    text = ReadFile(prom);
-  }
-  ASSERT_FALSE(text.empty()) << d->Log();
+  ASSERT_TRUE(WaitUntil([&] { return !(text = ReadFile(prom)).empty(); }, 10'000)) << d->Log();
   std::map<std::string, double> s;
   ASSERT_EQ(testing::ParsePrometheus(text, &s), "") << text;
   EXPECT_EQ(s.at("retryd_breaker_state{dependency=\"db\"}"), 0);
@@ -592,10 +589,22 @@ TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
       << "the temporary file is renamed into place";
   // Rewritten every interval: the heartbeat moves.
   const double beat = s.at("retryd_daemon_heartbeat_timestamp_seconds");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto read = [&](std::map<std::string, double>* out) {
+    out->clear();
+    return testing::ParsePrometheus(ReadFile(prom), out) == "";
+  };
   std::map<std::string, double> later;
-  ASSERT_EQ(testing::ParsePrometheus(ReadFile(prom), &later), "");
-  EXPECT_GT(later.at("retryd_daemon_heartbeat_timestamp_seconds"), beat);
+  EXPECT_TRUE(WaitUntil(
+      [&] { return read(&later) && later.at("retryd_daemon_heartbeat_timestamp_seconds") > beat; },
+      10'000));
+  // A clean stop leaves a textfile that says so: no daemon pid, and a heartbeat that only ages.
+  d->Signal(SIGTERM);
+  ASSERT_EQ(d->Wait(10'000), 0) << d->Log();
+  std::map<std::string, double> stopped;
+  ASSERT_TRUE(read(&stopped));
+  EXPECT_EQ(stopped.at("retryd_daemon_pid"), 0);
+  EXPECT_GE(stopped.at("retryd_daemon_heartbeat_timestamp_seconds"),
+            later.at("retryd_daemon_heartbeat_timestamp_seconds"));
   unlink(prom.c_str());
 }
 
@@ -736,6 +745,82 @@ TEST(JournalTest, EachLineCarriesItsSyslogPriorityWhenStderrIsTheJournal) {
   shm::Segment::Remove(segment);
   unlink(log.c_str());
   unlink(plain.c_str());
+  unlink(config.c_str());
+}
+
+// CheckAsNobody runs `retryd --check_config=CONFIG` as nobody (uid and gid 65534, no other
+// groups), as the unit's ExecStartPre runs it as User=; returns the exit code and stderr.
+testing::RunResult CheckAsNobody(const std::string& config) {
+  const std::string err = TempPath(".err");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    const int null = open("/dev/null", O_WRONLY);
+    if (fd < 0 || null < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
+        setgroups(0, nullptr) != 0 ||
+        setgid(65534) != 0 || setuid(65534) != 0) {
+      _exit(100);
+    }
+    execl(RETRYD_BINARY, RETRYD_BINARY, ("--check_config=" + config).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  testing::RunResult r;
+  r.exit_code = Reap(pid);
+  r.err = ReadFile(err);
+  unlink(err.c_str());
+  return r;
+}
+
+// What the kernel would refuse once the daemon runs is refused by --check_config (the unit's
+// ExecStartPre, as the unit's user), naming the key, the user and what would make it work:
+// before, `group = "www-data"` passed the check and the start then failed with
+// "chown to 4294967295:33: Operation not permitted".
+TEST(CheckConfigTest, SettingsTheDaemonsUserCannotApplyAreRefusedByName) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the check as nobody";
+  const std::string config = TempPath(".toml");
+  auto check = [&](const std::string& daemon_keys) {
+    WriteFile(config, "[daemon]\n" + daemon_keys);
+    chmod(config.c_str(), 0644);
+    return CheckAsNobody(config);
+  };
+  testing::RunResult r = check("group = \"root\"\n");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("key 'daemon.group': retryd runs as user nobody, which is not in group "
+                       "root"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("usermod -aG root nobody"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("4294967295"), std::string::npos) << r.err;
+
+  r = check("owner = \"root\"\n");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("key 'daemon.owner': retryd runs as user nobody, which cannot give its "
+                       "segment to user root"),
+            std::string::npos)
+      << r.err;
+
+  char tmpl[] = "/tmp/retryd-metrics-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  chmod(tmpl, 0755);  // root's, like Debian's /var/lib/prometheus/node-exporter
+  r = check("metrics_textfile = \"" + std::string(tmpl) + "/retryd.prom\"\n");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("key 'daemon.metrics_textfile': retryd runs as user nobody, which cannot "
+                       "write in " + std::string(tmpl) + " (Permission denied)"),
+            std::string::npos)
+      << r.err;
+
+  // What it may do passes: its own group, a directory it may write in.
+  chmod(tmpl, 0777);
+  r = check("group = \"nogroup\"\nmetrics_textfile = \"" + std::string(tmpl) + "/retryd.prom\"\n");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Root may give files away.
+  const testing::RunResult as_root =
+      testing::RunToCompletion({"--check_config=" + config});
+  EXPECT_EQ(as_root.exit_code, 0) << as_root.err;
+  WriteFile(config, "[daemon]\ngroup = \"root\"\nowner = \"nobody\"\n");
+  EXPECT_EQ(testing::RunToCompletion({"--check_config=" + config}).exit_code, 0);
+  rmdir(tmpl);
   unlink(config.c_str());
 }
 
