@@ -296,6 +296,9 @@ int RunSetMode(const Context& c) {
   uint32_t index = 0;
   if (Status s = FindDependency(*seg, name, &index); !s.ok()) return Fail(c, s.message());
   shm::DependencySlot& slot = *seg->dependency(index);
+  // Who, before what: the daemon that sees the new mode logs this uid and pid with it.
+  slot.mode_setter.store(shm::ModeSetter::Make(uint32_t(getuid()), uint32_t(getpid())),
+                         std::memory_order_relaxed);
   const uint32_t old_word = slot.mode.exchange(uint32_t(mode), std::memory_order_acq_rel);
   const std::string old_name = old_word < shm::kModeCount
                                    ? shm::ModeName(shm::Mode(old_word))

@@ -122,6 +122,16 @@ Table::Cell BreakerCell(const shm::DependencyStatus& d) {
   return {"?", nullptr};
 }
 
+// LastProbeText: "ok 12s ago", "failed 2s ago", "expired 1m05s ago", or "-" with none yet.
+std::string LastProbeText(const shm::DependencyStatus& d) {
+  const char* what = d.last_probe == shm::ProbeOutcome::kSucceeded ? "ok"
+                     : d.last_probe == shm::ProbeOutcome::kFailed  ? "failed"
+                     : d.last_probe == shm::ProbeOutcome::kExpired ? "expired"
+                                                                   : nullptr;
+  if (what == nullptr) return "-";
+  return std::string(what) + " " + FormatHumanDuration(d.last_probe_age_ms) + " ago";
+}
+
 std::string RejectionsText(const shm::DependencyStatus& d) {
   std::string out;
   auto add = [&](const char* label, shm::Counter c) {
@@ -209,6 +219,8 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
   t.AddRow({{"DEPENDENCY", hs},
             {"MODE", hs},
             {"BREAKER", hs},
+            {"SINCE", hs},
+            {"LAST PROBE", hs},
             {"WINDOW FAIL% OF CALLS", hs},
             {"RETRY TOKENS", hs},
             {"RETRIES OK/DENIED " + span, hs},
@@ -227,6 +239,11 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
         {dep.name, nullptr},
         {shm::ModeName(dep.mode), ModeStyle(dep.mode)},
         BreakerCell(dep),
+        {dep.state_age_ms ? FormatHumanDuration(*dep.state_age_ms) : std::string("-"), nullptr},
+        {LastProbeText(dep), dep.last_probe == shm::ProbeOutcome::kSucceeded ||
+                                     dep.last_probe == shm::ProbeOutcome::kNone
+                                 ? nullptr
+                                 : kYellow},
         {window, nullptr},
         {Tokens(dep.tokens_available_milli) + "/" + std::to_string(dep.policy.retry_burst),
          dep.tokens_available_milli < shm::RetryBudget::kTokenScale ? kRed : nullptr},
@@ -299,6 +316,11 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
         {"half_open_in_ms", dep.breaker == shm::BreakerState::kOpen
                                 ? json(std::max<int64_t>(0, dep.half_open_in_ms))
                                 : json(nullptr)},
+        {"since_ms", dep.state_age_ms ? json(*dep.state_age_ms) : json(nullptr)},
+        {"last_probe", dep.last_probe == shm::ProbeOutcome::kNone
+                           ? json(nullptr)
+                           : json{{"outcome", shm::ProbeOutcomeName(dep.last_probe)},
+                                  {"age_ms", dep.last_probe_age_ms}}},
         {"probes_in_flight", dep.probes_in_flight},
         {"probes_allowed", dep.policy.half_open_probes},
         {"probe_successes", dep.probe_successes},
@@ -321,6 +343,9 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
         {"index", dep.index},
         {"generation", dep.generation},
         {"mode", shm::ModeName(dep.mode)},
+        {"mode_set_by", dep.mode_set_by_pid ? json{{"pid", *dep.mode_set_by_pid},
+                                                   {"uid", *dep.mode_set_by_uid}}
+                                            : json(nullptr)},
         {"open", dep.IsOpen()},
         {"breaker", breaker},
         {"window",

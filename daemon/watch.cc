@@ -2,6 +2,7 @@
 // mode set by retryctl, breaker transitions) and conditions that must never be silent (a full
 // table or registry, unconfigured names), logged with a rate limit.
 #include <glog/logging.h>
+#include <pwd.h>
 
 #include <algorithm>
 #include <iterator>
@@ -44,7 +45,7 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
   SlotView now;
   now.generation = slot.generation.load(kRelaxed);
   now.state = slot.state.load(std::memory_order_acquire);
-  now.mode = slot.mode.load(kRelaxed);
+  now.mode = slot.mode.load(std::memory_order_acquire);  // after its setter (ModeSetter)
   now.breaker = slot.breaker.load(kRelaxed);
   uint64_t transitions[3];
   for (int i = 0; i < 3; ++i) transitions[i] = slot.counters[kTransitions[i]].load(kRelaxed);
@@ -65,9 +66,17 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
       }
     } else {
       if (now.mode != old.mode && LogAllowed(now_ns_)) {
+        const uint64_t setter = slot.mode_setter.load(kRelaxed);
+        std::string by;
+        if (shm::ModeSetter::Known(setter)) {
+          const uid_t uid = shm::ModeSetter::Uid(setter);
+          const passwd* pw = getpwuid(uid);
+          by = " (set by pid " + std::to_string(shm::ModeSetter::Pid(setter)) + ", uid " +
+               std::to_string(uid) + (pw ? " " + std::string(pw->pw_name) : std::string()) + ")";
+        }
         LOG(INFO) << "dependency " << shm::ReadName(slot) << ": mode "
                   << shm::ModeName(shm::Mode(old.mode)) << " -> "
-                  << shm::ModeName(shm::Mode(now.mode));
+                  << shm::ModeName(shm::Mode(now.mode)) << by;
       }
       const shm::BreakerWord was = shm::BreakerWord::Decode(old.breaker);
       const shm::BreakerWord is = shm::BreakerWord::Decode(now.breaker);

@@ -228,8 +228,10 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
         Lease::Release(slot.probe_leases[p->probe_index % kMaxProbes], p->probe_lease);
     p->flags &= uint8_t(~kPermitProbe);
     if (held && failed) {
+      ReportProbe(slot, ProbeOutcome::kFailed, now_ns);
       ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq, caller.rng);
     } else if (held && outcome != Outcome::kIgnored) {
+      ReportProbe(slot, ProbeOutcome::kSucceeded, now_ns);
       ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, caller.rng);
     }
   } else if (outcome != Outcome::kIgnored) {
@@ -256,6 +258,7 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
     }
   }
   if (current_probe_expired) {
+    ReportProbe(slot, ProbeOutcome::kExpired, now_ns);
     ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, b.seq, caller.rng);
   }
   const uint32_t bulkhead_words =

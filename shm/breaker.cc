@@ -193,6 +193,7 @@ bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
   slot.breaker_time.store(
       BreakerTime::Make(after.seq, now_ms + uint32_t(after.time_ms - uint32_t(now_ms))),
       std::memory_order_release);
+  slot.state_since.store(BreakerTime::Make(after.seq, now_ms), kRelaxed);
   const Counter c = after.state == BreakerState::kOpen       ? kOpened
                     : after.state == BreakerState::kHalfOpen ? kHalfOpened
                                                              : kClosed;
@@ -229,6 +230,20 @@ bool OpenPeriodOver(const DependencySlot& slot, const BreakerWord& b, uint64_t n
     return now_ns / 1'000'000u >= *until_ms;
   }
   return DeadlinePassed(NsToMs32(now_ns), b.time_ms, kMaxDeadlineAheadMs);
+}
+
+void ReportProbe(DependencySlot& slot, ProbeOutcome o, uint64_t now_ns) {
+  slot.last_probe.store(ProbeReport::Make(o, now_ns / 1'000'000u), kRelaxed);
+}
+
+const char* ProbeOutcomeName(ProbeOutcome o) {
+  switch (o) {
+    case ProbeOutcome::kNone: return "none";
+    case ProbeOutcome::kSucceeded: return "succeeded";
+    case ProbeOutcome::kFailed: return "failed";
+    case ProbeOutcome::kExpired: return "expired";
+  }
+  return "none";
 }
 
 const char* BreakerStateName(BreakerState s) {

@@ -117,6 +117,33 @@ struct BreakerTime {
   static uint64_t Ms(uint64_t w) { return w & kMsMask; }
 };
 
+// ProbeReport: DependencySlot::last_probe, what the last probe reported and when (full ms,
+// the clock of BreakerTime). An expired probe is a failure the sweep reported for it.
+enum class ProbeOutcome : uint32_t { kNone = 0, kSucceeded = 1, kFailed = 2, kExpired = 3 };
+const char* ProbeOutcomeName(ProbeOutcome o);  // "none", "succeeded", "failed", "expired"
+struct ProbeReport {
+  static uint64_t Make(ProbeOutcome o, uint64_t ms) {
+    return (uint64_t(o) << 62) | (ms & BreakerTime::kMsMask);
+  }
+  static ProbeOutcome Outcome(uint64_t w) { return ProbeOutcome(w >> 62); }
+  static uint64_t Ms(uint64_t w) { return w & BreakerTime::kMsMask; }
+};
+// ReportProbe records a probe's outcome in the slot (a relaxed store: probes only).
+void ReportProbe(DependencySlot& slot, ProbeOutcome o, uint64_t now_ns);
+
+// ModeSetter: DependencySlot::mode_setter, who last set the mode: uid << 32 | pid, with
+// kModeSetterKnown set (0: nobody has said). Written by the writer itself: it names a process
+// as honestly as the trust model's writers are (README, Trust model).
+struct ModeSetter {
+  static constexpr uint64_t kKnown = uint64_t{1} << 63;
+  static uint64_t Make(uint32_t uid, uint32_t pid) {
+    return kKnown | (uint64_t(uid & 0x7fffffffu) << 32) | pid;
+  }
+  static bool Known(uint64_t w) { return (w & kKnown) != 0; }
+  static uint32_t Uid(uint64_t w) { return uint32_t(w >> 32) & 0x7fffffffu; }
+  static uint32_t Pid(uint64_t w) { return uint32_t(w); }
+};
+
 // FullTimeMs is the time of state word `b` in full ms, when the slot's breaker time word
 // matches it (see above); nullopt otherwise.
 std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b);

@@ -174,7 +174,8 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   if (found >= 0) {
     DependencySlot& d = dependencies_[found];
     StorePolicy(policy, d.policy);
-    d.mode.store(uint32_t(policy.mode), kRelaxed);
+    d.mode_setter.store(0, kRelaxed);  // the config's mode: no process to name
+    d.mode.store(uint32_t(policy.mode), std::memory_order_release);
     d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
     *index = uint32_t(found);
     return Status::Ok();
@@ -196,6 +197,11 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   const uint64_t now_ns = PreciseNowNs();
   BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(now_ns)};
   d.breaker.store(closed.Encode(), kRelaxed);
+  // The operator's words beside it describe this dependency from now on, not the slot's
+  // previous one.
+  d.state_since.store(BreakerTime::Make(0, now_ns / 1'000'000u), kRelaxed);
+  d.last_probe.store(0, kRelaxed);
+  d.mode_setter.store(0, kRelaxed);
   d.budget.store(
       RetryBudget::Make(uint64_t{LoadPolicy(d.policy).retry_burst} * RetryBudget::kTokenScale,
                         NsToMs32(now_ns)),

@@ -86,6 +86,15 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint64_t> budget;
   std::atomic<uint64_t> window_head;
   std::atomic<uint64_t> breaker_time;
+  // For the operator, in what was this line's padding (0 in a segment whose writers predate
+  // them, read as unknown): when the breaker entered its state (a BreakerTime: the word's seq
+  // and the transition's time), and the last probe's outcome and time (a ProbeReport), both
+  // written with the transition or the probe's report; the uid and pid of the last process to
+  // set the mode (ModeSetter, written by retryctl set-mode before the mode). Never read by
+  // admit or complete.
+  std::atomic<uint64_t> state_since;
+  std::atomic<uint64_t> last_probe;
+  std::atomic<uint64_t> mode_setter;
   // Lines 4-5: breaker window buckets (see breaker.h).
   alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
   // Lines 6-8: counters.
@@ -166,6 +175,7 @@ static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);
 static_assert(offsetof(DependencySlot, budget) == 3 * kCacheLine + 8);
 static_assert(offsetof(DependencySlot, window_head) == 3 * kCacheLine + 16);
+static_assert(offsetof(DependencySlot, mode_setter) + 8 <= 4 * kCacheLine);
 static_assert(offsetof(DependencySlot, buckets) == 4 * kCacheLine);
 static_assert(offsetof(DependencySlot, counters) == 6 * kCacheLine);
 static_assert(offsetof(DependencySlot, probe_leases) == 9 * kCacheLine);

@@ -54,6 +54,22 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
     }
   }
   d.probes_in_flight = CountTaken(slot.probe_leases, kMaxProbes);
+  const uint64_t now_full_ms = now_ns / 1'000'000u;
+  const uint64_t since = slot.state_since.load(kRelaxed);
+  if (BreakerTime::Ms(since) != 0 && BreakerTime::Seq(since) == b.seq) {
+    d.state_age_ms = now_full_ms > BreakerTime::Ms(since) ? now_full_ms - BreakerTime::Ms(since) : 0;
+  }
+  const uint64_t probe = slot.last_probe.load(kRelaxed);
+  d.last_probe = ProbeReport::Outcome(probe);
+  if (d.last_probe != ProbeOutcome::kNone) {
+    d.last_probe_age_ms =
+        now_full_ms > ProbeReport::Ms(probe) ? now_full_ms - ProbeReport::Ms(probe) : 0;
+  }
+  const uint64_t setter = slot.mode_setter.load(kRelaxed);
+  if (ModeSetter::Known(setter)) {
+    d.mode_set_by_uid = ModeSetter::Uid(setter);
+    d.mode_set_by_pid = ModeSetter::Pid(setter);
+  }
 
   d.window = ReadWindow(slot, now_ns);
   d.tokens_available_milli = RetryBudget::Available(

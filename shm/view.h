@@ -68,6 +68,16 @@ struct DependencyStatus {
   uint32_t probe_successes = 0;   // half-open successes so far
   int64_t half_open_in_ms = 0;    // open: time until half-open (<= 0: due now)
   uint32_t probes_in_flight = 0;  // probe leases taken
+  // How long the breaker has been in its state; nullopt when the slot does not say (a writer
+  // that predates DependencySlot::state_since, or the instant between a transition's two
+  // stores).
+  std::optional<uint64_t> state_age_ms;
+  // The last probe's outcome and how long ago it reported (kNone: no probe since the slot was
+  // created).
+  ProbeOutcome last_probe = ProbeOutcome::kNone;
+  uint64_t last_probe_age_ms = 0;
+  // Who last set the mode (DependencySlot::mode_setter); nullopt: nobody said.
+  std::optional<uint32_t> mode_set_by_uid, mode_set_by_pid;
   // Window (ReadWindow): approximate at bucket edges.
   WindowStats window;
   // Retry budget.

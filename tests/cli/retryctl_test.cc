@@ -210,6 +210,88 @@ TEST(RetryctlStatus, HalfOpenWithProbeHeld) {
   EXPECT_EQ(d["counters"]["probes_granted"], 1);
 }
 
+// Since when the breaker is in its state, and the last probe's report with its age, as
+// `systemctl status` and Envoy's /clusters show them. Each age lies between the ages measured
+// just before and just after retryctl ran.
+TEST(RetryctlStatus, SinceAndTheLastProbe) {
+  TestSegment seg;
+  shm::Policy p = TestPolicy(4, /*open_for_ms=*/1'000);
+  p.close_after = 1;
+  const uint32_t i = seg.AddDependency("inventory", p);
+  const uint64_t tripped = NowNs() - 30'000'000'000ull;
+  auto status = [&](uint64_t at_ns, int64_t* lo_ms, int64_t* hi_ms) {
+    *lo_ms = int64_t((NowNs() - at_ns) / 1'000'000);
+    json d = Dependency(StatusJson(seg), "inventory");
+    *hi_ms = int64_t((NowNs() - at_ns) / 1'000'000) + 1;
+    return d;
+  };
+  int64_t lo, hi;
+  json d = status(NowNs(), &lo, &hi);
+  EXPECT_EQ(d["breaker"]["state"], "closed");
+  EXPECT_TRUE(d["breaker"]["last_probe"].is_null()) << "no probe yet";
+  EXPECT_GE(d["breaker"]["since_ms"].get<int64_t>(), 0) << "closed since it was created";
+
+  seg.Trip(i, 4, tripped);
+  d = status(tripped, &lo, &hi);
+  EXPECT_EQ(d["breaker"]["state"], "open");
+  EXPECT_GE(d["breaker"]["since_ms"].get<int64_t>(), lo);
+  EXPECT_LE(d["breaker"]["since_ms"].get<int64_t>(), hi);
+
+  // A probe that fails reopens; its report says when.
+  const uint64_t failed = tripped + 2'000'000'000ull;
+  ASSERT_EQ(seg.Call(i, 0, Outcome::kFailure, failed), Decision::kAdmittedProbe);
+  d = status(failed, &lo, &hi);
+  EXPECT_EQ(d["breaker"]["last_probe"]["outcome"], "failed");
+  EXPECT_GE(d["breaker"]["last_probe"]["age_ms"].get<int64_t>(), lo);
+  EXPECT_LE(d["breaker"]["last_probe"]["age_ms"].get<int64_t>(), hi);
+  EXPECT_GE(d["breaker"]["since_ms"].get<int64_t>(), lo) << "open again since the probe failed";
+  EXPECT_LE(d["breaker"]["since_ms"].get<int64_t>(), hi);
+
+  // One that succeeds closes (close_after 1), and the table says so in its own columns.
+  const uint64_t ok = NowNs();
+  ASSERT_EQ(seg.Call(i, 0, Outcome::kSuccess, ok), Decision::kAdmittedProbe);
+  d = status(ok, &lo, &hi);
+  EXPECT_EQ(d["breaker"]["state"], "closed");
+  EXPECT_EQ(d["breaker"]["last_probe"]["outcome"], "succeeded");
+  const RunResult r = Retryctl({"status", "--segment", seg.name()});
+  EXPECT_THAT(r.out, HasSubstr("SINCE"));
+  EXPECT_THAT(r.out, HasSubstr("LAST PROBE"));
+  EXPECT_THAT(Line(r.out, "inventory"), HasSubstr(" ago"));
+  EXPECT_THAT(Line(r.out, "inventory"), HasSubstr("ok "));
+}
+
+// A probe whose lease expires is reported as expired, by whoever sweeps it.
+TEST(RetryctlStatus, AnExpiredProbeIsTheLastProbe) {
+  TestSegment seg;
+  shm::Policy p = TestPolicy(4, /*open_for_ms=*/1'000);
+  p.probe_timeout_ms = 1'000;
+  const uint32_t i = seg.AddDependency("inventory", p);
+  const uint64_t tripped = NowNs() - 30'000'000'000ull;
+  seg.Trip(i, 4, tripped);
+  ASSERT_EQ(seg.Hold(i, 0, tripped + 2'000'000'000ull), Decision::kAdmittedProbe);
+  shm::ReclaimExpired(seg.slot(i), tripped + 4'000'000'000ull, seg.caller(), shm::Sweep::kAllWords);
+  const json d = Dependency(StatusJson(seg), "inventory");
+  EXPECT_EQ(d["breaker"]["last_probe"]["outcome"], "expired");
+  EXPECT_GE(d["breaker"]["last_probe"]["age_ms"].get<int64_t>(), 26'000);
+}
+
+// set-mode names who set it: the daemon logs it beside the change, and status shows it.
+TEST(RetryctlSetMode, StatusNamesWhoSetTheMode) {
+  TestSegment seg;
+  const uint32_t i = seg.AddDependency("payments", TestPolicy());
+  EXPECT_TRUE(Dependency(StatusJson(seg), "payments")["mode_set_by"].is_null());
+  ASSERT_EQ(Retryctl({"set-mode", "--segment", seg.name(), "payments", "shadow"}).exit_code, 0);
+  const json d = Dependency(StatusJson(seg), "payments");
+  ASSERT_TRUE(d["mode_set_by"].is_object()) << d.dump();
+  EXPECT_EQ(d["mode_set_by"]["uid"], getuid());
+  EXPECT_GT(d["mode_set_by"]["pid"].get<int64_t>(), 0);
+  EXPECT_NE(d["mode_set_by"]["pid"].get<int64_t>(), getpid()) << "retryctl's own pid";
+  // The config's mode names nobody.
+  seg.AddDependency("payments", TestPolicy());
+  EXPECT_TRUE(Dependency(StatusJson(seg), "payments")["mode_set_by"].is_null());
+  (void)i;
+}
+
 TEST(RetryctlStatus, ShadowModeCountsWouldRejectAndAdmits) {
   TestSegment seg;
   shm::Policy p = TestPolicy(4, 60'000);

@@ -292,9 +292,12 @@ TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload
   ASSERT_NE(seg, nullptr);
   const int32_t db = seg->Find("db");
   ASSERT_GE(db, 0);
-  // What `retryctl set-mode db shadow` does.
+  // What `retryctl set-mode db shadow` does: who, then what.
+  seg->dependency(uint32_t(db))->mode_setter.store(shm::ModeSetter::Make(getuid(), 4242));
   seg->dependency(uint32_t(db))->mode.store(uint32_t(shm::Mode::kShadow));
-  EXPECT_TRUE(LogHas(*d, "dependency db: mode enforce -> shadow"));
+  EXPECT_TRUE(LogHas(*d, "dependency db: mode enforce -> shadow (set by pid 4242, uid " +
+                             std::to_string(getuid())))
+      << d->Log();
   // And a reset.
   shm::Reset(*seg->dependency(uint32_t(db)), shm::PreciseNowNs());
   EXPECT_TRUE(LogHas(*d, "dependency db: breaker reset"));
