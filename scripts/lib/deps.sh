@@ -24,6 +24,21 @@ retryd_install_deps() {
   fi
   echo "installing: ${missing[*]}"
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  # Some of these packages ship a service (prometheus, installed for its promtool): none is
+  # started by this install (policy-rc.d, as in container images), and none is left enabled.
+  local policy=/usr/sbin/policy-rc.d ours=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null &&
+      "${sudo[@]}" chmod 0755 "$policy" && ours=1
+  fi
+  local rc=0
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
+    "${missing[@]}" >/dev/null || rc=$?
+  [ "$ours" = 1 ] && "${sudo[@]}" rm -f "$policy"
+  for pkg in "${missing[@]}"; do
+    if [ "$pkg" = prometheus ] && command -v systemctl >/dev/null; then
+      "${sudo[@]}" systemctl disable --quiet prometheus.service 2>/dev/null || true
+    fi
+  done
+  return "$rc"
 }
