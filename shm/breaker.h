@@ -131,8 +131,8 @@ struct ProbeReport {
 // ReportProbe records a probe's outcome in the slot (a relaxed store: probes only).
 void ReportProbe(DependencySlot& slot, ProbeOutcome o, uint64_t now_ns);
 
-// ModeSetter: DependencySlot::mode_setter, who last set the mode: uid << 32 | pid, with
-// kModeSetterKnown set (0: nobody has said). Written by the writer itself: it names a process
+// ModeSetter: DependencySlot::mode_setter, who last set the mode: kKnown | uid << 32 | pid
+// (0: nobody has said, as when the config set it). Written by the writer itself: it names a process
 // as honestly as the trust model's writers are (README, Trust model).
 struct ModeSetter {
   static constexpr uint64_t kKnown = uint64_t{1} << 63;

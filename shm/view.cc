@@ -57,7 +57,8 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
   const uint64_t now_full_ms = now_ns / 1'000'000u;
   const uint64_t since = slot.state_since.load(kRelaxed);
   if (BreakerTime::Ms(since) != 0 && BreakerTime::Seq(since) == b.seq) {
-    d.state_age_ms = now_full_ms > BreakerTime::Ms(since) ? now_full_ms - BreakerTime::Ms(since) : 0;
+    const uint64_t at_ms = BreakerTime::Ms(since);
+    d.state_age_ms = now_full_ms > at_ms ? now_full_ms - at_ms : 0;
   }
   const uint64_t probe = slot.last_probe.load(kRelaxed);
   d.last_probe = ProbeReport::Outcome(probe);
