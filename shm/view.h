@@ -73,7 +73,8 @@ struct DependencyStatus {
   // stores).
   std::optional<uint64_t> state_age_ms;
   // The last probe's outcome and how long ago it reported (kNone: no probe since the slot was
-  // created).
+  // created). A worker whose library predates DependencySlot::last_probe does not report its
+  // probes here: while one runs, the probe shown may be an earlier one.
   ProbeOutcome last_probe = ProbeOutcome::kNone;
   uint64_t last_probe_age_ms = 0;
   // Who last set the mode (DependencySlot::mode_setter); nullopt: nobody said.
