@@ -1,4 +1,4 @@
-// retryd_test_segment: a named segment for tests in other languages (python/tests).
+// retryd_test_segment: a named segment for tests in other languages (bindings/python/tests).
 //
 //   retryd_test_segment NAME [DEP[:key=value,...]]...
 //

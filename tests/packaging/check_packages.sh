@@ -99,7 +99,7 @@ expect libretryd-dev "${headers[@]}" "$libdir/libretryd.so -> libretryd.so.0" \
   "$libdir/cmake/retryd/retrydTargets.cmake"
 expect_none libretryd-dev "libretryd\.so\.|^usr/s?bin/"
 modules=()
-for m in "$src"/python/retryd/*.py; do
+for m in "$src"/bindings/python/retryd/*.py; do
   modules+=("usr/lib/python3/dist-packages/retryd/$(basename "$m")")
 done
 expect python3-retryd "${modules[@]}"

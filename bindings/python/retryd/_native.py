@@ -162,7 +162,7 @@ def _candidates():
         yield found
     here = pathlib.Path(__file__).resolve().parent
     yield str(here / "libretryd.so")
-    root = here.parent.parent
+    root = here.parents[2]  # bindings/python/retryd -> the source tree
     for build in sorted(root.glob("build*/client/libretryd.so")):
         yield str(build)
 

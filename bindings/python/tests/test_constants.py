@@ -8,7 +8,7 @@ import re
 
 from retryd import _native
 
-HEADERS = pathlib.Path(__file__).resolve().parents[2] / "client" / "include" / "retryd"
+HEADERS = pathlib.Path(__file__).resolve().parents[3] / "client" / "include" / "retryd"
 DEFINE = re.compile(r"^#define RETRYD_([A-Z0-9_]+)\s+\(?(-?\d+)\)?", re.M)
 
 

@@ -6,13 +6,13 @@ row names exists.
     section of docs/INVARIANTS.md for that header.
 (b) Every test the page names must exist: a gtest `Suite.Name` (or `Prefix/Suite.Name/*`) as a
     TEST, TEST_F or TEST_P in tests/ (with an INSTANTIATE_TEST_SUITE_P of that prefix for a
-    parameterized one), a python test `python/tests/FILE.py::test_name` as a function in that
+    parameterized one), a python test `bindings/python/tests/FILE.py::test_name` as a function in that
     file.
 """
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "INVARIANTS.md"
 HEADER_GLOBS = ("shm/*.h", "client/include/**/*.h", "client/src/*.h", "daemon/*.h", "cli/*.h")
 # How many words of an invariant a row must quote.
@@ -23,7 +23,7 @@ GTEST_DECL = re.compile(r"\bTEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 INSTANTIATE = re.compile(r"\bINSTANTIATE_TEST_SUITE_P\(\s*(\w+)\s*,\s*(\w+)\s*,")
 CITED = re.compile(r"`([^`\s]+)`")
 GTEST_NAME = re.compile(r"^(?:(\w+|\*)/)?([A-Z]\w*)\.([A-Z]\w*)(?:/(?:\*|\w+))?$")
-PY_NAME = re.compile(r"^(python/tests/[\w/]+\.py)::(\w+)$")
+PY_NAME = re.compile(r"^(bindings/python/tests/[\w/]+\.py)::(\w+)$")
 
 
 def words(text):

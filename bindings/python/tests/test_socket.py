@@ -28,7 +28,7 @@ def _answers(path):
 def daemon(tmp_path):
     binary = os.environ.get("RETRYD_DAEMON")
     if not binary:
-        root = pathlib.Path(__file__).resolve().parents[2]
+        root = pathlib.Path(__file__).resolve().parents[3]
         for path in sorted(root.glob("build*/daemon/retryd")):
             binary = str(path)
             break
