@@ -24,8 +24,9 @@ retryd_install_deps() {
   fi
   echo "installing: ${missing[*]}"
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  # Some of these packages ship a service (prometheus, installed for its promtool): none is
-  # started by this install (policy-rc.d, as in container images), and none is left enabled.
+  # Some of these packages ship a service (prometheus, installed for its promtool; php-fpm, which
+  # the PHP tests start on their own config): none is started by this install (policy-rc.d, as
+  # in container images), and none is left enabled.
   local policy=/usr/sbin/policy-rc.d ours=0
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null &&
@@ -35,9 +36,16 @@ retryd_install_deps() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null || rc=$?
   [ "$ours" = 1 ] && "${sudo[@]}" rm -f "$policy"
+  local unit
   for pkg in "${missing[@]}"; do
-    if [ "$pkg" = prometheus ] && command -v systemctl >/dev/null; then
-      "${sudo[@]}" systemctl disable --quiet prometheus.service 2>/dev/null || true
+    case "$pkg" in
+      prometheus) unit=prometheus.service ;;
+      php-fpm) unit=$(systemctl list-unit-files 'php*-fpm.service' --no-legend 2>/dev/null |
+                      awk '{ print $1; exit }') ;;
+      *) continue ;;
+    esac
+    if [ -n "$unit" ] && command -v systemctl >/dev/null; then
+      "${sudo[@]}" systemctl disable --quiet "$unit" 2>/dev/null || true
     fi
   done
   return "$rc"

@@ -26,6 +26,11 @@ host together:
     def create(order):
         return session.post(url, json=order, timeout=retryd.current_attempt().timeout)
 
+HTTP clients: retryd.adapters has a requests transport adapter, an httpx transport and a urllib3
+PoolManager that run each request through a dependency's retry loop:
+
+    session.mount("https://orders/", retryd.adapters.RequestsAdapter(orders, policy))
+
 The library is found through $RETRYD_LIBRARY, then ctypes.util.find_library("retryd"), then
 next to this package and in the source tree's build directories.
 
@@ -34,6 +39,7 @@ attempt. Fork safety: a child created by os.fork() or multiprocessing (fork star
 keeps using the parent's Client; the library registers the child as a process of its own.
 """
 
+from . import adapters
 from ._client import (
     AttemptInfo, CallFailed, CallResult, Client, ClientError, Dependency, Env, Error, Permit,
     Rejected)
@@ -43,8 +49,8 @@ from ._policy import (
     default_inspect)
 
 __all__ = [
-    "Attempt", "AttemptInfo", "AttemptResult", "CallFailed", "CallResult", "Classifier",
-    "Client", "ClientError", "Dependency", "Env", "Error", "LibraryNotFound", "Permit", "Policy",
-    "Rejected", "current_attempt", "default_classify_exception", "default_inspect",
-    "library_path",
+    "adapters", "Attempt", "AttemptInfo", "AttemptResult", "CallFailed", "CallResult",
+    "Classifier", "Client", "ClientError", "Dependency", "Env", "Error", "LibraryNotFound",
+    "Permit", "Policy", "Rejected", "current_attempt", "default_classify_exception",
+    "default_inspect", "library_path",
 ]

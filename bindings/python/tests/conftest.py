@@ -110,3 +110,40 @@ class VirtualTime:
 @pytest.fixture
 def vtime():
     return VirtualTime()
+
+
+def retryctl_path():
+    """The retryctl binary: $RETRYD_RETRYCTL, else beside the daemon of $RETRYD_DAEMON (the
+    same build), else in the source tree's build directories; None if not built."""
+    env = os.environ.get("RETRYD_RETRYCTL")
+    if env:
+        return env
+    daemon = os.environ.get("RETRYD_DAEMON")
+    if daemon:
+        beside = pathlib.Path(daemon).resolve().parents[1] / "cli" / "retryctl"
+        if beside.exists():
+            return str(beside)
+    for path in sorted(ROOT.glob("build*/cli/retryctl")):
+        return str(path)
+    return None
+
+
+def retryctl_json(segment, *args):
+    """`retryctl --segment SEGMENT ARGS... --json`, parsed. Status exits 1 while a breaker is
+    open, which is no error here."""
+    binary = retryctl_path()
+    if binary is None:
+        pytest.skip("retryctl not built")
+    proc = subprocess.run([binary, "--segment", segment, *args, "--json"], capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode not in (0, 1, 3):
+        raise RuntimeError(f"retryctl {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def dependency_status(segment, dep):
+    """One dependency's entry of `retryctl status --json`."""
+    for entry in retryctl_json(segment, "status")["dependencies"]:
+        if entry["name"] == dep:
+            return entry
+    raise KeyError(dep)

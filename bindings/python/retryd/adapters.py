@@ -1,0 +1,339 @@
+"""HTTP-client adapters: every request made through them runs in a dependency's retry loop.
+
+    session = requests.Session()
+    session.mount("https://payments/", retryd.adapters.RequestsAdapter(payments, policy))
+
+    client = httpx.Client(transport=retryd.adapters.HTTPXTransport(payments, policy))
+
+    pool = retryd.adapters.Urllib3PoolManager(payments, policy)
+    response = pool.request("GET", url)
+
+Each request is one dep.call: every attempt is admitted by the host and reported to it, and
+classified by the policy (by default, retryd/classify.h: a refused connection, a failed lookup,
+a 408, 425 or 429 is retried for any method; a 5xx, a timeout or a reset only for an idempotent
+method or a request with an idempotency key; a 4xx is the caller's fault and ends the call
+without counting against the breaker). The request's method, as the client sends it, is the
+policy's `method`; a request carrying one of
+`idempotency_headers` (default Idempotency-Key, X-Idempotency-Key) has an idempotency key, as
+does every request when the policy says `idempotency_key=True`. Between attempts the loop waits
+with backoff and jitter, or as long as the server's Retry-After asks. Each attempt's timeouts
+are capped at the time it has (the policy's attempt_timeout, clamped to what is left of its
+deadline), and that time is sent downstream in the `deadline_header` (default grpc-timeout,
+None sends none) unless the request already carries one. A request whose body cannot be sent
+twice (a generator, a file) gets one attempt.
+
+When the loop stops, the caller gets what the last attempt got: its response (a 4xx, or the
+last 503 when attempts, the deadline or the retry budget ran out), or the exception it raised,
+as the client raised it. Either carries the CallResult as `retryd_result` (stop, attempts,
+last status and error). A response discarded for a retry is closed. Only when the host refuses
+the first attempt (breaker open, half-open probe busy, bulkhead full) is retryd.Rejected
+raised: no request was sent, serve a fallback. When no attempt could go out at all (a deadline
+already spent), retryd.CallFailed is.
+
+requests, httpx and urllib3 are imported when their adapter is first used, so this module
+works without them. The httpx transport is synchronous: the retry loop runs in the calling
+thread.
+"""
+
+import threading
+
+from ._client import CallFailed, Rejected
+from ._policy import Policy
+
+__all__ = ["HTTPXTransport", "RequestsAdapter", "Urllib3PoolManager"]
+
+DEFAULT_IDEMPOTENCY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key")
+DEFAULT_DEADLINE_HEADER = "grpc-timeout"
+
+
+def _has_header(headers, names):
+    if not headers or not names:
+        return False
+    wanted = {n.lower() for n in names}
+    return any(str(k).lower() in wanted for k in headers.keys())
+
+
+def _cap(value, limit):
+    """The smaller of a timeout and the attempt's time; a value that is not a number (None, a
+    client's "use the default" sentinel) is unbounded."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return limit
+    return value if limit is None else min(value, limit)
+
+
+def _urllib3_timeout(timeout, limit):
+    """A urllib3 Timeout for `timeout` (a number, a (connect, read) pair, a Timeout or None)
+    with each part, and the total, capped at `limit` seconds."""
+    from urllib3.util import Timeout
+    total = None
+    if isinstance(timeout, tuple):
+        connect, read = timeout
+    elif isinstance(timeout, Timeout):
+        connect, read, total = timeout.connect_timeout, timeout.read_timeout, timeout.total
+    else:
+        connect = read = timeout
+    return Timeout(connect=_cap(connect, limit), read=_cap(read, limit), total=_cap(total, limit))
+
+
+def _tag(obj, result):
+    try:
+        obj.retryd_result = result
+    except AttributeError:
+        pass  # an object that takes no attributes: the result is still the exception's cause
+
+
+def _reraise(exc):
+    """Raises `exc` again with the context it was raised in: raising it anew (inside a caller's
+    `except` block, say) would replace its __context__, where urllib3 keeps the socket error
+    that classification looks for."""
+    context, suppress = exc.__context__, exc.__suppress_context__
+    try:
+        raise exc
+    except BaseException:
+        exc.__context__, exc.__suppress_context__ = context, suppress
+        raise
+
+
+def run(dependency, policy, method, has_key, send, discard, replayable=True, env=None):
+    """Sends one request through `dependency`'s retry loop and returns the last response.
+
+    send(attempt) makes one attempt and returns the client's response (or raises the client's
+    exception); discard(response) closes a response that is being retried. See the module
+    documentation for what is returned and raised.
+    """
+    policy = policy or Policy()
+    policy = policy.replace(method=str(method),
+                            idempotency_key=bool(policy.idempotency_key or has_key))
+    if not replayable:
+        policy = policy.replace(max_attempts=1)
+    previous = []
+
+    def attempt(a):
+        while previous:
+            stale = previous.pop()
+            try:
+                discard(stale)
+            except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
+                pass
+        response = send(a)
+        previous.append(response)
+        return response
+
+    try:
+        return dependency.call(attempt, policy, env=env)
+    except CallFailed as e:
+        failure = e
+    except Rejected as e:
+        if e.result is None or e.result.attempts == 0:
+            raise
+        failure = e  # a retry refused: the last attempt's outcome stands
+    # Outside the except clauses, so that what is raised below keeps its own context.
+    result = failure.result
+    if result.exception is not None:
+        _tag(result.exception, result)
+        _reraise(result.exception)
+    if result.value is None:
+        raise failure  # no attempt went out (no time left for one): nothing to return
+    _tag(result.value, result)
+    return result.value
+
+
+class _Options:
+    """What the three adapters have in common: the dependency, the policy, and the headers."""
+
+    def _init_retryd(self, dependency, policy, idempotency_headers, deadline_header, env):
+        self.dependency = dependency
+        self.policy = policy or Policy()
+        self.idempotency_headers = tuple(idempotency_headers or ())
+        self.deadline_header = deadline_header
+        self.env = env
+
+    def _with_deadline(self, headers, attempt):
+        """Returns `headers` with the attempt's time in the deadline header, or as they are."""
+        if not self.deadline_header or attempt.timeout is None:
+            return headers
+        if _has_header(headers, (self.deadline_header,)):
+            return headers
+        value = attempt.deadline_header
+        if value is None:
+            return headers
+        headers = headers.copy() if headers is not None else {}
+        headers[self.deadline_header] = value
+        return headers
+
+
+def _make_requests_adapter():
+    import requests.adapters
+
+    class RequestsAdapter(_Options, requests.adapters.HTTPAdapter):
+        """A requests transport adapter that sends each request through a dependency's retry
+        loop. Mount it on a Session for the URLs of that dependency:
+
+            session.mount("https://payments/", RequestsAdapter(payments, policy))
+
+        Other keyword arguments (pool_connections, pool_maxsize...) go to HTTPAdapter;
+        `max_retries` stays 0, the loop does the retrying. Redirects are followed by the
+        Session, each hop a call of its own.
+        """
+
+        def __init__(self, dependency, policy=None, *,
+                     idempotency_headers=DEFAULT_IDEMPOTENCY_HEADERS,
+                     deadline_header=DEFAULT_DEADLINE_HEADER, env=None, **kwargs):
+            kwargs.pop("max_retries", None)
+            self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
+            super().__init__(max_retries=0, **kwargs)
+
+        def send(self, request, stream=False, timeout=None, verify=True, cert=None,
+                 proxies=None):
+            parent = super()
+
+            def send_one(attempt):
+                prepared = request
+                headers = self._with_deadline(request.headers, attempt)
+                if headers is not request.headers:
+                    prepared = request.copy()
+                    prepared.headers = headers
+                if attempt.timeout is not None:
+                    limited = _urllib3_timeout(timeout, attempt.timeout)
+                else:
+                    limited = timeout
+                return parent.send(prepared, stream=stream, timeout=limited,
+                                   verify=verify, cert=cert, proxies=proxies)
+
+            return run(self.dependency, self.policy, request.method,
+                       _has_header(request.headers, self.idempotency_headers), send_one,
+                       lambda response: response.close(),
+                       replayable=request.body is None or isinstance(request.body, (bytes, str)),
+                       env=self.env)
+
+    return RequestsAdapter
+
+
+def _make_httpx_transport():
+    import httpx
+
+    class HTTPXTransport(_Options, httpx.BaseTransport):
+        """An httpx transport that sends each request through a dependency's retry loop, over
+        `transport` (default httpx.HTTPTransport(), which makes one attempt per request):
+
+            client = httpx.Client(transport=HTTPXTransport(payments, policy))
+        """
+
+        def __init__(self, dependency, policy=None, transport=None, *,
+                     idempotency_headers=DEFAULT_IDEMPOTENCY_HEADERS,
+                     deadline_header=DEFAULT_DEADLINE_HEADER, env=None):
+            self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
+            self.transport = transport if transport is not None else httpx.HTTPTransport()
+
+        def _request(self, request, attempt):
+            headers = self._with_deadline(request.headers, attempt)
+            extensions = dict(request.extensions)
+            timeout = extensions.get("timeout")
+            if attempt.timeout is not None:
+                timeout = dict(timeout or {})
+                for key in ("connect", "read", "write", "pool"):
+                    timeout[key] = _cap(timeout.get(key), attempt.timeout)
+                extensions["timeout"] = timeout
+            if headers is request.headers and extensions == request.extensions:
+                return request
+            return httpx.Request(request.method, request.url, headers=headers,
+                                 stream=request.stream, extensions=extensions)
+
+        def handle_request(self, request):
+            return run(self.dependency, self.policy, request.method,
+                       _has_header(request.headers, self.idempotency_headers),
+                       lambda attempt: self.transport.handle_request(
+                           self._request(request, attempt)),
+                       lambda response: response.close(),
+                       replayable=isinstance(request.stream, httpx.ByteStream),
+                       env=self.env)
+
+        def close(self):
+            self.transport.close()
+
+    return HTTPXTransport
+
+
+def _make_urllib3_pool_manager():
+    import urllib3
+    from urllib3.util import Retry
+
+    # One attempt per urlopen: the loop retries. Redirects are followed as urllib3's default
+    # Retry does (three); a response with a retryable status is returned, not raised.
+    single = Retry(total=None, connect=0, read=0, status=0, other=0, redirect=3,
+                   raise_on_status=False)
+
+    class Urllib3PoolManager(_Options, urllib3.PoolManager):
+        """A urllib3 PoolManager whose urlopen (and so request) sends each request through a
+        dependency's retry loop:
+
+            pool = Urllib3PoolManager(payments, policy, timeout=5.0)
+            response = pool.request("GET", "https://payments/v1/health")
+
+        Other keyword arguments go to PoolManager. A `retries` given to urlopen or request
+        applies inside each attempt, instead of the single try it makes by default.
+        """
+
+        def __init__(self, dependency, policy=None, *,
+                     idempotency_headers=DEFAULT_IDEMPOTENCY_HEADERS,
+                     deadline_header=DEFAULT_DEADLINE_HEADER, env=None, **kwargs):
+            self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
+            self._sending = threading.local()
+            super().__init__(**kwargs)
+
+        def urlopen(self, method, url, redirect=True, **kw):
+            parent = super()
+            if getattr(self._sending, "active", False):
+                # PoolManager follows a redirect by calling urlopen again: that hop belongs to
+                # the attempt in progress, not to a call of its own.
+                return parent.urlopen(method, url, redirect=redirect, **kw)
+            headers = kw.pop("headers", None)
+            if headers is None:
+                headers = self.headers
+            timeout = kw.pop("timeout", self.connection_pool_kw.get("timeout"))
+            kw.setdefault("retries", single)
+            body = kw.get("body")
+
+            def send_one(attempt):
+                t = timeout
+                if attempt.timeout is not None:
+                    t = _urllib3_timeout(t, attempt.timeout)
+                extra = {} if t is None else {"timeout": t}
+                self._sending.active = True
+                try:
+                    return parent.urlopen(method, url, redirect=redirect,
+                                          headers=self._with_deadline(headers, attempt),
+                                          **extra, **kw)
+                finally:
+                    self._sending.active = False
+
+            def discard(response):
+                response.close()
+                response.release_conn()
+
+            return run(self.dependency, self.policy, method,
+                       _has_header(headers, self.idempotency_headers), send_one, discard,
+                       replayable=body is None or isinstance(body, (bytes, str)),
+                       env=self.env)
+
+    return Urllib3PoolManager
+
+
+_FACTORIES = {
+    "RequestsAdapter": _make_requests_adapter,
+    "HTTPXTransport": _make_httpx_transport,
+    "Urllib3PoolManager": _make_urllib3_pool_manager,
+}
+_lock = threading.Lock()
+
+
+def __getattr__(name):
+    """Defines an adapter class, importing its HTTP client, on first use."""
+    make = _FACTORIES.get(name)
+    if make is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _lock:
+        cls = globals().get(name)
+        if cls is None:
+            cls = globals()[name] = make()
+    return cls

@@ -1,0 +1,39 @@
+# frozen_string_literal: true
+
+require "net/http"
+require "retryd"
+
+module Retryd
+  # Net::HTTP through a dependency's retry loop.
+  #
+  #   require "retryd/net_http"
+  #   http = Net::HTTP.new("orders.internal", 80)
+  #   res = Retryd::NetHTTP.request(orders, http, Net::HTTP::Get.new("/orders/42"),
+  #                                 deadline: 2.0, attempt_timeout: 0.8)
+  #
+  # Each attempt gets the attempt's timeout as open/read/write timeout and the remaining budget
+  # as the grpc-timeout header; the request's method and an Idempotency-Key header tell the
+  # classification whether it is safe to repeat. Net::HTTP's own repetition of an idempotent
+  # request is turned off (max_retries 0): the loop decides, within the host's budget.
+  # Returns the response on success; raises Rejected (serve a fallback) or CallFailed (its
+  # result.value is the last response, a 4xx say).
+  module NetHTTP
+    IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+    module_function
+
+    def request(dependency, http, req, policy = nil, env: nil, **overrides)
+      overrides = { method: req.method, idempotency_key: !req[IDEMPOTENCY_HEADER].nil? }.merge(overrides)
+      http.max_retries = 0 if http.respond_to?(:max_retries=)
+      dependency.call(policy, env: env, **overrides) do |attempt|
+        if attempt.timeout
+          http.open_timeout = attempt.timeout
+          http.read_timeout = attempt.timeout
+          http.write_timeout = attempt.timeout if http.respond_to?(:write_timeout=)
+          req["grpc-timeout"] = attempt.deadline_header
+        end
+        http.request(req)
+      end
+    end
+  end
+end
