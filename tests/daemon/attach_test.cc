@@ -361,9 +361,12 @@ TEST_F(AttachTest, UnderAHidingProcTheDaemonJudgesWorkersByTheirConnection) {
                          "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_processes = 16\n"
                          "[dependency.orders]\nbulkhead_limit = 4\nbulkhead_timeout = \"1h\"\n");
   const std::string log = dir_ + "/retryd.log";
+  // The daemon dies with the test's Worker: --kill-child sets its parent-death signal, and
+  // setpriv's change of user clears it, so setpriv sets it again (--pdeathsig).
   Worker daemon({"unshare", "--mount", "--propagation", "private", "--kill-child", "sh", "-c",
                  "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 "
-                 "--regid=65534 --clear-groups \"$0\" \"$@\" 2>\"" + log + "\"",
+                 "--regid=65534 --clear-groups --pdeathsig SIGKILL \"$0\" \"$@\" 2>\"" +
+                     log + "\"",
                  RETRYD_BINARY, "--config=" + config_});
   shm::Attachment obs;
   ASSERT_TRUE(WaitUntil(
@@ -384,6 +387,14 @@ TEST_F(AttachTest, UnderAHidingProcTheDaemonJudgesWorkersByTheirConnection) {
   w.Kill();
   EXPECT_TRUE(WaitUntil([&] { return LeasesOf(*obs.segment, owner) == 0; }, 5'000));
   close(obs.connection);
+  // Nothing outlives the test: the daemon, run as nobody two execs below the Worker, goes too.
+  const pid_t retryd = pid_t(obs.segment->header().daemon_pid.load());
+  ASSERT_GT(retryd, 0);
+  daemon.Kill();
+  // Gone, or dead and not yet reaped (by whatever reaps orphans here).
+  EXPECT_TRUE(WaitUntil([&] { return ProcState(retryd) == '?' || ProcState(retryd) == 'Z'; },
+                        10'000))
+      << "retryd pid " << retryd << " still runs";
 }
 
 // A peer the allow rules do not admit is refused with one line naming the setting.
@@ -395,7 +406,7 @@ TEST_F(AttachTest, ByNameUnderAHidingProcTheDaemonRefusesToStart) {
   const std::string log = dir_ + "/retryd.log";
   Worker daemon({"unshare", "--mount", "--propagation", "private", "--kill-child", "sh", "-c",
                  "mount -t proc -o hidepid=2 proc /proc && setpriv --reuid=65534 "
-                 "--regid=65534 --clear-groups \"$0\" \"$@\" 2>\"" +
+                 "--regid=65534 --clear-groups --pdeathsig SIGKILL \"$0\" \"$@\" 2>\"" +
                      log + "\"; echo exit $?",
                  RETRYD_BINARY, "--config=" + config_});
   EXPECT_EQ(daemon.Line(), "exit 1") << testing::ReadFile(log);
