@@ -52,7 +52,7 @@ def wait_for(what, cond, timeout=TIMEOUT, interval=0.05):
 
 
 def extension(args):
-    so = pathlib.Path(args.ext_dir) / "retryd.so"
+    so = pathlib.Path(args.ext_dir).resolve() / "retryd.so"   # absolute: some run elsewhere
     if not so.exists():
         fail(f"{so} missing: run the build step first")
     return str(so)
@@ -110,10 +110,12 @@ def answers(path):
 
 
 class Daemon:
-    def __init__(self, binary, tmp, deps):
+    def __init__(self, binary, tmp, deps, daemon_settings=None):
         self.sock = str(pathlib.Path(tmp) / "retryd.sock")
         config = pathlib.Path(tmp) / "retryd.toml"
         text = f'[daemon]\nsocket = "{self.sock}"\ntick = "10ms"\n'
+        for k, v in (daemon_settings or {}).items():
+            text += f"{k} = {json.dumps(v)}\n"
         for name, settings in deps.items():
             text += f"\n[dependency.{name}]\n"
             for k, v in settings.items():
@@ -143,10 +145,16 @@ class Daemon:
 
 # ---- constants and unit tests ----------------------------------------------------------------
 
-def php(ext, script, env=None, timeout=300):
+def php(ext, script, env=None, timeout=300, **kw):
     return subprocess.run(["php", "-d", f"extension={ext}", "-d", "zend.assertions=1",
                            "-d", "display_errors=stderr", script],
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, **kw)
+
+
+def php_has(module):
+    r = subprocess.run(["php", "-m"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       text=True)
+    return module in r.stdout.split()
 
 
 def cmd_constants(args):
@@ -166,7 +174,60 @@ UNIT_DEPS = {
     "unit_loop": {"min_calls": 100000, "retry_burst": 100000, "min_retries_per_sec": 100000},
     "unit_guzzle": {"min_calls": 100000, "retry_burst": 100000, "min_retries_per_sec": 100000},
     "unit_guzzle_breaker": {"min_calls": 100000},
+    "unit_fork_bulkhead": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
+    "unit_fork_parent": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
 }
+
+
+def run_local(ext, env):
+    """test_local.php on a segment nobody created, its stderr captured: the script's own
+    checks, and exactly one library line about the fallback however many admits followed."""
+    name = f"retryd-php-absent-{os.getpid()}"
+    env = dict(env, RETRYD_TEST_ABSENT=name)
+    env.pop("RETRYD_SOCKET", None)
+    r = php(ext, str(BINDING / "tests" / "test_local.php"), env, stderr=subprocess.PIPE,
+            text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        return f"exited {r.returncode}"
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    about = [l for l in lines if name in l]
+    if len(about) != 1:
+        return f"expected exactly one log line naming {name}, got {len(about)}: {about}"
+    if len(lines) != 1:
+        return f"expected only that line on stderr, got {lines}"
+    log(f"test_local.php: one log line after every admit: {about[0]}")
+    return None
+
+
+def run_permission(ext, binary, env):
+    """test_permission.php as user nobody against a daemon with allow_users = ["root"]."""
+    if os.geteuid() != 0:
+        log("SKIP test_permission.php: needs root to run PHP as nobody "
+            f"(running as uid {os.geteuid()})")
+        return None
+    with tempfile.TemporaryDirectory(prefix="retryd-php-deny-") as tmp:
+        os.chmod(tmp, 0o755)   # nobody reaches the socket, and is refused by the daemon
+        daemon = Daemon(binary, tmp, {}, {"mode": "0666", "allow_users": ["root"]})
+        try:
+            env = dict(env, RETRYD_DENY_SOCKET=daemon.sock, HOME=tmp)
+            env.pop("RETRYD_SOCKET", None)
+            r = php(ext, str(BINDING / "tests" / "test_permission.php"), env, cwd=tmp,
+                    user=65534, group=65534, extra_groups=[])
+            if r.returncode != 0:
+                log("--- retryd log\n" + daemon.log_path.read_text()[-4000:])
+                return f"exited {r.returncode}"
+        finally:
+            daemon.stop()
+    return None
+
+
+def run_fork(ext, env):
+    if not php_has("pcntl") or not php_has("posix"):
+        log("SKIP test_fork.php: php-cli has no pcntl/posix extension (php -m)")
+        return None
+    r = php(ext, str(BINDING / "tests" / "test_fork.php"), env)
+    return f"exited {r.returncode}" if r.returncode != 0 else None
 
 
 def cmd_unit(args):
@@ -183,6 +244,15 @@ def cmd_unit(args):
                 else:
                     failed += 1
                     log(f"{name} exited {r.returncode}")
+            for name, run in (("test_local.php", lambda: run_local(ext, env)),
+                              ("test_permission.php", lambda: run_permission(ext, args.daemon, env)),
+                              ("test_fork.php", lambda: run_fork(ext, env))):
+                err = run()
+                if err is None:
+                    passed += 1
+                else:
+                    failed += 1
+                    log(f"FAIL {name}: {err}")
         finally:
             daemon.stop()
     log(f"php unit scripts: {passed} passed, {failed} failed")
