@@ -98,8 +98,10 @@ def cmd_build(args):
 
 # ---- daemon ----------------------------------------------------------------------------------
 
-def answers(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def answers(path, kind=socket.SOCK_SEQPACKET):
+    """Whether a Unix socket of `kind` at `path` accepts a connection (retryd's is seqpacket,
+    php-fpm's a stream)."""
+    s = socket.socket(socket.AF_UNIX, kind)
     try:
         s.connect(path)
         return True
@@ -364,7 +366,7 @@ class Fpm:
         def up():
             if self.proc.poll() is not None:
                 fail("php-fpm exited: " + self.logs())
-            return os.path.exists(self.sock) and answers_stream(self.sock)
+            return os.path.exists(self.sock) and answers(self.sock, socket.SOCK_STREAM)
         wait_for("php-fpm to listen", up)
 
     def logs(self):
@@ -384,17 +386,6 @@ class Fpm:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-
-
-def answers_stream(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def requests(fpm, script, n):
