@@ -12,6 +12,8 @@
 //   BM_Retryd_Bulkhead       bulkhead of 64: takes and gives back a bulkhead lease
 //   BM_Shm_AdmitCompleteFixedClock  breakdown: the first attempt on shm::Admit/Complete
 //                            directly, at a fixed time (no Client, no clock read)
+//   BM_Shm_AdmitCompleteSharedWords  the same on the slot's shared words, with no stripe
+//                            (a thread without rseq: what the stripes save)
 // Baselines:
 //   BM_BareCas               one CAS on a word in a shared mapping: the floor (also 1-8 threads)
 //   BM_CoarseClockRead       one CLOCK_MONOTONIC_COARSE read (a first attempt reads it once)
@@ -255,20 +257,27 @@ BENCHMARK(BM_Retryd_Bulkhead);
 // The same first attempt on the shm algorithms directly, at a fixed time: what admit+complete
 // costs without the Client around it (dependency lookup, fork check) and without its clock
 // read. A breakdown, not a path a worker takes.
-void BM_Shm_AdmitCompleteFixedClock(benchmark::State& state) {
+// `striped`: the caller writes the stripe of the CPU it runs on, as the client does; else the
+// slot's shared words, as a thread with no rseq (or on a CPU past the stripes) does.
+void ShmAdmitComplete(benchmark::State& state, bool striped) {
   RetrydFixture& f = Retryd();
   const uint64_t now_ns = shm::CoarseNowNs();
   shm::Caller caller{0, 0, 1};
   shm::Permit p;
   uint64_t unexpected = 0;
   for (auto _ : state) {
+    caller.stripe = striped ? shm::CurrentCpu() : shm::kNoStripe;
     if (shm::Admit(*f.first_slot, f.first_index, 0, now_ns, caller, &p) != shm::Decision::kAdmitted) {
       ++unexpected;
     }
     shm::Complete(*f.first_slot, &p, shm::Outcome::kSuccess, 1'000'000, now_ns, caller);
   }
   if (unexpected) Fail(state, "a first attempt was rejected");
+  if (striped && shm::CurrentCpu() == shm::kNoStripe) Fail(state, "no rseq: nothing was striped");
 }
+void BM_Shm_AdmitCompleteFixedClock(benchmark::State& state) { ShmAdmitComplete(state, true); }
+void BM_Shm_AdmitCompleteSharedWords(benchmark::State& state) { ShmAdmitComplete(state, false); }
+BENCHMARK(BM_Shm_AdmitCompleteSharedWords);
 BENCHMARK(BM_Shm_AdmitCompleteFixedClock);
 
 // --- Baselines ------------------------------------------------------------------------------

@@ -9,18 +9,37 @@
 #include "shm/retry_budget.h"
 
 namespace retryd::shm {
+namespace admission_internal {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
 // Bounded retries of a breaker decision that raced with a transition; past it, answer busy.
 constexpr int kMaxBreakerRounds = 4;
 
-void Count(DependencySlot& slot, Counter c) {
-  slot.counters[c].fetch_add(1, kRelaxed);
-}
-
 uint64_t MakeLease(uint16_t owner, uint16_t tag, uint32_t now_ms, uint32_t timeout_ms) {
   return Lease::Make(owner, tag, now_ms + std::max<uint32_t>(timeout_ms, 1));
+}
+
+}  // namespace
+
+// FoldDeposits takes every stripe's pending deposits
+// into the budget word, capped at `burst`:
+// each thousandth is taken once (a CAS on the stripe's deposits_taken), then added. A process
+// killed between the two loses what it took: the budget grants less, never more.
+void FoldDeposits(DependencySlot& slot, uint32_t burst) {
+  uint64_t gained = 0;
+  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    Stripe& s = slot.stripes[i];
+    uint64_t taken = s.deposits_taken.load(kRelaxed);
+    for (;;) {
+      const uint64_t made = s.deposits.load(kRelaxed);
+      if (made <= taken) break;
+      if (s.deposits_taken.compare_exchange_weak(taken, made, kRelaxed)) {
+        gained += made - taken;
+        break;
+      }
+    }
+  }
+  if (gained > 0) RetryBudget::AddCapped(slot.budget, gained, burst);
 }
 
 void ReleaseLeases(DependencySlot& slot, Permit* p) {
@@ -87,136 +106,37 @@ Decision Reject(DependencySlot& slot, Permit* p, Decision d) {
   return d;
 }
 
-}  // namespace
-
-const char* DecisionName(Decision d) {
-  switch (d) {
-    case Decision::kAdmitted: return "admitted";
-    case Decision::kAdmittedProbe: return "admitted-probe";
-    case Decision::kRejectedOpen: return "rejected-open";
-    case Decision::kRejectedHalfOpenBusy: return "rejected-half-open-busy";
-    case Decision::kRejectedBulkheadFull: return "rejected-bulkhead-full";
-    case Decision::kRejectedBudgetEmpty: return "rejected-budget-empty";
+bool TakeBulkhead(DependencySlot& slot, uint32_t limit, uint64_t now_ns, Caller& caller,
+                  Permit* p) {
+  const uint32_t now_ms = NsToMs32(now_ns);
+  const uint64_t lease = MakeLease(caller.owner, ++caller.lease_tag, now_ms,
+                                   LoadKnob<Knob::bulkhead_timeout_ms>(slot.policy));
+  // A spread start, so that processes do not all contend on word 0.
+  const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
+  int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
+  if (i < 0 && ReclaimExpired(slot, now_ns, caller) > 0) {
+    i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
   }
-  return "invalid";
+  if (i < 0) return false;
+  p->bulkhead_lease = lease;
+  p->bulkhead_index = uint16_t(i);
+  p->flags |= kPermitBulkhead;
+  return true;
 }
 
-namespace {
+bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst) {
+  FoldDeposits(slot, burst);
+  return RetryBudget::TryWithdraw(slot.budget, now_ms,
+                                  LoadKnob<Knob::min_retries_per_sec>(slot.policy), burst);
+}
 
-// AdmitImpl is Admit with a lazy clock: `now()` is read at most once, and only on paths that
-// need the time (a breaker that is not closed, the bulkhead, a retry). A first attempt on a
-// closed breaker reads no clock.
-template <typename NowFn>
-Decision AdmitImpl(DependencySlot& slot, uint32_t index, uint32_t attempt, NowFn now,
-                   Caller& caller, Permit* p) {
-  *p = Permit{};
-  p->dependency = index;
-  p->generation = slot.generation.load(kRelaxed);
-  const Mode mode = Mode(slot.mode.load(kRelaxed));
-  if (mode == Mode::kDisabled) {
-    p->flags = kPermitActive;
-    return Decision::kAdmitted;
-  }
-  if (mode == Mode::kForcedOpen) return Reject(slot, p, Decision::kRejectedOpen);
-  // Shadow mode takes every step enforce takes and lets the attempt go out whatever they
-  // decide: an attempt enforce would refuse counts once, as shadow_would_reject, and the steps
-  // after the refusal still run (a first attempt deposits and counts), since the call is real.
-  const bool shadow = mode == Mode::kShadow;
-  bool would_reject = false;
-  p->flags = kPermitActive | kPermitRecord;
-
-  uint64_t now_cache = 0;
-  bool have_now = false;
-  auto now_ns = [&] {
-    if (!have_now) {
-      now_cache = now();
-      have_now = true;
-    }
-    return now_cache;
-  };
-
-  // 1. The breaker. A closed breaker costs one load.
-  Decision d = Decision::kAdmitted;
-  if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
-      BreakerState::kClosed) {
-    d = AdmitBreaker(slot, now_ns(), caller, p);
-    if (!IsAdmitted(d)) {
-      if (!shadow) return Reject(slot, p, d);
-      would_reject = true;
-      d = Decision::kAdmitted;
-    }
-  }
-
-  // 2. The bulkhead, if any: a lease among the first `limit` words, starting at a spread
-  // offset so that processes do not all contend on word 0.
-  if (const uint32_t limit = LoadKnob<Knob::bulkhead_limit>(slot.policy); limit > 0) {
-    const uint32_t now_ms = NsToMs32(now_ns());
-    const uint64_t lease = MakeLease(caller.owner, ++caller.lease_tag, now_ms,
-                                     LoadKnob<Knob::bulkhead_timeout_ms>(slot.policy));
-    const uint32_t start = (uint32_t(caller.owner) * 2654435761u + caller.lease_tag) % limit;
-    int i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
-    if (i < 0 && ReclaimExpired(slot, now_ns(), caller) > 0) {
-      i = Lease::TryAcquire(slot.bulkhead_leases, limit, start, lease);
-    }
-    if (i >= 0) {
-      p->bulkhead_lease = lease;
-      p->bulkhead_index = uint16_t(i);
-      p->flags |= kPermitBulkhead;
-    } else if (shadow) {
-      would_reject = true;
-    } else {
-      return Reject(slot, p, Decision::kRejectedBulkheadFull);
-    }
-  }
-
-  // 3. The retry budget: first attempts deposit, retries withdraw.
-  const uint32_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
-  if (attempt == 0) {
-    RetryBudget::Deposit(slot.budget, LoadKnob<Knob::retry_ratio_milli>(slot.policy), burst);
-    Count(slot, kFirstAttempts);
-  } else if (RetryBudget::TryWithdraw(slot.budget, NsToMs32(now_ns()),
-                                      LoadKnob<Knob::min_retries_per_sec>(slot.policy), burst)) {
-    Count(slot, kRetriesGranted);
-  } else if (shadow) {
-    would_reject = true;
+void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, uint64_t now_ns,
+                  Caller& caller) {
+  if (outcome == Outcome::kSuccess) {
+    CountStriped(slot, caller, kSuccesses);
   } else {
-    return Reject(slot, p, Decision::kRejectedBudgetEmpty);
+    Count(slot, outcome == Outcome::kFailure ? kFailures : kIgnored);
   }
-  if (would_reject) Count(slot, kShadowWouldReject);
-  // A probe counts once it goes out: the bulkhead or the budget may still have refused it.
-  if (d == Decision::kAdmittedProbe) Count(slot, kProbesGranted);
-  p->decision = uint8_t(d);
-  return d;
-}
-
-}  // namespace
-
-Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
-               Caller& caller, Permit* p) {
-  return AdmitImpl(
-      slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
-}
-
-Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t (*now_ns)(),
-               Caller& caller, Permit* p) {
-  return AdmitImpl(slot, index, attempt, now_ns, caller, p);
-}
-
-void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency_ns,
-              uint64_t now_ns, Caller& caller) {
-  if (!(p->flags & kPermitActive)) return;
-  p->flags &= uint8_t(~kPermitActive);
-  // A slot reassigned since admit: give back the leases (their words are unique), record nothing.
-  if (!(p->flags & kPermitRecord) || slot.generation.load(kRelaxed) != p->generation) {
-    ReleaseLeases(slot, p);
-    return;
-  }
-  const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
-  const bool slow =
-      slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
-  Count(slot, outcome == Outcome::kSuccess   ? kSuccesses
-              : outcome == Outcome::kFailure ? kFailures
-                                             : kIgnored);
   if (slow) Count(slot, kSlowCalls);
   const bool failed = outcome == Outcome::kFailure || slow;
 
@@ -235,9 +155,27 @@ void Complete(DependencySlot& slot, Permit* p, Outcome outcome, uint64_t latency
       ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, p->breaker_seq, caller.rng);
     }
   } else if (outcome != Outcome::kIgnored) {
-    RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, caller.rng);
+    RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, caller.rng, caller.stripe,
+                  caller.stripe_mode);
   }
   ReleaseLeases(slot, p);
+}
+
+}  // namespace admission_internal
+
+using admission_internal::Count;
+using admission_internal::kRelaxed;
+
+const char* DecisionName(Decision d) {
+  switch (d) {
+    case Decision::kAdmitted: return "admitted";
+    case Decision::kAdmittedProbe: return "admitted-probe";
+    case Decision::kRejectedOpen: return "rejected-open";
+    case Decision::kRejectedHalfOpenBusy: return "rejected-half-open-busy";
+    case Decision::kRejectedBulkheadFull: return "rejected-bulkhead-full";
+    case Decision::kRejectedBudgetEmpty: return "rejected-budget-empty";
+  }
+  return "invalid";
 }
 
 uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, Sweep sweep) {
@@ -275,7 +213,19 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
   return freed;
 }
 
+void FoldDeposits(DependencySlot& slot) {
+  admission_internal::FoldDeposits(slot, LoadKnob<Knob::retry_burst>(slot.policy));
+}
+
 void Reset(DependencySlot& slot, uint64_t now_ns) {
+  // The deposits waiting in the stripes were made before the reset: it refills without them.
+  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    Stripe& s = slot.stripes[i];
+    uint64_t taken = s.deposits_taken.load(kRelaxed);
+    for (uint64_t made; (made = s.deposits.load(kRelaxed)) > taken;) {
+      if (s.deposits_taken.compare_exchange_weak(taken, made, kRelaxed)) break;
+    }
+  }
   uint32_t rng = 1;  // a reset closes: nothing to draw
   ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng);
   // An empty window in every state: a head with no bucket bits (breaker.h) holds no calls, and

@@ -14,7 +14,12 @@
 
 #include <cstdint>
 
+#include "shm/breaker.h"
+#include "shm/clock.h"
 #include "shm/layout.h"
+#include "shm/policy.h"
+#include "shm/retry_budget.h"
+#include "shm/stripes.h"
 
 namespace retryd::shm {
 
@@ -57,32 +62,35 @@ inline constexpr uint8_t kPermitBulkhead = 1u << 2;
 inline constexpr uint8_t kPermitRecord = 1u << 3;  // record the outcome (not disabled mode)
 static_assert(sizeof(Permit) == 32);
 
-// Per-thread context of the caller: who owns the leases, and a random state for jitter.
+// Per-thread context of the caller: who owns the leases, a random state for jitter, and the
+// stripe it writes (stripes.h): the CPU it runs on, read just before the call, or kNoStripe.
 struct Caller {
   uint16_t owner;      // process registry owner id (kUnknownOwner if unregistered)
   uint16_t lease_tag;  // bumped per lease to keep lease words unique
   uint32_t rng;        // xorshift state, nonzero
+  uint16_t stripe = kNoStripe;
+  StripeMode stripe_mode = StripeMode::kPerCpu;
 };
 
 // Admit decides whether attempt number `attempt` (0: first attempt) of a call to the
 // dependency in `slot` may go out at `now_ns`, and fills *permit. Every Admit must be followed
 // by exactly one Complete with the same permit, whatever the decision (a rejected permit
 // completes as a no-op). Thread-safe.
-Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
-               Caller& caller, Permit* permit);
+inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
+                      Caller& caller, Permit* permit);
 // Admit with a clock instead of a time: `now_ns()` is called at most once, and not at all for
 // a first attempt on a closed breaker (the common path), since a clock read costs about three
 // uncontended CASes. Thread-safe.
-Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t (*now_ns)(),
-               Caller& caller, Permit* permit);
+inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt,
+                      uint64_t (*now_ns)(), Caller& caller, Permit* permit);
 
 // Complete records how the admitted attempt in *permit ended and releases its leases.
 // `latency_ns` decides whether the call was slow. A probe's outcome reaches the breaker only if
 // the probe still held its lease (not expired and reclaimed, which counted as a failed probe,
 // nor voided because its half-open ended); the counters count every completion. Calling it
 // twice with one permit is a no-op the second time. Thread-safe.
-void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t latency_ns,
-              uint64_t now_ns, Caller& caller);
+inline void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t latency_ns,
+                     uint64_t now_ns, Caller& caller);
 
 // ReclaimExpired (daemon tick, and Admit when it finds every lease taken) frees leases past
 // their expiry; an expired probe of the current half-open is a failed probe and reopens the
@@ -95,7 +103,18 @@ enum class Sweep { kLimits, kAllWords };
 uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller,
                         Sweep sweep = Sweep::kLimits);
 
-// Reset (operator) closes the breaker, clears the window and refills the retry budget.
+// FoldDeposits takes the retry-budget deposits waiting in the stripes (stripes.h) into the
+// budget word, capped at the slot's retry_burst: each thousandth is taken once (a CAS on its
+// stripe's deposits_taken), then added; a process killed between the two loses what it took,
+// so the budget grants less, never more. Every withdrawal folds first; a writer of the slot's
+// policy folds before it stores a new one, so that deposits made under the old cap are capped
+// by it. Thread-safe.
+void FoldDeposits(DependencySlot& slot);
+
+// Reset (operator) closes the breaker, clears the window and refills the retry budget (the
+// deposits waiting in the stripes are dropped: the refill replaces them).
 void Reset(DependencySlot& slot, uint64_t now_ns);
 
 }  // namespace retryd::shm
+
+#include "shm/admission_inline.h"  // IWYU pragma: export

@@ -91,33 +91,54 @@ uint32_t KeptBits(uint64_t head, uint64_t newest, uint64_t period, const WindowS
   return WindowHead::Bits(head) & keep;
 }
 
-// AddCall adds one call of `period` to the bucket `word`, read as `cur`. An older period there
-// was left by a call whose clock read lagged a window behind (it replaced the bucket after this
-// period had started it): the bucket starts again with this call, so that one late call costs
-// this period the calls it replaced, not the rest of the period. A newer period there means this
-// call is the late one: it is not counted.
-void AddCall(std::atomic<uint64_t>& word, uint64_t cur, uint64_t period, bool failure, bool slow) {
+// AddCalls adds `calls` calls of `period` (`failures` and `slow` of them) to the bucket `word`,
+// read as `cur`, each field saturating. An older period there was left by a call whose clock read
+// lagged a window behind (it replaced the bucket after this period had started it): the bucket
+// starts again with these calls, so that one late call costs this period the calls it replaced,
+// not the rest of the period. A newer period there means these calls are the late ones: they are
+// not counted.
+void AddCalls(std::atomic<uint64_t>& word, uint64_t cur, uint64_t period, uint64_t calls,
+              uint64_t failures, uint64_t slow) {
+  auto sat = [](uint64_t a, uint64_t b) { return std::min<uint64_t>(a + b, Bucket::kMax); };
   for (;;) {
     uint64_t next;
     const uint16_t ahead = uint16_t(Bucket::Period(cur) - uint16_t(period));
     if (ahead != 0 && ahead < 0x8000) {
-      return;  // a newer period holds the bucket: this call's clock read lagged a window
+      return;  // a newer period holds the bucket: these calls' clock read lagged a window
     } else if (ahead != 0) {
-      next = Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0);
+      next = Bucket::Make(uint16_t(period), sat(0, calls), sat(0, failures), sat(0, slow));
     } else if (Bucket::Calls(cur) == Bucket::kMax) {
       return;  // saturated: see breaker.h
     } else {
-      next = Bucket::Make(uint16_t(period), Bucket::Calls(cur) + 1,
-                          Bucket::Failures(cur) + (failure ? 1 : 0),
-                          Bucket::Slow(cur) + (slow ? 1 : 0));
+      next = Bucket::Make(uint16_t(period), sat(Bucket::Calls(cur), calls),
+                          sat(Bucket::Failures(cur), failures), sat(Bucket::Slow(cur), slow));
     }
     if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
   }
 }
 
-void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
-  const WindowShape s = Shape(slot);
-  const uint64_t period = now_ns / s.bucket_ns;
+// RecordCalls records `calls` calls of bucket period `period` (`failures` and `slow` of them) in
+// the shared buckets at `now_ns` (a call's own period, or an older one a stripe hands over).
+// AdvanceHead makes `period` the window's newest, if it is newer than the head's: a stripe
+// starting a period does, though its successes stay in the stripe, so that the shared buckets
+// know the newest period with any call, as if every call were theirs.
+void AdvanceHead(DependencySlot& slot, const WindowShape& s, uint64_t period, uint64_t now_ns) {
+  const uint64_t start_ms = PeriodStartMs(period, s);
+  uint64_t head = slot.window_head.load(std::memory_order_acquire);
+  for (int round = 0; round < kMaxRecordRounds; ++round) {
+    if (WindowHead::StartMs(head) == start_ms) return;
+    const uint64_t newest = NewestPeriod(head, now_ns, s);
+    if (newest != kNoPeriod && newest >= period) return;
+    const uint64_t next = WindowHead::Make(start_ms, KeptBits(head, newest, period, s));
+    if (slot.window_head.compare_exchange_weak(head, next, std::memory_order_acq_rel,
+                                               std::memory_order_acquire)) {
+      return;
+    }
+  }
+}
+
+void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, uint64_t now_ns,
+                 uint64_t calls, uint64_t failures, uint64_t slow) {
   const uint32_t bit = 1u << (period % s.buckets);
   const uint64_t start_ms = PeriodStartMs(period, s);
   std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
@@ -141,14 +162,18 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) 
     if (period + s.buckets <= newest) return;  // a window older than the newest period
     if (WindowHead::Bits(head) & bit) {
       // The bucket holds this period: add the call.
-      return AddCall(word, word.load(kRelaxed), period, failure, slow);
+      return AddCalls(word, word.load(kRelaxed), period, calls, failures, slow);
     }
     // The first call of this bucket period, as far as the head tells.
-    const uint64_t fresh = Bucket::Make(uint16_t(period), 1, failure ? 1 : 0, slow ? 1 : 0);
+    const uint64_t fresh =
+        Bucket::Make(uint16_t(period), std::min<uint64_t>(calls, Bucket::kMax),
+                     std::min<uint64_t>(failures, Bucket::kMax), std::min<uint64_t>(slow, Bucket::kMax));
     if (!word.compare_exchange_strong(cur, fresh, kRelaxed)) {
       // The bucket changed since it was read: a racer started this period (add to it; it sets
       // the bit), or a late call wrote an older one (look again).
-      if (Bucket::Period(cur) == uint16_t(period)) return AddCall(word, cur, period, failure, slow);
+      if (Bucket::Period(cur) == uint16_t(period)) {
+        return AddCalls(word, cur, period, calls, failures, slow);
+      }
       head = slot.window_head.load(std::memory_order_acquire);
       continue;
     }
@@ -162,6 +187,83 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) 
       }
     }
     return;
+  }
+}
+
+void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
+  const WindowShape s = Shape(slot);
+  RecordCalls(slot, s, now_ns / s.bucket_ns, now_ns, 1, failure ? 1 : 0, slow ? 1 : 0);
+}
+
+// The period of a stripe's window word `w`, seen at `now_ms` (stripes.h): its end is the first
+// whole ms at or after the period's end, so the period is the one before the end's.
+uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
+  const uint64_t end_period = StripeWindow::EndMs(w, now_ms) * 1'000'000u / s.bucket_ns;
+  return end_period == 0 ? 0 : end_period - 1;
+}
+
+// RecordStripeSuccess records one success (not slow) at `now_ns` in stripe `i`, written in
+// `mode`; false when the shared buckets must take it instead: the stripe or the window's head
+// holds a later period (this call's clock read lags it), the stripe is saturated, or it could
+// not be written. The first success
+// of a later period hands the stripe's count over to the shared bucket of its period, if that
+// is still in the window.
+bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, StripeMode mode) {
+  Stripe& st = slot.stripes[i];
+  const uint64_t now_ms = now_ns / 1'000'000u;
+  const WindowShape s = Shape(slot);
+  const uint64_t period = now_ns / s.bucket_ns;
+  for (int round = 0; round < 4; ++round) {
+    const uint64_t w = st.window.load(kRelaxed);
+    if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
+      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;
+      const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
+      if (r < 0) return false;
+      if (r == 0) return true;
+      continue;  // preempted by another thread of this CPU: look again
+    }
+    const uint64_t old = StripePeriod(w, now_ms, s);
+    const bool empty = StripeWindow::Count(w) == 0;
+    if (!empty && old >= period) return false;  // a lagging read: its own period's bucket
+    // A stripe starts only the newest period (or a newer one): a read lagging the head goes to
+    // the shared buckets, which count it in its period, or not at all a window behind.
+    if (const uint64_t newest =
+            NewestPeriod(slot.window_head.load(std::memory_order_acquire), now_ns, s);
+        newest != kNoPeriod && period < newest) {
+      return false;
+    }
+    const uint64_t start_ms = (period * s.bucket_ns + 999'999u) / 1'000'000u;
+    const uint64_t end_ms = ((period + 1) * s.bucket_ns + 999'999u) / 1'000'000u;
+    const int r = StripeCompareStore2(st.window, w, StripeWindow::Make(end_ms, 1),
+                                      st.window_start, start_ms, i, mode);
+    if (r < 0) return false;
+    if (r > 0) continue;
+    if (!empty && period - old < s.buckets) {
+      RecordCalls(slot, s, old, now_ns, StripeWindow::Count(w), 0, 0);
+    }
+    AdvanceHead(slot, s, period, now_ns);
+    return true;
+  }
+  return false;
+}
+
+// RestartStripeWindows restarts the stripes' windows at a close (or a reset) at `now_ns`, as
+// RestartWindow does the shared bucket of `now_ns`: the successes a stripe holds for that period
+// are dropped, those of an earlier period handed over to its shared bucket, where they wait for
+// the floor (FloorPeriod) like every call before the close.
+void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
+  const WindowShape s = Shape(slot);
+  const uint64_t period = now_ns / s.bucket_ns;
+  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    std::atomic<uint64_t>& word = slot.stripes[i].window;
+    uint64_t w = word.load(kRelaxed);
+    while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
+    }
+    if (StripeWindow::Count(w) == 0) continue;
+    const uint64_t p = StripePeriod(w, now_ns / 1'000'000u, s);
+    if (p < period && period - p < s.buckets) {
+      RecordCalls(slot, s, p, now_ns, StripeWindow::Count(w), 0, 0);
+    }
   }
 }
 
@@ -198,7 +300,10 @@ bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
                     : after.state == BreakerState::kHalfOpen ? kHalfOpened
                                                              : kClosed;
   slot.counters[c].fetch_add(1, kRelaxed);
-  if (after.state == BreakerState::kClosed) RestartWindow(slot, now_ns);
+  if (after.state == BreakerState::kClosed) {
+    RestartWindow(slot, now_ns);
+    RestartStripeWindows(slot, now_ns);
+  }
   if (after.state == BreakerState::kHalfOpen) VoidEarlierProbes(slot, after.seq);
   return true;
 }
@@ -313,6 +418,18 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   const uint64_t head = slot.window_head.load(std::memory_order_acquire);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
   WindowStats w;
+  // The successes the stripes hold for their newest periods (stripes.h).
+  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    const uint64_t word = slot.stripes[i].window.load(kRelaxed);
+    if (StripeWindow::Count(word) == 0) continue;
+    const uint64_t p = StripePeriod(word, now_ns / 1'000'000u, s);
+    // As for a bucket: in the reader's window, and not a window behind the newest period.
+    if (p > period || p + s.buckets <= period || p < floor ||
+        (newest != kNoPeriod && p + s.buckets <= newest)) {
+      continue;
+    }
+    w.calls += StripeWindow::Count(word);
+  }
   if (newest == kNoPeriod) return w;
   for (uint32_t i = 0; i < s.buckets; ++i) {
     if (!(WindowHead::Bits(head) & (1u << i))) continue;
@@ -330,9 +447,14 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   return w;
 }
 
-void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng) {
+void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng,
+                   uint16_t stripe, StripeMode mode) {
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
+  if (!failure && !slow && stripe < StripeCount(slot) &&
+      RecordStripeSuccess(slot, now_ns, stripe, mode)) {
+    return;
+  }
   RecordCall(slot, now_ns, failure, slow);
   if (!(failure || slow) || !ShouldTrip(slot, ReadWindow(slot, now_ns))) return;
   // From the word read before the call was recorded: if the breaker moved since (another

@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/retry_budget.h"
+#include "shm/stripes.h"
 #include "shm/segment.h"
 
 namespace retryd::shm {
@@ -173,6 +175,7 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   }
   if (found >= 0) {
     DependencySlot& d = dependencies_[found];
+    FoldDeposits(d);  // under the cap they were made with (admission.h)
     StorePolicy(policy, d.policy);
     d.mode_setter.store(0, kRelaxed);  // the config's mode: no process to name
     d.mode.store(uint32_t(policy.mode), std::memory_order_release);
@@ -210,6 +213,13 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   for (auto& c : d.counters) c.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
+  for (Stripe& st : d.stripes) {
+    for (auto* w : {&st.first_attempts, &st.successes, &st.window, &st.window_start,
+                    &st.deposits, &st.deposits_taken}) {
+      w->store(0, kRelaxed);
+    }
+  }
+  d.stripe_count.store(HostStripes(), kRelaxed);
   d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
   if (uint32_t(free_slot) >= header_->dependency_high_water.load(kRelaxed)) {
     header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);
@@ -246,6 +256,14 @@ void Segment::Retire(uint32_t index) {
   if (DependencySlot* d = dependency(index)) {
     d->state.store(uint32_t(SlotState::kRetired), std::memory_order_release);
   }
+}
+
+uint32_t HostStripes() {
+  static const uint32_t stripes = [] {
+    const long cpus = sysconf(_SC_NPROCESSORS_CONF);
+    return uint32_t(std::clamp<long>(cpus, 1, kMaxStripes));
+  }();
+  return stripes;
 }
 
 }  // namespace retryd::shm

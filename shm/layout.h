@@ -23,7 +23,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
@@ -32,6 +32,7 @@ inline constexpr uint32_t kMaxProbes = 8;        // half-open probe leases per d
 inline constexpr uint32_t kMaxBulkhead = 128;    // bulkhead leases per dependency
 inline constexpr uint32_t kMaxDependencies = 65535;
 inline constexpr uint32_t kMaxProcesses = 65534; // lease owner ids are 16 bits, 0 is "none"
+inline constexpr uint32_t kMaxStripes = 32;      // per-CPU stripes per dependency (stripes.h)
 
 // Operating mode of one dependency (DependencySlot::mode).
 enum class Mode : uint32_t {
@@ -66,6 +67,19 @@ struct PolicyWords {
 inline constexpr uint32_t kCounterSlots = 24;
 static_assert(kCounterCount <= kCounterSlots);
 
+// One CPU's share of the words a healthy call writes (stripes.h): written only by code running
+// on that CPU, so that cores never fight for them. Readers add them to the shared words.
+struct alignas(kCacheLine) Stripe {
+  std::atomic<uint64_t> first_attempts;  // counters: added to counters[kFirstAttempts]
+  std::atomic<uint64_t> successes;       // and counters[kSuccesses]
+  std::atomic<uint64_t> window;          // StripeWindow: successes of this stripe's newest period
+  std::atomic<uint64_t> window_start;    // that period's start, ms of the clock, in full
+  std::atomic<uint64_t> deposits;        // retry budget deposits, thousandths, cumulative
+  // Of `deposits`, the thousandths withdrawals have taken into the budget word (any CPU, CAS).
+  std::atomic<uint64_t> deposits_taken;
+  std::atomic<uint64_t> reserved[2];
+};
+
 // One downstream dependency. Hot words that many processes write live on their own cache
 // lines, apart from the read-mostly identity and policy, so that a burst of completions does
 // not make every admit miss on the policy line.
@@ -76,8 +90,10 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint32_t> mode;         // Mode
   std::atomic<uint32_t> name_len;     // 0..kMaxNameLen
   std::atomic<uint64_t> name_words[6];  // name bytes, NUL padded
-  // Lines 1-2: policy.
+  // Lines 1-2: policy; then the number of stripes in use (stripes.h), set when the slot is
+  // assigned a name: the host's CPUs, at most kMaxStripes.
   alignas(kCacheLine) PolicyWords policy;
+  std::atomic<uint32_t> stripe_count;
   // Line 3: the breaker state word, the retry budget word, the window's head (which buckets
   // hold the window's periods) and the breaker word's time in full (see breaker.h,
   // retry_budget.h). Written at most once per bucket period or transition; read with the
@@ -102,6 +118,8 @@ struct alignas(kCacheLine) DependencySlot {
   // Line 9: half-open probe leases; then bulkhead leases (see leases.h).
   alignas(kCacheLine) std::atomic<uint64_t> probe_leases[kMaxProbes];
   alignas(kCacheLine) std::atomic<uint64_t> bulkhead_leases[kMaxBulkhead];
+  // Lines 26-57: one stripe per CPU.
+  Stripe stripes[kMaxStripes];
 };
 
 // One attached process: the owner of the leases it takes.
@@ -169,7 +187,10 @@ static_assert(offsetof(SegmentHeader, retired) == 1 * kCacheLine);
 static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);
 static_assert(offsetof(SegmentHeader, create_lock) == 3 * kCacheLine);
 static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
-static_assert(sizeof(DependencySlot) == 26 * kCacheLine);
+static_assert(sizeof(Stripe) == kCacheLine);
+static_assert(sizeof(DependencySlot) == (26 + kMaxStripes) * kCacheLine);
+static_assert(offsetof(DependencySlot, stripe_count) + 4 <= 3 * kCacheLine);
+static_assert(offsetof(DependencySlot, stripes) == 26 * kCacheLine);
 static_assert(offsetof(DependencySlot, name_words) == 16);
 static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);

@@ -73,6 +73,26 @@ class RetryBudget {
     word.fetch_add(ratio_milli, std::memory_order_relaxed);
   }
 
+  // Full: the word holds `burst` tokens (a deposit would add nothing).
+  static bool Full(uint64_t word, uint32_t burst) {
+    return Tokens(word) >= uint64_t{burst} * kTokenScale;
+  }
+
+  // AddCapped adds `milli` thousandths (deposits folded in from the stripes, stripes.h), capped
+  // at `burst` tokens, keeping the stamp: the floor refill since the stamp still applies, so
+  // min(cap, min(cap, tokens + milli) + refill) is what one word holding them all would give.
+  static void AddCapped(std::atomic<uint64_t>& word, uint64_t milli, uint32_t burst) {
+    const uint64_t cap = uint64_t{burst} * kTokenScale;
+    uint64_t cur = word.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t tokens = std::min(cap, Tokens(cur) + std::min(milli, cap));
+      if (tokens <= Tokens(cur)) return;
+      if (word.compare_exchange_weak(cur, Make(tokens, StampMs(cur)), std::memory_order_relaxed)) {
+        return;
+      }
+    }
+  }
+
   // TryWithdraw takes one token at `now_ms`, refilling first; false if less than one token.
   [[nodiscard]] static bool TryWithdraw(std::atomic<uint64_t>& word, uint32_t now_ms,
                                         uint32_t floor_per_sec, uint32_t burst) {

@@ -10,6 +10,7 @@
 #include "shm/policy.h"
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
+#include "shm/stripes.h"
 
 namespace retryd::shm {
 namespace {
@@ -73,10 +74,14 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
   }
 
   d.window = ReadWindow(slot, now_ns);
-  d.tokens_available_milli = RetryBudget::Available(
-      slot.budget.load(kRelaxed), now_ms, d.policy.min_retries_per_sec, d.policy.retry_burst);
+  // What a withdrawal would find: the word refilled, plus the deposits the stripes hold.
+  d.tokens_available_milli = std::min<uint64_t>(
+      uint64_t{d.policy.retry_burst} * RetryBudget::kTokenScale,
+      RetryBudget::Available(slot.budget.load(kRelaxed), now_ms, d.policy.min_retries_per_sec,
+                             d.policy.retry_burst) +
+          PendingDeposits(slot));
   d.bulkhead_in_use = CountTaken(slot.bulkhead_leases, kMaxBulkhead);
-  for (uint32_t c = 0; c < kCounterCount; ++c) d.counters[c] = slot.counters[c].load(kRelaxed);
+  for (uint32_t c = 0; c < kCounterCount; ++c) d.counters[c] = ReadCounter(slot, Counter(c));
   return d;
 }
 

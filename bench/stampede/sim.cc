@@ -273,7 +273,7 @@ Result Sim::Run() {
   // The breakers' own counters, summed over every segment.
   for (const auto& seg : segments_) {
     const shm::DependencySlot& slot = *seg->dependency(slot_index_);
-    auto c = [&](shm::Counter k) { return slot.counters[k].load(std::memory_order_relaxed); };
+    auto c = [&](shm::Counter k) { return shm::ReadCounter(slot, k); };
     result_.breaker_opened += c(shm::kOpened);
     result_.half_opened += c(shm::kHalfOpened);
     result_.retries_denied += c(shm::kRetriesDenied);

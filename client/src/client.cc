@@ -383,10 +383,11 @@ inline bool ClientImpl::NeedsSlowPath() const {
 
 inline shm::Caller ClientImpl::MakeCaller() const {
   if (t_state.rng == 0) t_state.rng = SeedRandom();
-  return shm::Caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng};
+  // The CPU this thread runs on picks the stripe it writes (shm/stripes.h).
+  return shm::Caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng, shm::CurrentCpu()};
 }
 
-int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
     raw->decision = RETRYD_EINVAL;
@@ -408,7 +409,7 @@ int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   return int(d);
 }
 
-void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
+inline void ClientImpl::CompleteInline(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (!(ps->permit.flags & shm::kPermitActive)) return;
   if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
@@ -416,6 +417,24 @@ void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency
   shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, shm::CoarseNowNs(),
                 caller);
   t_state.rng = caller.rng;
+}
+
+int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+  return AdmitInline(dep, attempt, raw);
+}
+
+void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
+  CompleteInline(raw, outcome, latency_ns);
+}
+
+bool ClientImpl::Admit(Dependency dep, uint32_t attempt, Permit* permit) {
+  const int d = AdmitInline(dep.id, attempt, permit->raw());
+  return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
+}
+
+void ClientImpl::Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) {
+  CompleteInline(permit->raw(), int(outcome),
+                 uint64_t(latency.count() < 0 ? 0 : latency.count()));
 }
 
 }  // namespace internal

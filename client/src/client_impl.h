@@ -49,13 +49,8 @@ class ClientImpl final : public Client {
   static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
 
   Status Resolve(std::string_view name, Dependency* out) override EXCLUDES(mu_);
-  bool Admit(Dependency dep, uint32_t attempt, Permit* permit) override {
-    const int d = AdmitRaw(dep.id, attempt, permit->raw());
-    return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
-  }
-  void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) override {
-    CompleteRaw(permit->raw(), int(outcome), uint64_t(latency.count() < 0 ? 0 : latency.count()));
-  }
+  bool Admit(Dependency dep, uint32_t attempt, Permit* permit) override;
+  void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) override;
   bool local() const override {
     return (degraded_.load(std::memory_order_relaxed) & kLocal) != 0;
   }
@@ -72,6 +67,16 @@ class ClientImpl final : public Client {
   // The C ABI calls these directly. AdmitRaw returns the decision or RETRYD_EINVAL.
   int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
   void CompleteRaw(retryd_permit_t* permit, int outcome, uint64_t latency_ns);
+
+ private:
+  // The bodies of AdmitRaw and CompleteRaw, inlined into them and into Admit and Complete, so
+  // that each call is one function deep.
+  [[gnu::always_inline]] inline int AdmitInline(int32_t dep, uint32_t attempt,
+                                                retryd_permit_t* permit);
+  [[gnu::always_inline]] inline void CompleteInline(retryd_permit_t* permit, int outcome,
+                                                    uint64_t latency_ns);
+
+ public:
 
  private:
   // A resolved dependency. `slot` and `index` are swapped together under mu_ on reattach;

@@ -805,7 +805,7 @@ TEST(RetryctlMetrics, ParsesWithThePrometheusParserAndMatchesTheSegment) {
   EXPECT_EQ(sample("retryd_breaker_state", {{"dependency", "search"}}), 0.0);
   EXPECT_EQ(sample("retryd_rejections_total", {{"dependency", "orders"}, {"reason", "open"}}), 3.0);
   EXPECT_EQ(sample("retryd_first_attempts_total", {{"dependency", "orders"}}),
-            double(seg.slot(orders).counters[shm::kFirstAttempts].load()));
+            double(shm::ReadCounter(seg.slot(orders), shm::kFirstAttempts)));
   EXPECT_EQ(sample("retryd_bulkhead_in_flight", {{"dependency", "search"}}), 2.0);
   EXPECT_EQ(sample("retryd_bulkhead_limit", {{"dependency", "search"}}), 4.0);
   EXPECT_EQ(sample("retryd_daemon_pid", json::object()), double(getpid()));

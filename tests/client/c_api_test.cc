@@ -24,7 +24,7 @@ TEST(CApiTest, OpenResolveAdmitComplete) {
   EXPECT_EQ(permit.decision, RETRYD_ADMITTED);
   retryd_complete(c, &permit, RETRYD_SUCCESS, 1000);
   retryd_complete(c, &permit, RETRYD_SUCCESS, 1000);  // twice: a no-op
-  EXPECT_EQ(seg.seg->dependency(0)->counters[shm::kSuccesses].load(), 1u);
+  EXPECT_EQ(shm::ReadCounter(*seg.seg->dependency(0), shm::kSuccesses), 1u);
   EXPECT_EQ(retryd_admit(c, 12345, 0, &permit), RETRYD_EINVAL);
   retryd_complete(c, &permit, RETRYD_SUCCESS, 1000);  // the refused permit: a no-op
   retryd_close(c);

@@ -124,7 +124,7 @@ TEST(ClientTest, AHandleNeverWritesIntoItsSlotsNextDependency) {
   const shm::DependencySlot& search = *seg.seg->dependency(search_index);
   EXPECT_EQ(shm::BreakerWord::Decode(search.breaker.load()).state, shm::BreakerState::kClosed);
   EXPECT_EQ(search.counters[shm::kFailures].load(), 0u);
-  EXPECT_EQ(search.counters[shm::kFirstAttempts].load(), 0u);
+  EXPECT_EQ(shm::ReadCounter(search, shm::kFirstAttempts), 0u);
   Dependency s;
   ASSERT_TRUE(c->Resolve("search", &s).ok());
   Permit permit;

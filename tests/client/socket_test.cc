@@ -30,6 +30,7 @@
 #include "shm/counters.h"
 #include "shm/leases.h"
 #include "shm/registry.h"
+#include "shm/stripes.h"
 #include "tests/daemon/daemon_harness.h"
 
 namespace retryd {
@@ -206,7 +207,7 @@ class ClientSocketTest : public ::testing::Test {
       return OwnerOf(getpid()) != 0;
     });
   }
-  uint64_t Successes() const { return Orders().counters[shm::kSuccesses].load(); }
+  uint64_t Successes() const { return shm::ReadCounter(Orders(), shm::kSuccesses); }
 
   std::string dir_, socket_, config_;
   NotifySocket notify_;

@@ -450,8 +450,8 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
   };
   EXPECT_TRUE(WaitUntil([&] { return registered() == 3; }, 5'000)) << registered();
   const DependencySlot& orders = *fresh->dependency(uint32_t(fresh->Find("orders")));
-  const uint64_t before = orders.counters[shm::kFirstAttempts].load();
-  EXPECT_TRUE(WaitUntil([&] { return orders.counters[shm::kFirstAttempts].load() > before + 1000; }, 5'000));
+  const uint64_t before = shm::ReadCounter(orders, shm::kFirstAttempts);
+  EXPECT_TRUE(WaitUntil([&] { return shm::ReadCounter(orders, shm::kFirstAttempts) > before + 1000; }, 5'000));
   StopClientWorkers(pids, flags);
   // The admit that moves a worker takes the cold path: it maps the new segment and registers
   // (files, /proc), and may sleep in the kernel doing so. What must hold is that none failed.

@@ -395,7 +395,7 @@ TEST(HostileClientTest, LoweredHighWaterDoesNotReassignLiveSlots) {
   shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 77};
   shm::Permit held;
   ASSERT_EQ(shm::Admit(bulk, bulk_index, 0, shm::CoarseNowNs(), caller, &held), shm::Decision::kAdmitted);
-  const uint64_t first_attempts = bulk.counters[shm::kFirstAttempts].load();
+  const uint64_t first_attempts = shm::ReadCounter(bulk, shm::kFirstAttempts);
   const uint32_t generation = bulk.generation.load();
   seg->header().dependency_high_water.store(0);
   daemon.Signal(SIGHUP);  // an unchanged config: nothing should move
@@ -405,7 +405,7 @@ TEST(HostileClientTest, LoweredHighWaterDoesNotReassignLiveSlots) {
   EXPECT_EQ(bulk.generation.load(), generation) << "the slot was reassigned";
   EXPECT_EQ(bulk.bulkhead_leases[held.bulkhead_index].load(), held.bulkhead_lease)
       << "a live lease was wiped";
-  EXPECT_EQ(bulk.counters[shm::kFirstAttempts].load(), first_attempts) << "counters were reset";
+  EXPECT_EQ(shm::ReadCounter(bulk, shm::kFirstAttempts), first_attempts) << "counters were reset";
   // And a client creating a new dependency takes a free slot, not a live one.
   uint32_t created = 0;
   seg->header().dependency_high_water.store(0);

@@ -211,7 +211,7 @@ TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
   }
   // The retry budget bound, host-wide.
   const shm::DependencySlot& storm = *slots[kStorm];
-  const double bound = kBurst + kRatioMilli / 1000.0 * double(storm.counters[shm::kFirstAttempts].load()) +
+  const double bound = kBurst + kRatioMilli / 1000.0 * double(shm::ReadCounter(storm, shm::kFirstAttempts)) +
                        kFloorPerSec * elapsed_s;
   EXPECT_LE(double(storm.counters[shm::kRetriesGranted].load()), bound);
   EXPECT_GT(storm.counters[shm::kRetriesDenied].load(), 0u) << "the budget never ran out";

@@ -74,7 +74,7 @@ class AdmissionTest : public ::testing::Test {
     Complete(&p, o);
   }
   BreakerState State() const { return BreakerWord::Decode(slot_->breaker.load()).state; }
-  uint64_t Counter(Counter c) const { return slot_->counters[c].load(); }
+  uint64_t Counter(Counter c) const { return ReadCounter(*slot_, c); }
 
   std::unique_ptr<Segment> seg_;
   uint32_t index_ = 0;

@@ -137,7 +137,7 @@ TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
   EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 4, rng));
   EXPECT_EQ(rng, 7u) << "a close draws no jitter";
   EXPECT_EQ(BreakerWord::Decode(slot.breaker.load()).state, BreakerState::kClosed);
-  EXPECT_EQ(slot.counters[kClosed].load(), 1u);
+  EXPECT_EQ(ReadCounter(slot, kClosed), 1u);
   EXPECT_EQ(ReadWindow(slot, now_ns).calls, 0u);
 }
 
@@ -189,7 +189,7 @@ TEST(BreakerConcurrencyTest, EveryTransitionIsOneCasFromTheWordTheDeciderRead) {
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < kRounds; ++r) EXPECT_EQ(wins[r].load(), 1) << "round " << r;
-  EXPECT_EQ(slot.counters[kOpened].load(), uint64_t{kRounds});
+  EXPECT_EQ(ReadCounter(slot, kOpened), uint64_t{kRounds});
 }
 
 // ApplyBreakerEvent draws the open period's jitter from the caller's state only for an event

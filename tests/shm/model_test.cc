@@ -4,12 +4,14 @@
 // Each shape drives one slot of a private segment through the real hot path and janitors
 // (shm::Admit, Complete, ReclaimExpired, ReclaimOwner, Reset, mode and policy stores) and a
 // DependencyModel through the same operations. Virtual processes of a few threads each (each
-// thread a Caller of its process's owner id) admit first attempts and retries, hold permits
+// thread a Caller of its process's owner id, running on one of four virtual CPUs' stripes or on
+// the shared words, chosen anew for every call: stripes.h) admit first attempts and retries, hold permits
 // across steps and complete them with random outcomes and latencies; processes die with their
 // permits abandoned, and the daemon reaps some of them; the virtual clock creeps, jumps (up to a
 // year, onto and across 2^32 ms wraps of the stored stamps), and steps back within the clock skew
 // retry_budget.h tolerates. After every step the test compares the decision, every counter, the
-// breaker word, the window's counts, the budget word and every lease word with the model, and
+// breaker word, the window's counts, the budget (word plus the stripes' deposits) and every lease
+// word with the model, and
 // checks the bounds of DESIGN.md: probes in flight of the current half-open <= half_open_probes,
 // bulkhead leases <= bulkhead_limit, the budget never above its burst, and retries granted over
 // any interval <= burst + ratio x first attempts + floor x seconds (retry_budget.h).
@@ -182,6 +184,8 @@ struct Op {
 
 class ModelRun {
  public:
+  static constexpr uint32_t kVirtualCpus = 4;
+
   ModelRun(const Shape& shape, uint64_t seed)
       : shape_(shape),
         seed_(seed),
@@ -192,6 +196,9 @@ class ModelRun {
     seg_ = Segment::CreatePrivate(1, 64, shape.policy);
     index_ = testing::AddDependency(*seg_, "model", shape.policy);
     slot_ = seg_->dependency(index_);
+    // Four virtual CPUs' stripes (stripes.h): every thread moves among them and the shared
+    // words, so the stripes' folds face the model at every step.
+    slot_->stripe_count.store(kVirtualCpus);
     shm::Reset(*slot_, now_ns());  // the model starts as a slot just reset
     policy_ = shape.policy;
     for (uint16_t owner = 1; owner <= 4; ++owner) Spawn(owner);
@@ -249,6 +256,12 @@ class ModelRun {
         const uint64_t w = slot_->buckets[i].load();
         os << " b" << i << " p" << Bucket::Period(w) << " c" << Bucket::Calls(w) << "\n";
       }
+      for (uint32_t i = 0; i < kVirtualCpus; ++i) {
+        const uint64_t w = slot_->stripes[i].window.load();
+        os << " stripe " << i << " end " << StripeWindow::EndMs(w, now_ms_) << " start "
+           << slot_->stripes[i].window_start.load() << " successes " << StripeWindow::Count(w)
+           << "\n";
+      }
     }
     for (const Op& op : ops_) os << "  step " << op.step << " @" << op.now_ms << ": " << op.what << "\n";
     ADD_FAILURE() << os.str();
@@ -271,13 +284,20 @@ class ModelRun {
     processes_.push_back(std::move(p));
   }
 
+  // RandomLiveThread picks a live thread and the virtual CPU it runs on for its next call: one
+  // of the stripes, or none (the shared words, as a thread without rseq writes).
   Thread* RandomLiveThread() {
     std::vector<Thread*> live;
     for (Process& p : processes_) {
       if (!p.alive) continue;
       for (Thread& t : p.threads) live.push_back(&t);
     }
-    return live.empty() ? nullptr : live[Below(live.size())];
+    if (live.empty()) return nullptr;
+    Thread* t = live[Below(live.size())];
+    const uint64_t cpu = Below(kVirtualCpus + 1);
+    t->caller.stripe = cpu == kVirtualCpus ? kNoStripe : uint16_t(cpu);
+    t->caller.stripe_mode = StripeMode::kAtomic;
+    return t;
   }
 
   // --- Operations ----------------------------------------------------------------------
@@ -378,7 +398,7 @@ class ModelRun {
     now_ms_ = latest_ms_ - lag;
     Log("clock read " + std::to_string(lag) + " ms behind the latest");
     const uint32_t stamp = RetryBudget::StampMs(slot_->budget.load());
-    const uint64_t granted = slot_->counters[kRetriesGranted].load();
+    const uint64_t granted = ReadCounter(*slot_, kRetriesGranted);
     Chance(500) ? AdmitOne() : CompleteOne();
     // A lagging withdrawal bends the bound by up to the floor over its lag: one that moves the
     // stamp to its read has the floor from there credited again by a later read, and one
@@ -388,7 +408,7 @@ class ModelRun {
     const int64_t floor = policy_.min_retries_per_sec;
     if (moved != stamp) {
       budget_d_ -= floor * int64_t(uint32_t(latest_ms_) - moved);
-    } else if (slot_->counters[kRetriesGranted].load() != granted) {
+    } else if (ReadCounter(*slot_, kRetriesGranted) != granted) {
       budget_d_ -= std::min<int64_t>(1000, floor * int64_t(uint32_t(latest_ms_) - stamp));
     }
     now_ms_ = latest_ms_;
@@ -514,6 +534,19 @@ class ModelRun {
       return;
     }
     p.mode = Mode(slot_->mode.load());
+    // As the daemon's reload does (PutDependency): the stripes' deposits fold under the old
+    // cap, which keeps none of the overshoot past it that the model's single deposits leave.
+    FoldDeposits(*slot_);
+    const uint64_t old_cap = uint64_t{policy_.retry_burst} * RetryBudget::kTokenScale;
+    const uint64_t word = RetryBudget::Tokens(slot_->budget.load());
+    if (model_.budget_tokens_milli() > old_cap && word < model_.budget_tokens_milli()) {
+      if (word < old_cap || model_.budget_tokens_milli() - word >= policy_.retry_ratio_milli) {
+        Fail("a reload's fold left " + std::to_string(word) + " thousandths, the model " +
+             std::to_string(model_.budget_tokens_milli()) + ": more than its overshoot");
+        return;
+      }
+      model_.set_budget_tokens_milli(word);
+    }
     StorePolicy(p, slot_->policy);
     model_.SetPolicy(p);
     policy_ = p;
@@ -535,15 +568,15 @@ class ModelRun {
   // reload changes the terms, so the intervals start again there.
 
   void ResetBudgetBound() {
-    seen_granted_ = slot_->counters[kRetriesGranted].load();
-    seen_first_ = slot_->counters[kFirstAttempts].load();
+    seen_granted_ = ReadCounter(*slot_, kRetriesGranted);
+    seen_first_ = ReadCounter(*slot_, kFirstAttempts);
     budget_d_ = 0;
     budget_min_d_ = 0;
   }
 
   bool CheckBudgetBound() {
-    const uint64_t granted = slot_->counters[kRetriesGranted].load();
-    const uint64_t first = slot_->counters[kFirstAttempts].load();
+    const uint64_t granted = ReadCounter(*slot_, kRetriesGranted);
+    const uint64_t first = ReadCounter(*slot_, kFirstAttempts);
     budget_d_ += int64_t(granted - seen_granted_) * 1000 -
                  int64_t(first - seen_first_) * int64_t(policy_.retry_ratio_milli);
     seen_granted_ = granted;
@@ -561,7 +594,7 @@ class ModelRun {
 
   bool Check() {
     for (const CounterInfo& c : kCounterInfo) {
-      const uint64_t real = slot_->counters[c.counter].load();
+      const uint64_t real = ReadCounter(*slot_, c.counter);
       if (real != model_.counter(c.counter)) {
         return Fail(std::string("counter ") + c.name + " " + std::to_string(real) + ", model " +
                     std::to_string(model_.counter(c.counter)));
@@ -587,10 +620,16 @@ class ModelRun {
                   std::to_string(mw.calls) + "/" + std::to_string(mw.failures) + "/" +
                   std::to_string(mw.slow));
     }
+    // The budget as the next withdrawal finds it: the word plus the deposits waiting in the
+    // stripes, capped (stripes.h); the model keeps every deposit in its one count.
     const uint64_t budget = slot_->budget.load();
-    if (RetryBudget::Tokens(budget) != model_.budget_tokens_milli() ||
+    const uint64_t cap = uint64_t{policy_.retry_burst} * RetryBudget::kTokenScale;
+    const uint64_t tokens = std::min(cap, RetryBudget::Tokens(budget) + PendingDeposits(*slot_));
+    if (tokens != std::min(cap, model_.budget_tokens_milli()) ||
         RetryBudget::StampMs(budget) != uint32_t(model_.budget_stamp_ms())) {
-      return Fail("budget tokens " + std::to_string(RetryBudget::Tokens(budget)) + " stamp " +
+      return Fail("budget tokens " + std::to_string(tokens) + " (word " +
+                  std::to_string(RetryBudget::Tokens(budget)) + ", waiting in stripes " +
+                  std::to_string(PendingDeposits(*slot_)) + ") stamp " +
                   std::to_string(RetryBudget::StampMs(budget)) + ", model " +
                   std::to_string(model_.budget_tokens_milli()) + " stamp " +
                   std::to_string(uint32_t(model_.budget_stamp_ms())));

@@ -89,14 +89,14 @@ TEST(MultiProcessTest, RetryBudgetBoundHoldsHostWide) {
   });
   const double elapsed_s = double(CoarseNowNs() - start_ns) / 1e9 + 0.01;
   DependencySlot& slot = *seg.seg->dependency(index);
-  const uint64_t first = slot.counters[kFirstAttempts].load();
-  const uint64_t granted = slot.counters[kRetriesGranted].load();
+  const uint64_t first = ReadCounter(slot, kFirstAttempts);
+  const uint64_t granted = ReadCounter(slot, kRetriesGranted);
   EXPECT_EQ(first, uint64_t(kProcesses) * 100'000);
   EXPECT_EQ(granted, scratch->granted.load());  // the counter is exact
   const double bound = p.retry_burst + 0.2 * double(first) + p.min_retries_per_sec * elapsed_s;
   EXPECT_LE(double(granted), bound) << "first " << first << " elapsed " << elapsed_s;
   // And the budget really was the limit: most retries were denied.
-  EXPECT_GT(slot.counters[kRetriesDenied].load(), granted);
+  EXPECT_GT(ReadCounter(slot, kRetriesDenied), granted);
   RecordProperty("retries_granted", std::to_string(granted));
   RecordProperty("bound", std::to_string(bound));
 }
@@ -132,8 +132,8 @@ TEST(MultiProcessTest, HalfOpenProbesNeverExceedTheLimit) {
   });
   EXPECT_LE(scratch->max_in_flight.load(), 2);
   EXPECT_GE(scratch->max_in_flight.load(), 1);
-  EXPECT_GT(slot.counters[kProbesGranted].load(), 0u);
-  EXPECT_GT(slot.counters[kRejectedHalfOpenBusy].load(), 0u);
+  EXPECT_GT(ReadCounter(slot, kProbesGranted), 0u);
+  EXPECT_GT(ReadCounter(slot, kRejectedHalfOpenBusy), 0u);
   EXPECT_EQ(slot.probe_leases[0].load() | slot.probe_leases[1].load(), 0u);
 }
 
@@ -236,13 +236,13 @@ TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
     EXPECT_GT(freed, 0u);
     EXPECT_EQ(dead, 8u);
     EXPECT_EQ(taken(), 0);
-    EXPECT_EQ(slot.counters[kLeasesReclaimedDead].load(), freed);
+    EXPECT_EQ(ReadCounter(slot, kLeasesReclaimedDead), freed);
   } else {
     usleep((lease_timeout_ms + 50) * 1000);  // past both lease timeouts
     const uint32_t freed = ReclaimExpired(slot, CoarseNowNs(), janitor, Sweep::kAllWords);
     EXPECT_GT(freed, 0u);
     EXPECT_EQ(taken(), 0);
-    EXPECT_GE(slot.counters[kLeasesReclaimedExpired].load(), freed);
+    EXPECT_GE(ReadCounter(slot, kLeasesReclaimedExpired), freed);
   }
   // And the dependency works again: a bulkhead lease and a probe can be had.
   Permit permit;

@@ -174,7 +174,7 @@ class VirtualSlot {
   }
   shm::BreakerWord Breaker() const { return shm::BreakerWord::Decode(slot_->breaker.load()); }
   shm::BreakerState State() const { return Breaker().state; }
-  uint64_t Counter(shm::Counter c) const { return slot_->counters[c].load(); }
+  uint64_t Counter(shm::Counter c) const { return shm::ReadCounter(*slot_, c); }
   shm::DependencySlot& slot() { return *slot_; }
   shm::Caller& caller() { return caller_; }
 

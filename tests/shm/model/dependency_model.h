@@ -102,6 +102,9 @@ class DependencyModel {
   const ModelBreaker& breaker() const { return breaker_; }
   ModelWindowStats Window(uint64_t now_ms) const;
   uint64_t budget_tokens_milli() const { return tokens_milli_; }
+  // The count a reload leaves when it folds the stripes' deposits under the old cap: the
+  // overshoot past the cap that single deposits leave (under one ratio) is not kept.
+  void set_budget_tokens_milli(uint64_t tokens) { tokens_milli_ = tokens; }
   uint64_t budget_stamp_ms() const { return stamp_ms_; }
   // The whole thousandths of a token a retry would find at `now_ms`.
   uint64_t BudgetAvailableMilli(uint64_t now_ms) const { return Refilled(now_ms); }

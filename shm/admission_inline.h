@@ -1,0 +1,172 @@
+// shm/admission_inline.h: the common path of Admit and Complete, compiled into the caller.
+//
+// Included by admission.h only. A first attempt on a closed breaker and its successful
+// completion run entirely here, so that the client library's call is one function deep; every
+// step that is not that path (a breaker that is not closed, the bulkhead, a retry, a failure, a
+// probe, a rejection) is a call into admission.cc.
+#pragma once
+
+namespace retryd::shm {
+namespace admission_internal {
+
+inline constexpr auto kRelaxed = std::memory_order_relaxed;
+
+inline void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
+
+// The caller's stripe of `slot`, or nullptr when it writes the shared words (stripes.h).
+inline Stripe* StripeOf(DependencySlot& slot, const Caller& caller) {
+  return caller.stripe < StripeCount(slot) ? &slot.stripes[caller.stripe] : nullptr;
+}
+
+// CountStriped counts one `c` (a striped counter) in the caller's stripe, or the shared word.
+inline void CountStriped(DependencySlot& slot, const Caller& caller, Counter c) {
+  if (Stripe* s = StripeOf(slot, caller);
+      s != nullptr && StripeAdd(*StripedCounter(*s, c), 1, caller.stripe, caller.stripe_mode)) {
+    return;
+  }
+  Count(slot, c);
+}
+
+// Deposit: a first attempt's share of a retry, in the caller's stripe (or the shared word),
+// unless the budget word already holds `burst` tokens (retry_budget.h).
+inline void Deposit(DependencySlot& slot, const Caller& caller, uint32_t ratio_milli,
+                    uint32_t burst) {
+  if (ratio_milli == 0 || RetryBudget::Full(slot.budget.load(kRelaxed), burst)) return;
+  if (Stripe* s = StripeOf(slot, caller);
+      s != nullptr && StripeAdd(s->deposits, ratio_milli, caller.stripe, caller.stripe_mode)) {
+    return;
+  }
+  slot.budget.fetch_add(ratio_milli, kRelaxed);
+}
+
+// Out of line (admission.cc): the steps off the common path.
+// AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the permit's
+// probe fields.
+Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p);
+// Reject refuses the attempt: counts the reason and gives back any lease already taken.
+Decision Reject(DependencySlot& slot, Permit* p, Decision d);
+// ReleaseLeases gives back the leases the permit holds.
+void ReleaseLeases(DependencySlot& slot, Permit* p);
+// TakeBulkhead takes a bulkhead lease among the first `limit` words into the permit.
+bool TakeBulkhead(DependencySlot& slot, uint32_t limit, uint64_t now_ns, Caller& caller,
+                  Permit* p);
+// FoldDeposits takes every stripe's pending deposits into the budget word, capped at `burst`.
+void FoldDeposits(DependencySlot& slot, uint32_t burst);
+// WithdrawRetry folds the stripes' deposits into the budget word and takes one token from it.
+bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst);
+// CompleteSlow records every outcome but a plain success already in its stripe's period.
+void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, uint64_t now_ns,
+                  Caller& caller);
+
+// AdmitImpl is Admit with a lazy clock: `now()` is read at most once, and only on paths that
+// need the time (a breaker that is not closed, the bulkhead, a retry). A first attempt on a
+// closed breaker reads no clock.
+template <typename NowFn>
+[[gnu::always_inline]] inline Decision AdmitImpl(DependencySlot& slot, uint32_t index,
+                                                uint32_t attempt, NowFn now, Caller& caller,
+                                                Permit* p) {
+  *p = Permit{};
+  p->dependency = index;
+  p->generation = slot.generation.load(kRelaxed);
+  const Mode mode = Mode(slot.mode.load(kRelaxed));
+  if (mode == Mode::kDisabled) {
+    p->flags = kPermitActive;
+    return Decision::kAdmitted;
+  }
+  if (mode == Mode::kForcedOpen) return Reject(slot, p, Decision::kRejectedOpen);
+  // Shadow mode takes every step enforce takes and lets the attempt go out whatever they
+  // decide: an attempt enforce would refuse counts once, as shadow_would_reject, and the steps
+  // after the refusal still run (a first attempt deposits and counts), since the call is real.
+  const bool shadow = mode == Mode::kShadow;
+  bool would_reject = false;
+  p->flags = kPermitActive | kPermitRecord;
+
+  uint64_t now_cache = 0;
+  bool have_now = false;
+  auto now_ns = [&] {
+    if (!have_now) {
+      now_cache = now();
+      have_now = true;
+    }
+    return now_cache;
+  };
+
+  // 1. The breaker. A closed breaker costs one load.
+  Decision d = Decision::kAdmitted;
+  if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
+      BreakerState::kClosed) {
+    d = AdmitBreaker(slot, now_ns(), caller, p);
+    if (!IsAdmitted(d)) {
+      if (!shadow) return Reject(slot, p, d);
+      would_reject = true;
+      d = Decision::kAdmitted;
+    }
+  }
+
+  // 2. The bulkhead, if any.
+  if (const uint32_t limit = LoadKnob<Knob::bulkhead_limit>(slot.policy); limit > 0) {
+    if (!TakeBulkhead(slot, limit, now_ns(), caller, p)) {
+      if (!shadow) return Reject(slot, p, Decision::kRejectedBulkheadFull);
+      would_reject = true;
+    }
+  }
+
+  // 3. The retry budget: first attempts deposit, retries withdraw.
+  const uint32_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
+  if (attempt == 0) {
+    Deposit(slot, caller, LoadKnob<Knob::retry_ratio_milli>(slot.policy), burst);
+    CountStriped(slot, caller, kFirstAttempts);
+  } else if (WithdrawRetry(slot, NsToMs32(now_ns()), burst)) {
+    Count(slot, kRetriesGranted);
+  } else if (shadow) {
+    would_reject = true;
+  } else {
+    return Reject(slot, p, Decision::kRejectedBudgetEmpty);
+  }
+  if (would_reject) Count(slot, kShadowWouldReject);
+  // A probe counts once it goes out: the bulkhead or the budget may still have refused it.
+  if (d == Decision::kAdmittedProbe) Count(slot, kProbesGranted);
+  p->decision = uint8_t(d);
+  return d;
+}
+
+}  // namespace admission_internal
+
+[[gnu::always_inline]] inline Decision Admit(DependencySlot& slot, uint32_t index,
+                                             uint32_t attempt, uint64_t now_ns, Caller& caller,
+                                             Permit* p) {
+  return admission_internal::AdmitImpl(
+      slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
+}
+
+[[gnu::always_inline]] inline Decision Admit(DependencySlot& slot, uint32_t index,
+                                             uint32_t attempt, uint64_t (*now_ns)(),
+                                             Caller& caller, Permit* p) {
+  return admission_internal::AdmitImpl(slot, index, attempt, now_ns, caller, p);
+}
+
+[[gnu::always_inline]] inline void Complete(DependencySlot& slot, Permit* p, Outcome outcome,
+                                            uint64_t latency_ns, uint64_t now_ns,
+                                            Caller& caller) {
+  using namespace admission_internal;
+  if (!(p->flags & kPermitActive)) return;
+  p->flags &= uint8_t(~kPermitActive);
+  // A slot reassigned since admit: give back the leases (their words are unique), record nothing.
+  if (!(p->flags & kPermitRecord) || slot.generation.load(kRelaxed) != p->generation) {
+    ReleaseLeases(slot, p);
+    return;
+  }
+  const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
+  const bool slow =
+      slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
+  // The common path: a success, not slow, holding no lease, recorded in its stripe's period.
+  if (outcome == Outcome::kSuccess && !slow && !(p->flags & (kPermitProbe | kPermitBulkhead)) &&
+      StripeOf(slot, caller) != nullptr &&
+      RecordSuccessInStripePeriod(slot, now_ns, caller.stripe, caller.stripe_mode)) {
+    CountStriped(slot, caller, kSuccesses);
+    return;
+  }
+  CompleteSlow(slot, p, outcome, slow, now_ns, caller);
+}
+
+}  // namespace retryd::shm
