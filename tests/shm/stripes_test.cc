@@ -1,0 +1,383 @@
+// The per-CPU stripes (shm/stripes.h): the restartable sequences lose no update however often
+// their threads are preempted, real processes on every CPU count exactly, a worker killed
+// mid-call loses at most that call, and the folds (window, deposits) give what one shared word
+// would. The model test (model_test.cc) drives the stripes from virtual CPUs against the
+// reference model; here they run on the real CPUs.
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/retry_budget.h"
+#include "shm/segment.h"
+#include "shm/stripes.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd::shm {
+namespace {
+
+using testing::kMs;
+using testing::kSec;
+
+// ThreadSanitizer holds a signal until its thread reaches a safe point, never inside a sequence.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kSignalsDeferred = true;
+#else
+constexpr bool kSignalsDeferred = false;
+#endif
+
+int Cpus() { return int(std::min<uint32_t>(HostStripes(), 8)); }
+
+void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
+// Shared memory a forked child writes its figures to.
+template <typename T>
+T* SharedPage() {
+  void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return new (p) T();
+}
+
+// Interrupter sends a no-op signal to `threads` in a loop until destroyed: a signal delivered in
+// the middle of a restartable sequence aborts it, so the tests below meet aborts by the thousand
+// rather than relying on the scheduler's rare preemption at that instruction.
+class Interrupter {
+ public:
+  explicit Interrupter(std::vector<std::thread>& threads) {
+    struct sigaction sa = {};
+    sa.sa_handler = [](int) {};
+    sigaction(SIGUSR1, &sa, &old_);
+    for (auto& t : threads) handles_.push_back(t.native_handle());
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        for (pthread_t h : handles_) pthread_kill(h, SIGUSR1);
+        ++sent_;
+      }
+    });
+  }
+  // Stop returns the rounds of signals sent; call it before joining the threads.
+  uint64_t Stop() {
+    stop_ = true;
+    thread_.join();
+    sigaction(SIGUSR1, &old_, nullptr);
+    return sent_;
+  }
+
+ private:
+  struct sigaction old_ = {};
+  std::vector<pthread_t> handles_;
+  std::atomic<bool> stop_{false};
+  uint64_t sent_ = 0;
+  std::thread thread_;
+};
+
+#define SKIP_WITHOUT_RSEQ()                                                               \
+  if (CurrentCpu() == kNoStripe) GTEST_SKIP() << "no rseq registered: nothing is striped"
+
+// Many threads on each CPU add to that CPU's word through the sequence, falling back to a
+// shared atomic when it aborts: preemption and signals in the middle of a sequence must neither
+// lose an add nor apply one twice.
+TEST(StripesTest, ARestartableAddLosesNothingAcrossPreemptionAndSignals) {
+  SKIP_WITHOUT_RSEQ();
+  constexpr int kThreadsPerCpu = 4;
+  constexpr uint64_t kAdds = 2'000'000;
+  Stripe stripes[kMaxStripes] = {};
+  std::atomic<uint64_t> fallback{0};
+  std::vector<std::thread> threads;
+  for (int cpu = 0; cpu < Cpus(); ++cpu) {
+    for (int t = 0; t < kThreadsPerCpu; ++t) {
+      threads.emplace_back([&, cpu] {
+        PinTo(cpu);
+        for (uint64_t i = 0; i < kAdds; ++i) {
+          const uint16_t c = CurrentCpu();
+          if (c == kNoStripe || !StripeAdd(stripes[c].successes, 1, c, StripeMode::kPerCpu)) {
+            fallback.fetch_add(1);
+          }
+        }
+      });
+    }
+  }
+  Interrupter interrupter(threads);
+  for (auto& t : threads) t.join();
+  const uint64_t signals = interrupter.Stop();
+  uint64_t total = fallback.load();
+  for (const Stripe& s : stripes) total += s.successes.load();
+  EXPECT_EQ(total, uint64_t(Cpus()) * kThreadsPerCpu * kAdds);
+  if (!kSignalsDeferred) {
+    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted in " << signals << " rounds of signals";
+  }
+}
+
+// The same for the compare-and-store that counts a stripe's window: an increment that read the
+// word before another thread of its CPU changed it must find it changed.
+TEST(StripesTest, ARestartableCompareAndStoreLosesNothingAcrossPreemptionAndSignals) {
+  SKIP_WITHOUT_RSEQ();
+  constexpr int kThreadsPerCpu = 4;
+  constexpr uint64_t kIncrements = 1'000'000;
+  Stripe stripes[kMaxStripes] = {};
+  std::atomic<uint64_t> fallback{0};
+  std::vector<std::thread> threads;
+  for (int cpu = 0; cpu < Cpus(); ++cpu) {
+    for (int t = 0; t < kThreadsPerCpu; ++t) {
+      threads.emplace_back([&, cpu] {
+        PinTo(cpu);
+        for (uint64_t i = 0; i < kIncrements; ++i) {
+          for (;;) {
+            const uint16_t c = CurrentCpu();
+            if (c == kNoStripe) {
+              fallback.fetch_add(1);
+              break;
+            }
+            const uint64_t w = stripes[c].window.load(std::memory_order_relaxed);
+            const int r = StripeCompareStore(stripes[c].window, w, w + 1, c, StripeMode::kPerCpu);
+            if (r == 0) break;
+            if (r < 0) {
+              fallback.fetch_add(1);
+              break;
+            }
+          }
+        }
+      });
+    }
+  }
+  Interrupter interrupter(threads);
+  for (auto& t : threads) t.join();
+  const uint64_t signals = interrupter.Stop();
+  uint64_t total = fallback.load();
+  for (const Stripe& s : stripes) total += s.window.load();
+  EXPECT_EQ(total, uint64_t(Cpus()) * kThreadsPerCpu * kIncrements);
+  if (!kSignalsDeferred) {
+    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted in " << signals << " rounds of signals";
+  }
+}
+
+Policy LongWindowPolicy() {
+  Policy p;
+  p.window_ms = 3'600'000;  // one bucket of an hour: every call of the test is in one period
+  p.window_buckets = 1;
+  p.min_calls = 1'000'000;  // never trips
+  p.retry_ratio_milli = 100;
+  p.retry_burst = 10;
+  return p;
+}
+
+struct Figures {
+  std::atomic<uint64_t> done[16];
+};
+
+// Worker processes on every CPU (two per CPU, so they preempt each other) admit and complete
+// first attempts on one dependency through the client's path: every counter and the window
+// count every call exactly, and the stripes did the counting.
+TEST(StripesTest, ProcessesOnEveryCpuCountEveryCallExactly) {
+  SKIP_WITHOUT_RSEQ();
+  testing::NamedSegment seg("stripes");
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", LongWindowPolicy());
+  DependencySlot& slot = *seg.seg->dependency(index);
+  constexpr uint64_t kCalls = 300'000;
+  const int workers = 2 * Cpus();
+  std::vector<pid_t> pids;
+  for (int w = 0; w < workers; ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      for (uint64_t i = 0; i < kCalls; ++i) {
+        caller.stripe = CurrentCpu();
+        Permit p;
+        if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) _exit(2);
+        Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
+      }
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  const uint64_t total = kCalls * uint64_t(workers);
+  EXPECT_EQ(ReadCounter(slot, kFirstAttempts), total);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), total);
+  EXPECT_EQ(ReadWindow(slot, CoarseNowNs()).calls, total);
+  // Nearly all of it through the stripes: the shared words took only the aborted sequences.
+  EXPECT_LT(slot.counters[kSuccesses].load(), total / 100);
+}
+
+// Workers killed with SIGKILL at random instants, mid-call or not: each loses at most the call
+// it was in (an admit counted whose completion never came), and nothing it committed.
+TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
+  SKIP_WITHOUT_RSEQ();
+  testing::NamedSegment seg("stripes-kill");
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", LongWindowPolicy());
+  DependencySlot& slot = *seg.seg->dependency(index);
+  Figures* figures = SharedPage<Figures>();
+  const int workers = 2 * Cpus();
+  std::vector<pid_t> pids;
+  for (int w = 0; w < workers; ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      for (;;) {
+        caller.stripe = CurrentCpu();
+        Permit p;
+        Admit(slot, index, 0, &CoarseNowNs, caller, &p);
+        Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
+        figures->done[w].fetch_add(1, std::memory_order_release);
+      }
+    }
+    pids.push_back(pid);
+  }
+  uint32_t rng = 12345;
+  for (pid_t pid : pids) {
+    usleep(20'000 + NextRandom(rng) % 30'000);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  uint64_t done = 0;
+  for (int w = 0; w < workers; ++w) done += figures->done[w].load();
+  ASSERT_GT(done, 0u);
+  // A worker dies after its completion and before its own count, or between admit and complete.
+  const uint64_t first = ReadCounter(slot, kFirstAttempts);
+  const uint64_t successes = ReadCounter(slot, kSuccesses);
+  EXPECT_GE(first, done);
+  EXPECT_LE(first, done + uint64_t(workers));
+  EXPECT_GE(successes + uint64_t(workers), first);
+  EXPECT_LE(successes, first);
+  // The window loses at most a period's hand-over per kill, and here every call is in one period.
+  EXPECT_EQ(ReadWindow(slot, CoarseNowNs()).calls, successes);
+  munmap(figures, sizeof(Figures));
+}
+
+class StripeFoldTest : public ::testing::Test {
+ protected:
+  StripeFoldTest() {
+    seg_ = Segment::CreatePrivate(1, 8, policy_);
+    index_ = testing::AddDependency(*seg_, "orders", policy_);
+    slot_ = seg_->dependency(index_);
+    slot_->stripe_count.store(4);
+  }
+  Caller On(uint16_t cpu) {
+    Caller c{2, 0, 99};
+    c.stripe = cpu;
+    c.stripe_mode = StripeMode::kAtomic;
+    return c;
+  }
+  void Call(uint16_t cpu, uint64_t now_ns, Outcome outcome, uint32_t attempt = 0) {
+    Caller c = On(cpu);
+    Permit p;
+    Admit(*slot_, index_, attempt, now_ns, c, &p);
+    Complete(*slot_, &p, outcome, kMs, now_ns, c);
+  }
+
+  Policy policy_ = [] {
+    Policy p;
+    p.window_ms = 10'000;
+    p.window_buckets = 10;
+    p.min_calls = 20;
+    p.failure_rate_pct = 50;
+    p.retry_ratio_milli = 100;
+    p.retry_burst = 2;
+    p.min_retries_per_sec = 0;
+    return p;
+  }();
+  std::unique_ptr<Segment> seg_;
+  uint32_t index_ = 0;
+  DependencySlot* slot_ = nullptr;
+};
+
+// A stripe holds its newest period; the first success of the next one hands the count to the
+// shared bucket of its period, and the window reads the same before and after.
+TEST_F(StripeFoldTest, TheNextPeriodHandsTheStripesCountToItsBucket) {
+  const uint64_t t0 = 1'000 * kSec;
+  for (int i = 0; i < 7; ++i) Call(0, t0 + 10 * kMs, Outcome::kSuccess);
+  for (int i = 0; i < 5; ++i) Call(1, t0 + 20 * kMs, Outcome::kSuccess);
+  EXPECT_EQ(StripeWindow::Count(slot_->stripes[0].window.load()), 7u);
+  EXPECT_EQ(ReadWindow(*slot_, t0 + 500 * kMs).calls, 12u);
+  const uint64_t t1 = t0 + 1'200 * kMs;  // the next 1 s bucket
+  Call(0, t1, Outcome::kSuccess);
+  EXPECT_EQ(StripeWindow::Count(slot_->stripes[0].window.load()), 1u);
+  EXPECT_EQ(Bucket::Calls(slot_->buckets[(t0 / kSec) % 10].load()), 7u);
+  EXPECT_EQ(ReadWindow(*slot_, t1).calls, 13u);
+  // A window later, all of it is gone, from the buckets and the stripes alike.
+  EXPECT_EQ(ReadWindow(*slot_, t1 + 10 * kSec).calls, 0u);
+}
+
+// The trip decision folds the stripes: 10 successes on three CPUs and 10 failures trip at the
+// 20th call (50 %), not before; 11 successes and 9 failures do not.
+TEST_F(StripeFoldTest, ATripCountsTheSuccessesOfEveryStripe) {
+  const uint64_t t0 = 2'000 * kSec;
+  for (int i = 0; i < 10; ++i) Call(uint16_t(i % 3), t0 + uint64_t(i) * kMs, Outcome::kSuccess);
+  for (int i = 0; i < 9; ++i) Call(3, t0 + 20 * kMs, Outcome::kFailure);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+  Call(3, t0 + 21 * kMs, Outcome::kFailure);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
+}
+
+// Deposits wait in the stripes; a retry folds them first, so it finds every deposit made, each
+// taken once, and no more than the burst.
+TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
+  const uint64_t t0 = 3'000 * kSec;
+  // Drain the burst of 2.
+  Call(0, t0, Outcome::kSuccess, 1);
+  Call(0, t0, Outcome::kSuccess, 1);
+  Caller c = On(0);
+  Permit p;
+  EXPECT_EQ(Admit(*slot_, index_, 1, t0, c, &p), Decision::kRejectedBudgetEmpty);
+  // 15 first attempts of 0.1 token on four CPUs: 1.5 tokens, in the stripes.
+  for (int i = 0; i < 15; ++i) Call(uint16_t(i % 4), t0, Outcome::kSuccess);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 0u);
+  EXPECT_EQ(PendingDeposits(*slot_), 1'500u);
+  EXPECT_TRUE(IsAdmitted(Admit(*slot_, index_, 1, t0, c, &p)));
+  Complete(*slot_, &p, Outcome::kSuccess, kMs, t0, c);
+  EXPECT_EQ(PendingDeposits(*slot_), 0u);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 500u);
+  EXPECT_EQ(Admit(*slot_, index_, 1, t0, c, &p), Decision::kRejectedBudgetEmpty);
+  // 50 more (5 tokens) fold to the burst of 2, not 5.
+  for (int i = 0; i < 50; ++i) Call(uint16_t(i % 4), t0, Outcome::kSuccess);
+  int granted = 0;
+  while (IsAdmitted(Admit(*slot_, index_, 1, t0, c, &p))) {
+    Complete(*slot_, &p, Outcome::kSuccess, kMs, t0, c);
+    ++granted;
+  }
+  EXPECT_EQ(granted, 2);
+}
+
+// A reset refills the budget and drops what waited in the stripes; a policy stored by the
+// daemon folds them under the cap they were made with first.
+TEST_F(StripeFoldTest, AResetDropsTheWaitingDepositsAndAReloadCapsThemByTheOldBurst) {
+  const uint64_t t0 = 4'000 * kSec;
+  Call(0, t0, Outcome::kSuccess, 1);
+  Call(0, t0, Outcome::kSuccess, 1);
+  for (int i = 0; i < 30; ++i) Call(uint16_t(i % 4), t0, Outcome::kSuccess);  // 3 tokens wait
+  Reset(*slot_, t0);
+  EXPECT_EQ(PendingDeposits(*slot_), 0u);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 2'000u);
+
+  Call(0, t0, Outcome::kSuccess, 1);
+  Call(0, t0, Outcome::kSuccess, 1);
+  for (int i = 0; i < 30; ++i) Call(uint16_t(i % 4), t0, Outcome::kSuccess);  // 3 tokens wait
+  Policy bigger = policy_;
+  bigger.retry_burst = 100;
+  testing::AddDependency(*seg_, "orders", bigger);  // the daemon's reload of the same name
+  EXPECT_EQ(PendingDeposits(*slot_), 0u);
+  EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 2'000u);  // the old burst
+}
+
+}  // namespace
+}  // namespace retryd::shm
