@@ -52,26 +52,27 @@ T* SharedPage() {
   return new (p) T();
 }
 
-// Interrupter sends a no-op signal to `threads` in a loop until destroyed: a signal delivered in
-// the middle of a restartable sequence aborts it, so the tests below meet aborts by the thousand
-// rather than relying on the scheduler's rare preemption at that instruction.
+// Interrupter sends a no-op signal to `threads` in a loop until each has counted itself in
+// `finished`: a signal delivered in the middle of a restartable sequence aborts it, so the tests
+// below meet aborts by the thousand rather than relying on the scheduler's rare preemption at
+// that instruction. Join it (Wait) before the threads.
 class Interrupter {
  public:
-  explicit Interrupter(std::vector<std::thread>& threads) {
+  Interrupter(std::vector<std::thread>& threads, const std::atomic<int>& finished) {
     struct sigaction sa = {};
     sa.sa_handler = [](int) {};
     sigaction(SIGUSR1, &sa, &old_);
     for (auto& t : threads) handles_.push_back(t.native_handle());
-    thread_ = std::thread([this] {
-      while (!stop_.load()) {
+    thread_ = std::thread([this, &finished] {
+      // A thread that counted itself may have exited: from then on, no signal is sent to any.
+      while (finished.load() < int(handles_.size())) {
         for (pthread_t h : handles_) pthread_kill(h, SIGUSR1);
         ++sent_;
       }
     });
   }
-  // Stop returns the rounds of signals sent; call it before joining the threads.
-  uint64_t Stop() {
-    stop_ = true;
+  // Wait returns the rounds of signals sent.
+  uint64_t Wait() {
     thread_.join();
     sigaction(SIGUSR1, &old_, nullptr);
     return sent_;
@@ -80,7 +81,6 @@ class Interrupter {
  private:
   struct sigaction old_ = {};
   std::vector<pthread_t> handles_;
-  std::atomic<bool> stop_{false};
   uint64_t sent_ = 0;
   std::thread thread_;
 };
@@ -88,81 +88,85 @@ class Interrupter {
 #define SKIP_WITHOUT_RSEQ()                                                               \
   if (CurrentCpu() == kNoStripe) GTEST_SKIP() << "no rseq registered: nothing is striped"
 
-// Many threads on each CPU add to that CPU's word through the sequence, falling back to a
-// shared atomic when it aborts: preemption and signals in the middle of a sequence must neither
-// lose an add nor apply one twice.
-TEST(StripesTest, ARestartableAddLosesNothingAcrossPreemptionAndSignals) {
-  SKIP_WITHOUT_RSEQ();
-  constexpr int kThreadsPerCpu = 4;
-  constexpr uint64_t kAdds = 2'000'000;
-  Stripe stripes[kMaxStripes] = {};
-  std::atomic<uint64_t> fallback{0};
+// Hammer runs `op` in kThreadsPerCpu threads pinned to each CPU, under an Interrupter, until
+// `aborts` reaches kWantAborts or kMaxSeconds pass, and returns the calls of `op` made. `op()`
+// makes one add through a sequence, or returns false when the sequence aborted (the add not
+// made): Hammer then counts it in `aborts`, the stand-in for the shared word.
+constexpr int kThreadsPerCpu = 4;
+constexpr uint64_t kWantAborts = 20;
+constexpr int kMaxSeconds = 3;
+
+template <typename Op>
+uint64_t Hammer(Op op, std::atomic<uint64_t>& aborts) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> finished{0};
+  std::atomic<uint64_t> calls{0};
   std::vector<std::thread> threads;
   for (int cpu = 0; cpu < Cpus(); ++cpu) {
     for (int t = 0; t < kThreadsPerCpu; ++t) {
       threads.emplace_back([&, cpu] {
         PinTo(cpu);
-        for (uint64_t i = 0; i < kAdds; ++i) {
-          const uint16_t c = CurrentCpu();
-          if (c == kNoStripe || !StripeAdd(stripes[c].successes, 1, c, StripeMode::kPerCpu)) {
-            fallback.fetch_add(1);
+        uint64_t n = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+          for (int i = 0; i < 1024; ++i, ++n) {
+            if (!op()) aborts.fetch_add(1);
           }
         }
+        calls.fetch_add(n);
+        finished.fetch_add(1);
       });
     }
   }
-  Interrupter interrupter(threads);
+  Interrupter interrupter(threads, finished);
+  for (int i = 0; i < kMaxSeconds * 100 && aborts.load() < kWantAborts; ++i) usleep(10'000);
+  stop = true;
+  interrupter.Wait();
   for (auto& t : threads) t.join();
-  const uint64_t signals = interrupter.Stop();
+  return calls.load();
+}
+
+// Many threads on each CPU add to that CPU's word through the sequence, falling back to a
+// shared atomic when it aborts: preemption and signals in the middle of a sequence must neither
+// lose an add nor apply one twice.
+TEST(StripesTest, ARestartableAddLosesNothingAcrossPreemptionAndSignals) {
+  SKIP_WITHOUT_RSEQ();
+  Stripe stripes[kMaxStripes] = {};
+  std::atomic<uint64_t> fallback{0};
+  const uint64_t calls = Hammer(
+      [&] {
+        const uint16_t c = CurrentCpu();
+        return c != kNoStripe && StripeAdd(stripes[c].successes, 1, c, StripeMode::kPerCpu);
+      },
+      fallback);
   uint64_t total = fallback.load();
   for (const Stripe& s : stripes) total += s.successes.load();
-  EXPECT_EQ(total, uint64_t(Cpus()) * kThreadsPerCpu * kAdds);
-  if (!kSignalsDeferred) {
-    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted in " << signals << " rounds of signals";
-  }
+  EXPECT_EQ(total, calls);
+  if (!kSignalsDeferred) EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
 }
 
 // The same for the compare-and-store that counts a stripe's window: an increment that read the
 // word before another thread of its CPU changed it must find it changed.
 TEST(StripesTest, ARestartableCompareAndStoreLosesNothingAcrossPreemptionAndSignals) {
   SKIP_WITHOUT_RSEQ();
-  constexpr int kThreadsPerCpu = 4;
-  constexpr uint64_t kIncrements = 1'000'000;
   Stripe stripes[kMaxStripes] = {};
   std::atomic<uint64_t> fallback{0};
-  std::vector<std::thread> threads;
-  for (int cpu = 0; cpu < Cpus(); ++cpu) {
-    for (int t = 0; t < kThreadsPerCpu; ++t) {
-      threads.emplace_back([&, cpu] {
-        PinTo(cpu);
-        for (uint64_t i = 0; i < kIncrements; ++i) {
-          for (;;) {
-            const uint16_t c = CurrentCpu();
-            if (c == kNoStripe) {
-              fallback.fetch_add(1);
-              break;
-            }
-            const uint64_t w = stripes[c].window.load(std::memory_order_relaxed);
-            const int r = StripeCompareStore(stripes[c].window, w, w + 1, c, StripeMode::kPerCpu);
-            if (r == 0) break;
-            if (r < 0) {
-              fallback.fetch_add(1);
-              break;
-            }
-          }
+  const uint64_t calls = Hammer(
+      [&] {
+        for (;;) {
+          const uint16_t c = CurrentCpu();
+          if (c == kNoStripe) break;
+          const uint64_t w = stripes[c].window.load(std::memory_order_relaxed);
+          const int r = StripeCompareStore(stripes[c].window, w, w + 1, c, StripeMode::kPerCpu);
+          if (r == 0) return true;
+          if (r < 0) break;
         }
-      });
-    }
-  }
-  Interrupter interrupter(threads);
-  for (auto& t : threads) t.join();
-  const uint64_t signals = interrupter.Stop();
+        return false;
+      },
+      fallback);
   uint64_t total = fallback.load();
   for (const Stripe& s : stripes) total += s.window.load();
-  EXPECT_EQ(total, uint64_t(Cpus()) * kThreadsPerCpu * kIncrements);
-  if (!kSignalsDeferred) {
-    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted in " << signals << " rounds of signals";
-  }
+  EXPECT_EQ(total, calls);
+  if (!kSignalsDeferred) EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
 }
 
 Policy LongWindowPolicy() {
