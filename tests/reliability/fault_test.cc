@@ -408,11 +408,15 @@ TEST(DaemonKillTest, WorkersNeverNoticeAndStateIsAdopted) {
 }
 
 // An incompatible segment at the name: the new daemon retires it and replaces it, and the
-// clients still on it move to the new one on their next admit.
-class IncompatibleSegmentTest : public ::testing::TestWithParam<bool> {};
+// clients still on it move to the new one on their next admit. Older layout is the upgrade
+// path: a segment of layout 3 (its slots without the per-CPU stripes) left by the retryd before,
+// whose header keeps `retired` where layout 4 has it.
+enum class Incompatibility { kOtherCapacity, kNewerLayout, kOlderLayout };
+class IncompatibleSegmentTest : public ::testing::TestWithParam<Incompatibility> {};
 
 TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
-  const bool newer_layout = GetParam();
+  const Incompatibility kind = GetParam();
+  const bool same_capacity = kind != Incompatibility::kOtherCapacity;
   const std::string name = UniqueName("retire");
   const std::string config = TempFile(".toml");
   WriteFile(config, ClientConfig(name, 64));
@@ -426,10 +430,19 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
     return board->cells[0].started && board->cells[1].started && board->cells[2].started;
   }, 10'000));
   daemon->KillHard();
-  if (newer_layout) {
-    old_seg->header().layout_version.store(shm::kLayoutVersion + 1);  // as a newer retryd left it
-  } else {
-    WriteFile(config, ClientConfig(name, 128));  // restarted with another capacity
+  static_assert(shm::kLayoutVersion == 4, "the older layout below is the one before this");
+  static_assert(offsetof(shm::SegmentHeader, retired) == 64, "where layout 3 has it");
+  switch (kind) {
+    case Incompatibility::kNewerLayout:
+      old_seg->header().layout_version.store(shm::kLayoutVersion + 1);  // as a newer retryd left it
+      break;
+    case Incompatibility::kOlderLayout:
+      old_seg->header().layout_version.store(3);  // as the retryd of layout 3 left it
+      old_seg->header().dependency_slot_size.store(26 * 64);
+      break;
+    case Incompatibility::kOtherCapacity:
+      WriteFile(config, ClientConfig(name, 128));  // restarted with another capacity
+      break;
   }
   daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config=" + config});
   ASSERT_TRUE(daemon->WaitForLog("created a new one", 10'000)) << daemon->Log();
@@ -438,7 +451,7 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
   ASSERT_TRUE(WaitUntil([&] { return shm::Segment::Attach(name, shm::Access::kReadOnly, &fresh).ok(); },
                         5'000));
   EXPECT_EQ(fresh->header().layout_version.load(), shm::kLayoutVersion);
-  EXPECT_EQ(fresh->max_processes(), newer_layout ? 64u : 128u);
+  EXPECT_EQ(fresh->max_processes(), same_capacity ? 64u : 128u);
   // Every worker registers in the new segment and admits there.
   auto registered = [&] {
     int n = 0;
@@ -463,8 +476,17 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
   unlink(config.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Incompatibilities, IncompatibleSegmentTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "NewerLayout" : "OtherCapacity"; });
+INSTANTIATE_TEST_SUITE_P(Incompatibilities, IncompatibleSegmentTest,
+                         ::testing::Values(Incompatibility::kOtherCapacity,
+                                           Incompatibility::kNewerLayout,
+                                           Incompatibility::kOlderLayout),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case Incompatibility::kNewerLayout: return "NewerLayout";
+                             case Incompatibility::kOlderLayout: return "OlderLayout";
+                             default: return "OtherCapacity";
+                           }
+                         });
 
 // --- Pid reuse --------------------------------------------------------------------------------
 
