@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "shm/layout.h"
+#include "shm/policy.h"
+
 #ifdef RETRYD_BENCH_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
 #endif
@@ -82,6 +85,201 @@ bool MutexTokenBucket::TryAcquire() {
   if (granted) shared_->tokens_milli -= 1000;
   pthread_mutex_unlock(&shared_->mu);
   return granted;
+}
+
+// --- MutexAdmission ----------------------------------------------------------------------
+
+namespace {
+
+enum BreakerState : uint32_t { kClosed = 0, kOpen = 1, kHalfOpen = 2 };
+constexpr uint64_t kMilliPerToken = 1000;
+
+void LockRobust(pthread_mutex_t* mu) {
+  const int rc = pthread_mutex_lock(mu);
+  // The dead holder left each field valid on its own, if not all of its update: carry on.
+  if (rc == EOWNERDEAD) {
+    pthread_mutex_consistent(mu);
+  } else if (rc != 0) {
+    abort();
+  }
+}
+
+bool IsAdmitted(MutexAdmission::Decision d) {
+  return d == MutexAdmission::Decision::kAdmitted || d == MutexAdmission::Decision::kAdmittedProbe;
+}
+
+}  // namespace
+
+struct MutexAdmission::Shared {
+  pthread_mutex_t mu;
+  // The policy (shm::Policy{}), fixed at construction.
+  uint32_t retry_ratio_milli, min_retries_per_sec, retry_burst;
+  uint32_t bucket_ms, window_buckets, min_calls, failure_rate_pct;
+  uint32_t open_for_ms, open_for_max_ms, open_jitter_ms, half_open_probes, close_after;
+  // Retry budget.
+  uint64_t tokens_milli;
+  uint64_t refilled_ms;  // when the floor refill was last added
+  // Breaker.
+  uint32_t state, reopens, probes_in_flight, probe_successes;
+  uint32_t seq;  // +1 on every transition
+  uint32_t rng;  // xorshift state for the open period's jitter
+  uint64_t open_until_ms;
+  struct Bucket {
+    uint64_t period;  // bucket-length periods of the clock
+    uint32_t calls, failures;
+  } buckets[shm::kMaxBuckets];
+  // Counters.
+  uint64_t first_attempts, retries_granted, successes, failures, rejected;
+
+  // The steps below run under `mu`.
+  void Open(uint64_t now_ms, uint32_t next_reopens) {
+    const uint64_t cap = std::max(open_for_max_ms, open_for_ms);
+    const uint64_t scaled = next_reopens >= 31 ? cap : std::min(cap, uint64_t{open_for_ms} << next_reopens);
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    state = kOpen;
+    reopens = next_reopens;
+    open_until_ms = now_ms + scaled + rng % (uint64_t{open_jitter_ms} + 1);
+    ++seq;
+  }
+
+  Decision AdmitBreaker(uint64_t now_ms) {
+    if (state == kOpen) {
+      if (now_ms < open_until_ms) return Decision::kRejectedOpen;
+      state = kHalfOpen;
+      probes_in_flight = 0;
+      probe_successes = 0;
+      ++seq;
+    }
+    if (probes_in_flight >= half_open_probes) return Decision::kRejectedHalfOpenBusy;
+    ++probes_in_flight;
+    return Decision::kAdmittedProbe;
+  }
+
+  bool WithdrawRetry(uint64_t now_ms) {
+    const uint64_t cap = uint64_t{retry_burst} * kMilliPerToken;
+    if (now_ms > refilled_ms) {
+      // One token per second is one thousandth per ms.
+      tokens_milli = std::min(cap, tokens_milli + (now_ms - refilled_ms) * min_retries_per_sec);
+      refilled_ms = now_ms;
+    }
+    if (tokens_milli < kMilliPerToken) return false;
+    tokens_milli -= kMilliPerToken;
+    return true;
+  }
+
+  void RecordOutcome(bool failure, uint64_t now_ms) {
+    const uint64_t period = now_ms / bucket_ms;
+    Bucket& b = buckets[period % window_buckets];
+    if (b.period != period) b = Bucket{period, 0, 0};
+    ++b.calls;
+    if (!failure) return;
+    ++b.failures;
+    uint64_t calls = 0, failed = 0;
+    for (uint32_t i = 0; i < window_buckets; ++i) {
+      const Bucket& w = buckets[i];
+      if (w.period <= period && w.period + window_buckets > period) {
+        calls += w.calls;
+        failed += w.failures;
+      }
+    }
+    if (calls > 0 && calls >= min_calls && failed * 100 >= uint64_t{failure_rate_pct} * calls) {
+      Open(now_ms, 0);
+    }
+  }
+
+  void CompleteProbe(bool failure, uint64_t now_ms, uint32_t probe_seq) {
+    if (state != kHalfOpen || seq != probe_seq) return;  // its half-open is over
+    --probes_in_flight;
+    if (failure) {
+      Open(now_ms, std::min<uint32_t>(63, reopens + 1));
+    } else if (++probe_successes >= close_after) {
+      state = kClosed;
+      reopens = 0;
+      ++seq;
+      std::memset(buckets, 0, sizeof(buckets));
+    }
+  }
+};
+
+MutexAdmission::MutexAdmission() {
+  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) abort();
+  shared_ = static_cast<Shared*>(p);  // zero-filled: breaker closed, window and counters empty
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&shared_->mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+  const shm::Policy policy = shm::Clamped(shm::Policy{});
+  Shared& s = *shared_;
+  s.retry_ratio_milli = policy.retry_ratio_milli;
+  s.min_retries_per_sec = policy.min_retries_per_sec;
+  s.retry_burst = policy.retry_burst;
+  s.window_buckets = policy.window_buckets;
+  s.bucket_ms = std::max<uint32_t>(1, policy.window_ms / policy.window_buckets);
+  s.min_calls = policy.min_calls;
+  s.failure_rate_pct = policy.failure_rate_pct;
+  s.open_for_ms = policy.open_for_ms;
+  s.open_for_max_ms = policy.open_for_max_ms;
+  s.open_jitter_ms = policy.open_jitter_ms;
+  s.half_open_probes = policy.half_open_probes;
+  s.close_after = policy.close_after;
+  s.tokens_milli = uint64_t{policy.retry_burst} * kMilliPerToken;
+  s.refilled_ms = CoarseNowNs() / 1'000'000u;
+  s.rng = 0x9E3779B9u;
+}
+
+MutexAdmission::~MutexAdmission() {
+  pthread_mutex_destroy(&shared_->mu);
+  munmap(shared_, sizeof(Shared));
+}
+
+bool MutexAdmission::Admit(uint32_t attempt, Permit* permit) {
+  Shared& s = *shared_;
+  // A retry always needs the time; a first attempt only when the breaker is not closed.
+  uint64_t now_ms = attempt > 0 ? CoarseNowNs() / 1'000'000u : 0;
+  LockRobust(&s.mu);
+  Decision d = Decision::kAdmitted;
+  if (s.state != kClosed) {
+    if (now_ms == 0) now_ms = CoarseNowNs() / 1'000'000u;
+    d = s.AdmitBreaker(now_ms);
+  }
+  if (IsAdmitted(d)) {
+    if (attempt == 0) {
+      const uint64_t cap = uint64_t{s.retry_burst} * kMilliPerToken;
+      if (s.tokens_milli < cap) s.tokens_milli = std::min(cap, s.tokens_milli + s.retry_ratio_milli);
+      ++s.first_attempts;
+    } else if (s.WithdrawRetry(now_ms)) {
+      ++s.retries_granted;
+    } else {
+      if (d == Decision::kAdmittedProbe) --s.probes_in_flight;
+      d = Decision::kRejectedBudgetEmpty;
+    }
+  }
+  if (!IsAdmitted(d)) ++s.rejected;
+  permit->decision = d;
+  permit->breaker_seq = s.seq;
+  permit->active = IsAdmitted(d);
+  pthread_mutex_unlock(&s.mu);
+  return permit->active;
+}
+
+void MutexAdmission::Complete(Permit* permit, bool failure) {
+  if (!permit->active) return;
+  permit->active = false;
+  const uint64_t now_ms = CoarseNowNs() / 1'000'000u;
+  Shared& s = *shared_;
+  LockRobust(&s.mu);
+  if (permit->decision == Decision::kAdmittedProbe) {
+    s.CompleteProbe(failure, now_ms, permit->breaker_seq);
+  } else if (s.state == kClosed) {
+    s.RecordOutcome(failure, now_ms);
+  }
+  ++(failure ? s.failures : s.successes);
+  pthread_mutex_unlock(&s.mu);
 }
 
 // --- SysvSemaphore -----------------------------------------------------------------------

@@ -68,12 +68,18 @@ class MutexTokenBucket {
 // it got (each field valid on its own); the next locker marks the mutex consistent and goes on.
 class MutexAdmission {
  public:
-  enum class Decision { kAdmitted, kAdmittedProbe, kRejectedOpen, kRejectedHalfOpenBusy,
-                        kRejectedBudgetEmpty };
+  enum class Decision {
+    kAdmitted,
+    kAdmittedProbe,
+    kRejectedOpen,
+    kRejectedHalfOpenBusy,
+    kRejectedBudgetEmpty,
+  };
   // What an attempt holds from Admit to Complete. Caller-owned.
   struct Permit {
     Decision decision = Decision::kRejectedOpen;
-    bool active = false;  // admitted and not completed yet
+    uint32_t breaker_seq = 0;  // the breaker transition a probe was granted in
+    bool active = false;       // admitted and not completed yet
   };
 
   // Maps the shared state and sets it up with the default policy, breaker closed and budget
@@ -89,10 +95,6 @@ class MutexAdmission {
   // Complete records the outcome of an admitted attempt (a no-op for a rejected or completed
   // permit). Thread- and process-safe.
   void Complete(Permit* permit, bool failure);
-
-  // first_attempts and successes read the counters (under the lock). Thread- and process-safe.
-  uint64_t first_attempts();
-  uint64_t successes();
 
  private:
   struct Shared;

@@ -18,6 +18,9 @@
 //   BM_BareCas               one CAS on a word in a shared mapping: the floor (also 1-8 threads)
 //   BM_CoarseClockRead       one CLOCK_MONOTONIC_COARSE read (a first attempt reads it once)
 //   BM_MutexTokenBucket      token bucket under a robust process-shared mutex (also 1-8 threads)
+//   BM_MutexAdmission        the fair baseline: retryd's first attempt (budget deposit, window
+//                            bucket, breaker check, counters) admitted and completed under one
+//                            robust process-shared mutex (also 1-8 threads)
 //   BM_SysvSemaphore         SysV semaphore acquire + release with SEM_UNDO (Semian)
 //   BM_UnixSocketTokenServer 1-byte round trip to a forked token server
 //   BM_RedisTokenBucket      EVALSHA of a token-bucket script on a local redis-server
@@ -135,6 +138,7 @@ struct Semaphore64 : SysvSemaphore {
 std::unique_ptr<RetrydFixture> g_retryd;
 std::unique_ptr<CasWord> g_cas_word;
 std::unique_ptr<MutexTokenBucket> g_mutex_bucket;
+std::unique_ptr<MutexAdmission> g_mutex_admission;
 std::unique_ptr<Semaphore64> g_semaphore64;
 std::unique_ptr<TokenServer> g_token_server;
 std::unique_ptr<RedisTokenBucket> g_redis;
@@ -157,6 +161,7 @@ void TearDown() {
   g_redis.reset();
   g_token_server.reset();
   g_semaphore64.reset();
+  g_mutex_admission.reset();
   g_mutex_bucket.reset();
   g_cas_word.reset();
   g_retryd.reset();
@@ -303,6 +308,19 @@ void BM_MutexTokenBucket(benchmark::State& state) {
   if (denied) Fail(state, "the mutex token bucket ran dry");
 }
 BENCHMARK(BM_MutexTokenBucket)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
+
+// The same first attempt as BM_Retryd_FirstAttempt, on what a team would build instead.
+void BM_MutexAdmission(benchmark::State& state) {
+  MutexAdmission& m = Get(g_mutex_admission);
+  MutexAdmission::Permit p;
+  uint64_t unexpected = 0;
+  for (auto _ : state) {
+    if (!m.Admit(0, &p)) ++unexpected;
+    m.Complete(&p, false);
+  }
+  if (unexpected) Fail(state, "the mutex admission rejected a first attempt");
+}
+BENCHMARK(BM_MutexAdmission)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
 
 void BM_SysvSemaphore(benchmark::State& state) {
   Semaphore64& s = Get(g_semaphore64);

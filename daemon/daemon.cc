@@ -35,6 +35,10 @@ constexpr uint64_t kSecondNs = 1'000'000'000;
 // reopens a breaker whose probe timed out) when it finds them all taken. Dead owners' leases do
 // not wait for it: the reaper runs every tick.
 constexpr uint64_t kSweepPeriodMs = 5'000;
+// A slot that can hold no lease that matters (its breaker closed, no bulkhead) is scanned for
+// leftover lease words (those a reload that lowered a limit, or a retired name, left taken) only
+// on every this-many-th sweep: 60 s. Every other sweep reads two words of it.
+constexpr uint32_t kFullSweepEvery = 12;
 // How often the STATUS= line for systemd is recomputed (it reads every dependency slot).
 constexpr uint64_t kStatusPeriodNs = 5'000'000'000;
 
@@ -57,7 +61,9 @@ Daemon::~Daemon() {
 std::string Daemon::StatusLine() const {
   shm::SegmentStatus view;
   // BuildStatus fails only for a name in `only`, which is empty here.
-  (void)shm::BuildStatus(*segment_, DaemonViewOptions(now_ns_), &view);
+  shm::BuildOptions options = DaemonViewOptions(now_ns_);
+  options.summary_only = true;  // the line counts dependencies and open breakers, no more
+  (void)shm::BuildStatus(*segment_, options, &view);
   std::string line = daemon::StatusLine(view, last_reload_error_);
   if (!pending_.empty()) line += "; " + PendingSummary();
   return line;
@@ -91,11 +97,19 @@ void Daemon::Tick(uint64_t now_ns) {
         std::max<uint64_t>(1, kSweepPeriodMs / std::max<uint32_t>(config_.daemon.tick_ms, 1));
     const uint32_t per_tick = uint32_t((high + ticks_per_sweep - 1) / ticks_per_sweep);
     for (uint32_t n = 0; n < per_tick; ++n) {
-      if (sweep_next_ >= high) sweep_next_ = 0;
+      if (sweep_next_ >= high) {
+        sweep_next_ = 0;
+        ++sweep_pass_;
+      }
       const uint32_t i = sweep_next_++;
       shm::DependencySlot& slot = *seg.dependency(i);
       const auto state = shm::SlotState(slot.state.load(std::memory_order_acquire));
-      if (state != shm::SlotState::kFree) {
+      const bool can_hold_leases =
+          shm::BreakerWord::Decode(slot.breaker.load(kRelaxed)).state !=
+              shm::BreakerState::kClosed ||
+          shm::LoadKnob<shm::Knob::bulkhead_limit>(slot.policy) > 0;
+      if (state != shm::SlotState::kFree &&
+          (can_hold_leases || sweep_pass_ % kFullSweepEvery == 0)) {
         // Every lease word, not only those under the limit: a reload that lowered a limit, and a
         // retired slot (whose old handles may still have held leases), leave words above it.
         shm::ReclaimExpired(slot, now_ns, caller_, shm::Sweep::kAllWords);

@@ -180,6 +180,7 @@ class Daemon {
   shm::Caller caller_{};
   shm::DeadOwnerReaper reaper_;
   uint32_t sweep_next_ = 0;  // next slot of the expired-lease sweep
+  uint32_t sweep_pass_ = 0;  // sweeps of the whole table begun (kFullSweepEvery, daemon.cc)
 
   int signal_fd_ = -1;
   int timer_fd_ = -1;

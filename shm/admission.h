@@ -7,9 +7,11 @@
 // and the simulator pass virtual time.
 //
 // Thread safety: thread-safe and process-safe. No syscall, lock, allocation or exception:
-// only loads, stores, CAS and fetch-add on the slot. Every shared update is one single-word
-// commit, so a process killed at any instruction leaves the slot consistent (at worst a lease
-// it held stays taken until its owner is seen dead or it expires).
+// only loads, stores, CAS and fetch-add on the slot, and restartable sequences on the caller's
+// stripe (stripes.h). Every shared update is one single-word commit, so a process killed at
+// any instruction leaves the slot consistent: at worst a lease it held stays taken until its
+// owner is seen dead or it expires, or what it was moving out of a stripe (a period's successes,
+// deposits) is lost, which can only make the window count fewer calls and the budget grant less.
 #pragma once
 
 #include <cstdint>

@@ -204,8 +204,8 @@ uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
 
 // RecordStripeSuccess records one success (not slow) at `now_ns` in stripe `i`, written in
 // `mode`; false when the shared buckets must take it instead: the stripe or the window's head
-// holds a later period (this call's clock read lags it), the stripe is saturated, or it could
-// not be written. The first success
+// holds a later period (this call's clock read lags it), or it could not be written. A
+// saturated stripe counts no more in its period (stripes.h). The first success
 // of a later period hands the stripe's count over to the shared bucket of its period, if that
 // is still in the window.
 bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, StripeMode mode) {
@@ -216,7 +216,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
   for (int round = 0; round < 4; ++round) {
     const uint64_t w = st.window.load(kRelaxed);
     if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
-      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;
+      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return true;  // saturated
       const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
       if (r < 0) return false;
       if (r == 0) return true;

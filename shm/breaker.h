@@ -231,7 +231,8 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
 
 // RecordSuccessInStripePeriod is RecordOutcome's common path, inline: a success that is not slow,
 // on a closed breaker, in the period stripe `stripe` already holds (stripes.h). True if it was
-// recorded; false if RecordOutcome must take it. Thread-safe.
+// recorded (or the stripe is saturated: stripes.h); false if RecordOutcome must take it.
+// Thread-safe.
 inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, uint16_t stripe,
                                         StripeMode mode) {
   if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
@@ -240,10 +241,10 @@ inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, u
   }
   Stripe& s = slot.stripes[stripe];
   const uint64_t w = s.window.load(std::memory_order_relaxed);
-  if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed), now_ns / 1'000'000u) ||
-      StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) {
+  if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed), now_ns / 1'000'000u)) {
     return false;
   }
+  if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return true;  // saturated
   return StripeCompareStore(s.window, w, w + 1, stripe, mode) == 0;
 }
 

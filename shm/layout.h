@@ -7,6 +7,9 @@
 //
 //   [ SegmentHeader | DependencySlot x max_dependencies | ProcessSlot x max_processes ]
 //
+// Layout 4 gave each DependencySlot its per-CPU stripes (kMaxStripes lines, stripes.h): 3,712
+// bytes a slot, where layout 3 had 1,664.
+//
 // Thread safety: every field is an atomic word; no lock protects anything. Words written only
 // by the daemon (policy, name, table flags) are read by clients with relaxed or acquire loads.
 // Invariants: the offsets of the tables follow from the sizes in the header; a reader checks
@@ -61,9 +64,9 @@ struct PolicyWords {
 
 // Per-dependency counters, cumulative since the slot was created: `Counter` indexes
 // DependencySlot::counters, and every counter, its name and its export are declared once, in
-// RETRYD_COUNTERS (counters.h). The first eight slots, which the common path writes, share one
-// cache line: a first attempt and its completion write two lines of the slot (this one and a
-// window bucket), not three.
+// RETRYD_COUNTERS (counters.h). The two the common path writes (first attempts, successes) are
+// counted in the caller's stripe instead (stripes.h), and ReadCounter adds them up; the first
+// eight slots, which the rest of the path writes most, share one cache line.
 inline constexpr uint32_t kCounterSlots = 24;
 static_assert(kCounterCount <= kCounterSlots);
 

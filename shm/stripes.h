@@ -29,9 +29,12 @@
 //     one stripe per kill, and never a failure: failures always go to the shared buckets).
 //
 // Stripe::window word, and Stripe::window_start:
-//   bits  0..23  successes recorded in the period, saturating at kStripeWindowMax (16,777,215);
-//                the successes of a saturated stripe go to the shared bucket, where they count
-//                with the failures until it saturates (breaker.h)
+//   bits  0..23  successes recorded in the period, saturating at kStripeWindowMax (16,777,215
+//                a period on one CPU): beyond, the stripe counts no more successes until its
+//                next period. Failures keep counting in the shared bucket (up to its 65,535
+//                calls: breaker.h), against at least that many successes, so a saturated stripe
+//                never trips a breaker; it can delay a trip by at most the rest of one bucket
+//                period
 //   bits 24..63  the period's end, ms of the clock rounded up, modulo 2^40 (34.8 years)
 //   window_start: the period's start, ms of the clock rounded up, in full
 // A success at a time in [start, end) adds to the count without working out its period (no

@@ -29,19 +29,21 @@ uint32_t SlotsInUse(const Segment& seg) {
   return std::min(seg.header().dependency_high_water.load(kAcquire), seg.max_dependencies());
 }
 
-DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint64_t now_ns) {
+DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint64_t now_ns,
+                                bool summary_only) {
   DependencyStatus d;
   d.index = index;
   d.generation = slot.generation.load(kAcquire);
   d.name = ReadName(slot);
   d.mode_word = slot.mode.load(kRelaxed);
   d.mode = d.mode_word < kModeCount ? Mode(d.mode_word) : Mode::kEnforce;
+  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kAcquire));
+  d.breaker = b.state;
+  if (summary_only) return d;
   d.policy = LoadPolicy(slot.policy);
   d.policy.mode = d.mode;
 
   const uint32_t now_ms = NsToMs32(now_ns);
-  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kAcquire));
-  d.breaker = b.state;
   d.reopens = b.reopens;
   d.probe_successes = b.state == BreakerState::kHalfOpen ? b.successes : 0;
   if (b.state == BreakerState::kOpen) {
@@ -190,7 +192,7 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
   for (uint32_t i = 0; i < used; ++i) {
     const DependencySlot& slot = *seg.dependency(i);
     if (slot.state.load(kAcquire) != uint32_t(SlotState::kActive)) continue;
-    s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns));
+    s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns, opt.summary_only));
   }
   std::sort(s.dependencies.begin(), s.dependencies.end(),
             [](const DependencyStatus& a, const DependencyStatus& b) { return a.name < b.name; });

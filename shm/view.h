@@ -139,6 +139,9 @@ struct BuildOptions {
   // Off, the view reads no file at all.
   bool check_processes = true;
   AliveFn process_alive;
+  // summary_only: of each dependency read only its name, mode and breaker state (IsOpen
+  // answers; the policy, window, budget and counters stay empty): the daemon's status line.
+  bool summary_only = false;
 };
 
 // BuildStatus snapshots `seg` into *out. Returns kNotFound naming the first name in
