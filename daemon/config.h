@@ -33,7 +33,7 @@ struct DaemonSettings {
   uint32_t mode = 0660;             // permission bits of the segment
   uint32_t max_dependencies = 1024; // dependency table capacity (a change needs a restart)
   uint32_t max_processes = 4096;    // process registry capacity (a change needs a restart)
-  uint32_t tick_ms = 10;            // housekeeping period: heartbeat, dead-owner reclaim
+  uint32_t tick_ms = 100;           // housekeeping period: heartbeat, dead-owner reclaim
   std::string metrics_textfile;     // Prometheus textfile path; "" = none
   uint32_t metrics_interval_ms = 15'000;  // how often the textfile is rewritten
   bool auto_create = true;          // may workers create unconfigured dependencies (defaults)?

@@ -83,11 +83,7 @@ void Daemon::Tick(uint64_t now_ns) {
     LOG(WARNING) << "segment: daemon_pid was " << was << ", not this daemon's " << pid
                  << " (another writer changed it); put back";
   }
-  uint32_t dead = 0;
-  const uint64_t reclaimed = reaper_.Tick(seg, &dead);
-  if (reclaimed > 0 && LogAllowed(now_ns)) {
-    LOG(INFO) << "tick: reclaimed " << reclaimed << " leases of " << dead << " dead workers";
-  }
+  Reap(now_ns);
 
   // A slice of the table: every slot once per kSweepPeriodMs.
   const uint32_t high =
@@ -126,7 +122,12 @@ void Daemon::Tick(uint64_t now_ns) {
   CheckEvents(now_ns);
   RetryPending(now_ns);
 
-  if (watchdog_interval_ns_ != 0 && now_ns - last_watchdog_ns_ >= watchdog_interval_ns_) {
+  // Half a timer period early rather than a period late: the timer's own jitter must not turn
+  // one interval into two (ArmTimer runs it at most one interval apart).
+  const uint64_t period_ns =
+      std::min(uint64_t{config_.daemon.tick_ms} * kMsNs, watchdog_interval_ns_);
+  if (watchdog_interval_ns_ != 0 &&
+      now_ns - last_watchdog_ns_ + period_ns / 2 >= watchdog_interval_ns_) {
     last_watchdog_ns_ = now_ns;
     sd_notify(0, "WATCHDOG=1");
   }
@@ -144,12 +145,22 @@ void Daemon::Tick(uint64_t now_ns) {
   }
 }
 
+void Daemon::Reap(uint64_t now_ns) {
+  uint32_t dead = 0;
+  const uint64_t reclaimed = reaper_.Tick(*segment_, &dead);
+  if (reclaimed > 0 && LogAllowed(now_ns)) {
+    LOG(INFO) << "tick: reclaimed " << reclaimed << " leases of " << dead << " dead workers";
+  }
+}
+
 void Daemon::Notify(const std::string& message) {
   sd_notify(0, message.c_str());
 }
 
 void Daemon::ArmTimer() {
-  const uint64_t ns = uint64_t{config_.daemon.tick_ms} * kMsNs;
+  // The tick, or more often when systemd's watchdog wants a ping sooner (the pings go out on it).
+  uint64_t ns = uint64_t{config_.daemon.tick_ms} * kMsNs;
+  if (watchdog_interval_ns_ != 0) ns = std::min(ns, watchdog_interval_ns_);
   itimerspec spec{};
   spec.it_interval.tv_sec = time_t(ns / kSecondNs);
   spec.it_interval.tv_nsec = long(ns % kSecondNs);
@@ -170,25 +181,30 @@ int Daemon::Run() {
     LOG(ERROR) << "daemon: signalfd/timerfd: " << std::strerror(errno);
     return 1;
   }
-  ArmTimer();
   uint64_t watchdog_usec = 0;
   if (sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) {
     watchdog_interval_ns_ = watchdog_usec * 1000 / 2;
     LOG(INFO) << "daemon: systemd watchdog every " << watchdog_usec / 2000 << "ms";
   }
+  ArmTimer();
   Tick(shm::PreciseNowNs());
   last_status_ = StatusLine();
   Notify("READY=1\nSTATUS=" + last_status_);
   LOG(INFO) << "daemon: ready, pid " << getpid() << ": " << last_status_;
 
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[3] = {{signal_fd_, POLLIN, 0},
-                     {timer_fd_, POLLIN, 0},
-                     {attach_ ? attach_->fd() : -1, POLLIN, 0}};
-    if (poll(fds, 3, -1) < 0) {
+    // The signals, the tick, the attach socket, and the pidfd of every worker the reaper watches:
+    // a worker's exit wakes the daemon, which reclaims its leases then, not at the next tick.
+    fds = {{signal_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}, {attach_ ? attach_->fd() : -1, POLLIN, 0}};
+    reaper_.AppendPollFds(&fds);
+    if (poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << "daemon: poll: " << std::strerror(errno);
       return 1;
+    }
+    if (std::any_of(fds.begin() + 3, fds.end(), [](const pollfd& p) { return p.revents != 0; })) {
+      Reap(shm::PreciseNowNs());
     }
     if (fds[2].revents & POLLIN) {
       // Hellos answered and hang-ups reclaimed as they come, not on the next tick.

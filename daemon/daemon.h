@@ -95,6 +95,9 @@ class Daemon {
   // leases, pending dependencies, change and event logging, watchdog, status line and, when
   // due, the metrics textfile.
   void Tick(uint64_t now_ns);
+  // Reap reclaims the leases of workers found dead (the reaper's pass): every tick, and at once
+  // when a watched worker's pidfd says it exited.
+  void Reap(uint64_t now_ns);
 
   // Reload re-reads the config file. On error the running config stays unchanged and the
   // error is returned (and logged). Capacity, segment, ownership and mode changes are logged

@@ -207,9 +207,8 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
 }
 
 std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error) {
-  const size_t active = view.dependencies.size();
-  const auto open = std::count_if(view.dependencies.begin(), view.dependencies.end(),
-                                  [](const shm::DependencyStatus& d) { return d.IsOpen(); });
+  const uint32_t active = view.dependencies_active;
+  const uint32_t open = view.dependencies_open;
   const uint32_t attached = view.processes_attached;
   std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
                      std::to_string(open) + " open, " + std::to_string(attached) +

@@ -69,7 +69,7 @@ template <typename NowFn>
   p->dependency = index;
   p->generation = slot.generation.load(kRelaxed);
   const Mode mode = Mode(slot.mode.load(kRelaxed));
-  if (mode == Mode::kDisabled) {
+  if (__builtin_expect(mode == Mode::kDisabled, 0)) {
     p->flags = kPermitActive;
     return Decision::kAdmitted;
   }
@@ -93,8 +93,9 @@ template <typename NowFn>
 
   // 1. The breaker. A closed breaker costs one load.
   Decision d = Decision::kAdmitted;
-  if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
-      BreakerState::kClosed) {
+  if (__builtin_expect(BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
+                           BreakerState::kClosed,
+                       0)) {
     d = AdmitBreaker(slot, now_ns(), caller, p);
     if (!IsAdmitted(d)) {
       if (!shadow) return Reject(slot, p, d);
@@ -160,9 +161,12 @@ template <typename NowFn>
   const bool slow =
       slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
   // The common path: a success, not slow, holding no lease, recorded in its stripe's period.
-  if (outcome == Outcome::kSuccess && !slow && !(p->flags & (kPermitProbe | kPermitBulkhead)) &&
-      StripeOf(slot, caller) != nullptr &&
-      RecordSuccessInStripePeriod(slot, now_ns, caller.stripe, caller.stripe_mode)) {
+  if (__builtin_expect(outcome == Outcome::kSuccess && !slow &&
+                           !(p->flags & (kPermitProbe | kPermitBulkhead)) &&
+                           StripeOf(slot, caller) != nullptr &&
+                           RecordSuccessInStripePeriod(slot, now_ns, caller.stripe,
+                                                       caller.stripe_mode),
+                       1)) {
     CountStriped(slot, caller, kSuccesses);
     return;
   }

@@ -171,6 +171,12 @@ DeadOwnerReaper::~DeadOwnerReaper() {
   }
 }
 
+void DeadOwnerReaper::AppendPollFds(std::vector<pollfd>* fds) const {
+  for (uint32_t i = 0; i < watched_high_ && i < watched_.size(); ++i) {
+    if (watched_[i].pidfd >= 0) fds->push_back({watched_[i].pidfd, POLLIN, 0});
+  }
+}
+
 uint64_t DeadOwnerReaper::Tick(Segment& seg, uint32_t* dead_processes) {
   if (watched_.size() != seg.max_processes()) watched_.resize(seg.max_processes());
   std::vector<uint32_t> dead;

@@ -7,6 +7,8 @@
 // Thread safety: all functions are thread-safe; registration and reclaim are cold paths.
 #pragma once
 
+#include <poll.h>
+
 #include <sys/types.h>
 
 #include <cstdint>
@@ -89,6 +91,11 @@ class DeadOwnerReaper {
   // Tick reclaims the leases and slots of owners that died since the last call. Returns the
   // number of leases freed; *dead_processes (optional) gets the number of owners found dead.
   uint64_t Tick(Segment& seg, uint32_t* dead_processes = nullptr);
+
+  // AppendPollFds appends a POLLIN entry for the pidfd of every process it watches: one turns
+  // readable when its process exits, so a daemon that polls them runs Tick at once, not at its
+  // next tick.
+  void AppendPollFds(std::vector<pollfd>* fds) const;
 
  private:
   // What was verified of a slot's owner: a change of either word is a new owner (a pid can

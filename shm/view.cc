@@ -29,8 +29,7 @@ uint32_t SlotsInUse(const Segment& seg) {
   return std::min(seg.header().dependency_high_water.load(kAcquire), seg.max_dependencies());
 }
 
-DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint64_t now_ns,
-                                bool summary_only) {
+DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint64_t now_ns) {
   DependencyStatus d;
   d.index = index;
   d.generation = slot.generation.load(kAcquire);
@@ -39,7 +38,6 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
   d.mode = d.mode_word < kModeCount ? Mode(d.mode_word) : Mode::kEnforce;
   const BreakerWord b = BreakerWord::Decode(slot.breaker.load(kAcquire));
   d.breaker = b.state;
-  if (summary_only) return d;
   d.policy = LoadPolicy(slot.policy);
   d.policy.mode = d.mode;
 
@@ -192,7 +190,19 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
   for (uint32_t i = 0; i < used; ++i) {
     const DependencySlot& slot = *seg.dependency(i);
     if (slot.state.load(kAcquire) != uint32_t(SlotState::kActive)) continue;
-    s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns, opt.summary_only));
+    if (opt.summary_only) {
+      // The two words IsOpen reads, as ReadDependency reads them.
+      DependencyStatus d;
+      d.mode_word = slot.mode.load(kRelaxed);
+      d.mode = d.mode_word < kModeCount ? Mode(d.mode_word) : Mode::kEnforce;
+      d.breaker = BreakerWord::Decode(slot.breaker.load(kAcquire)).state;
+      ++s.dependencies_active;
+      s.dependencies_open += d.IsOpen() ? 1 : 0;
+      continue;
+    }
+    s.dependencies.push_back(ReadDependency(slot, i, opt.now_ns));
+    ++s.dependencies_active;
+    s.dependencies_open += s.dependencies.back().IsOpen() ? 1 : 0;
   }
   std::sort(s.dependencies.begin(), s.dependencies.end(),
             [](const DependencyStatus& a, const DependencyStatus& b) { return a.name < b.name; });

@@ -118,6 +118,10 @@ struct SegmentStatus {
   uint32_t processes_dead = 0;  // registered, no longer running (leases pending reclaim)
   uint64_t now_ns = 0;          // CLOCK_MONOTONIC the snapshot was taken at
   std::vector<DependencyStatus> dependencies;  // active ones, by name (or as BuildOptions::only)
+  // Every active dependency, and those of them open (DependencyStatus::IsOpen), whatever
+  // BuildOptions::only and summary_only say.
+  uint32_t dependencies_active = 0;
+  uint32_t dependencies_open = 0;
 
   bool AnyOpen() const;
 };
@@ -139,8 +143,8 @@ struct BuildOptions {
   // Off, the view reads no file at all.
   bool check_processes = true;
   AliveFn process_alive;
-  // summary_only: of each dependency read only its name, mode and breaker state (IsOpen
-  // answers; the policy, window, budget and counters stay empty): the daemon's status line.
+  // summary_only: count the dependencies (dependencies_active, dependencies_open) from their
+  // mode and breaker words, and list none: the daemon's status line.
   bool summary_only = false;
 };
 
