@@ -33,8 +33,7 @@
 //                a period on one CPU): beyond, the stripe counts no more successes until its
 //                next period. Failures keep counting in the shared bucket (up to its 65,535
 //                calls: breaker.h), against at least that many successes, so a saturated stripe
-//                never trips a breaker; it can delay a trip by at most the rest of one bucket
-//                period
+//                never trips a breaker: a trip waits until its period has left the window
 //   bits 24..63  the period's end, ms of the clock rounded up, modulo 2^40 (34.8 years)
 //   window_start: the period's start, ms of the clock rounded up, in full
 // A success at a time in [start, end) adds to the count without working out its period (no

@@ -333,6 +333,24 @@ TEST_F(StripeFoldTest, ATripCountsTheSuccessesOfEveryStripe) {
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
 }
 
+// A stripe saturated in a period (16.7 M successes there on one CPU) counts no more; the failures
+// that follow cannot trip against that many successes, and from the next period on they can.
+TEST_F(StripeFoldTest, ASaturatedStripeDelaysATripByAtMostItsPeriod) {
+  const uint64_t t0 = 5'000 * kSec;
+  Call(0, t0, Outcome::kSuccess);
+  Stripe& st = slot_->stripes[0];
+  const uint64_t w = st.window.load();
+  st.window.store(StripeWindow::Make(StripeWindow::End40(w), StripeWindow::kStripeWindowMax));
+  Call(0, t0 + kMs, Outcome::kSuccess);  // counts no more
+  EXPECT_EQ(StripeWindow::Count(st.window.load()), StripeWindow::kStripeWindowMax);
+  for (int i = 0; i < 100; ++i) Call(1, t0 + 2 * kMs, Outcome::kFailure);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+  // Ten buckets of 1 s: once the saturated period has left the window, 20 failures trip it.
+  const uint64_t later = t0 + 10 * kSec;
+  for (int i = 0; i < 20; ++i) Call(1, later, Outcome::kFailure);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
+}
+
 // Deposits wait in the stripes; a retry folds them first, so it finds every deposit made, each
 // taken once, and no more than the burst.
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
