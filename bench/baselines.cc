@@ -50,6 +50,17 @@ void StopChild(pid_t pid) {
   waitpid(pid, nullptr, 0);
 }
 
+// InitRobustSharedMutex: a mutex for processes that share the mapping, which the next locker
+// recovers (EOWNERDEAD) when its holder dies.
+void InitRobustSharedMutex(pthread_mutex_t* mu) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+}
+
 }  // namespace
 
 // --- MutexTokenBucket --------------------------------------------------------------------
@@ -58,12 +69,7 @@ MutexTokenBucket::MutexTokenBucket() {
   void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) abort();
   shared_ = static_cast<Shared*>(p);
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&shared_->mu, &attr);
-  pthread_mutexattr_destroy(&attr);
+  InitRobustSharedMutex(&shared_->mu);
   shared_->tokens_milli = kBurstMilli;
   shared_->stamp_ns = CoarseNowNs();
 }
@@ -207,12 +213,7 @@ MutexAdmission::MutexAdmission() {
   void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) abort();
   shared_ = static_cast<Shared*>(p);  // zero-filled: breaker closed, window and counters empty
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&shared_->mu, &attr);
-  pthread_mutexattr_destroy(&attr);
+  InitRobustSharedMutex(&shared_->mu);
   const shm::Policy policy = shm::Clamped(shm::Policy{});
   Shared& s = *shared_;
   s.retry_ratio_milli = policy.retry_ratio_milli;

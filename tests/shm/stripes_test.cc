@@ -141,7 +141,9 @@ TEST(StripesTest, ARestartableAddLosesNothingAcrossPreemptionAndSignals) {
   uint64_t total = fallback.load();
   for (const Stripe& s : stripes) total += s.successes.load();
   EXPECT_EQ(total, calls);
-  if (!kSignalsDeferred) EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
+  if (!kSignalsDeferred) {
+    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
+  }
 }
 
 // The same for the compare-and-store that counts a stripe's window: an increment that read the
@@ -166,7 +168,9 @@ TEST(StripesTest, ARestartableCompareAndStoreLosesNothingAcrossPreemptionAndSign
   uint64_t total = fallback.load();
   for (const Stripe& s : stripes) total += s.window.load();
   EXPECT_EQ(total, calls);
-  if (!kSignalsDeferred) EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
+  if (!kSignalsDeferred) {
+    EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";
+  }
 }
 
 Policy LongWindowPolicy() {
@@ -183,6 +187,23 @@ struct Figures {
   std::atomic<uint64_t> done[16];
 };
 
+// ForkWorkers forks two workers per CPU, worker w pinned to CPU w % Cpus(), each running
+// `body(w, caller)` with a Caller of its own (owner 2 + w), and returns their pids.
+template <typename Body>
+std::vector<pid_t> ForkWorkers(Body body) {
+  std::vector<pid_t> pids;
+  for (int w = 0; w < 2 * Cpus(); ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      _exit(body(w, caller));
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
 // Worker processes on every CPU (two per CPU, so they preempt each other) admit and complete
 // first attempts on one dependency through the client's path: every counter and the window
 // count every call exactly, and the stripes did the counting.
@@ -192,29 +213,21 @@ TEST(StripesTest, ProcessesOnEveryCpuCountEveryCallExactly) {
   const uint32_t index = testing::AddDependency(*seg.seg, "orders", LongWindowPolicy());
   DependencySlot& slot = *seg.seg->dependency(index);
   constexpr uint64_t kCalls = 300'000;
-  const int workers = 2 * Cpus();
-  std::vector<pid_t> pids;
-  for (int w = 0; w < workers; ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      PinTo(w % Cpus());
-      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
-      for (uint64_t i = 0; i < kCalls; ++i) {
-        caller.stripe = CurrentCpu();
-        Permit p;
-        if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) _exit(2);
-        Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
-      }
-      _exit(0);
+  const std::vector<pid_t> pids = ForkWorkers([&](int, Caller& caller) {
+    for (uint64_t i = 0; i < kCalls; ++i) {
+      caller.stripe = CurrentCpu();
+      Permit p;
+      if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) return 2;
+      Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
     }
-    pids.push_back(pid);
-  }
+    return 0;
+  });
   for (pid_t pid : pids) {
     int status = 0;
     waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
-  const uint64_t total = kCalls * uint64_t(workers);
+  const uint64_t total = kCalls * uint64_t(pids.size());
   EXPECT_EQ(ReadCounter(slot, kFirstAttempts), total);
   EXPECT_EQ(ReadCounter(slot, kSuccesses), total);
   EXPECT_EQ(ReadWindow(slot, CoarseNowNs()).calls, total);
@@ -230,23 +243,17 @@ TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
   const uint32_t index = testing::AddDependency(*seg.seg, "orders", LongWindowPolicy());
   DependencySlot& slot = *seg.seg->dependency(index);
   Figures* figures = SharedPage<Figures>();
-  const int workers = 2 * Cpus();
-  std::vector<pid_t> pids;
-  for (int w = 0; w < workers; ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      PinTo(w % Cpus());
-      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
-      for (;;) {
-        caller.stripe = CurrentCpu();
-        Permit p;
-        Admit(slot, index, 0, &CoarseNowNs, caller, &p);
-        Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
-        figures->done[w].fetch_add(1, std::memory_order_release);
-      }
+  const std::vector<pid_t> pids = ForkWorkers([&](int w, Caller& caller) {
+    for (;;) {
+      caller.stripe = CurrentCpu();
+      Permit p;
+      Admit(slot, index, 0, &CoarseNowNs, caller, &p);
+      Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
+      figures->done[w].fetch_add(1, std::memory_order_release);
     }
-    pids.push_back(pid);
-  }
+    return 0;
+  });
+  const int workers = int(pids.size());
   uint32_t rng = 12345;
   for (pid_t pid : pids) {
     usleep(20'000 + NextRandom(rng) % 30'000);
