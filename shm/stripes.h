@@ -7,21 +7,26 @@
 // core fought for. Each dependency slot therefore holds one Stripe (a cache line) per CPU, up to
 // kMaxStripes (DependencySlot::stripes), and a thread running on CPU c writes stripe c.
 //
-// Who writes a stripe. A stripe is written only by code running on its CPU, inside a restartable
-// sequence (rseq(2)): the sequence checks the CPU it runs on and commits with one store, and the
-// kernel restarts it at its abort handler if the thread is preempted, migrated or signalled
-// before the store. So at any instant one thread (whatever its process) writes a stripe, with
-// plain instructions: no lock prefix, and no update is lost. Where a thread cannot take that
-// path (no rseq registered, a CPU at or past the slot's stripe count, an architecture without the
-// sequences below, or a sequence aborted by preemption) it writes the slot's shared words with
-// atomic read-modify-writes, exactly as if there were no stripes. Tests drive stripes from
-// virtual CPUs with atomic read-modify-writes instead (StripeMode::kAtomic); the two modes never
-// write one segment.
+// Who writes a stripe. A stripe's words are written by code running on its CPU, inside a
+// restartable sequence (rseq(2)): the sequence checks the CPU it runs on and commits with one
+// store, and the kernel restarts it at its abort handler if the thread is preempted, migrated or
+// signalled before the store. So at any instant one thread (whatever its process) writes them,
+// with plain instructions: no lock prefix, and no update is lost. Three writes come from any
+// CPU: a withdrawal advances deposits_taken with a CAS (a word the sequences never write), a
+// close or a reset empties the window word with a CAS (see below for its race), and the writer
+// that gives the slot a name zeroes the stripes before it publishes the slot as active. Where a thread cannot take the sequence's path
+// (no rseq registered, a CPU at or past the slot's stripe count, an architecture without the
+// sequences below, or a sequence aborted) it writes the slot's shared words with atomic
+// read-modify-writes, exactly as if there were no stripes. Tests drive stripes from virtual
+// CPUs with atomic read-modify-writes instead (StripeMode::kAtomic); the two modes never write
+// one segment.
 //
 // Who reads a stripe. A decision that needs a sum folds the stripes: the trip check on a failure
-// (ReadWindow), a retry's withdrawal (FoldDeposits, retry_budget.h), the daemon's tick and
-// retryctl (ReadCounter, view.h). How stale a fold can be:
-//   - counters and deposits: not at all. Every committed stripe store is in the next fold.
+// (ReadWindow, breaker.h), a retry's withdrawal (FoldDeposits, admission.h), the daemon's tick
+// and retryctl (ReadCounter below, view.h). How stale a fold can be:
+//   - counters: not at all. Every committed stripe store is in the next read.
+//   - deposits: every committed deposit is in the next fold, except those another withdrawal's
+//     fold has just taken and not yet added to the budget word (a few instructions).
 //   - the window: a stripe holds the successes of its newest period; the first success of a
 //     later period moves the old count to the shared bucket of its period (Stripe::window). For
 //     the few instructions between the store that takes the count and the shared add, a fold

@@ -147,7 +147,7 @@ TEST(RetryctlStatus, ClosedDependencyShowsWindowBudgetAndRetries) {
   // Every counter is the segment's own, under its documented name.
   ASSERT_EQ(d["counters"].size(), size_t(shm::kCounterCount));
   for (uint32_t c = 0; c < shm::kCounterCount; ++c) {
-    EXPECT_EQ(d["counters"][shm::CounterName(shm::Counter(c))], seg.slot(i).counters[c].load())
+    EXPECT_EQ(d["counters"][shm::CounterName(shm::Counter(c))], shm::ReadCounter(seg.slot(i), shm::Counter(c)))
         << shm::CounterName(shm::Counter(c));
   }
 }

@@ -179,7 +179,7 @@ TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
   for (int d = 0; d < kDependencies; ++d) {
     SCOPED_TRACE(kNames[d]);
     const shm::DependencySlot& s = *slots[d];
-    auto counter = [&](shm::Counter c) { return s.counters[c].load(); };
+    auto counter = [&](shm::Counter c) { return shm::ReadCounter(s, c); };
     auto told = [&](Decision dec) { return tally->decisions[d][int(dec)].load(); };
     const uint64_t admitted = told(Decision::kAdmitted) + told(Decision::kAdmittedProbe);
     const uint64_t completed = tally->completions[d][0] + tally->completions[d][1] + tally->completions[d][2];
