@@ -121,13 +121,13 @@ namespace stripes_internal {
 // compared, then the commit. The abort handler is preceded by the signature glibc registered
 // (RSEQ_SIG), as the kernel requires.
 #define RETRYD_RSEQ_PROLOGUE                                         \
-  ".pushsection __rseq_cs, \"aw\"\n\t"                               \
+  ".pushsection __rseq_cs, \"aw?\"\n\t"                              \
   ".balign 32\n\t"                                                   \
   "3:\n\t"                                                           \
   ".long 0, 0\n\t"                                                   \
   ".quad 1f, 2f - 1f, 4f\n\t"                                        \
   ".popsection\n\t"                                                  \
-  ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"                     \
+  ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"                    \
   ".quad 3b\n\t"                                                     \
   ".popsection\n\t"                                                  \
   "leaq 3b(%%rip), %%rax\n\t"                                        \
@@ -137,7 +137,7 @@ namespace stripes_internal {
   "jnz 4f\n\t"
 #define RETRYD_RSEQ_EPILOGUE                                         \
   "2:\n\t"                                                           \
-  ".pushsection __rseq_failure, \"ax\"\n\t"                          \
+  ".pushsection __rseq_failure, \"ax?\"\n\t"                         \
   ".byte 0x0f, 0xb9, 0x3d\n\t"                                       \
   ".long 0x53053053\n\t"                                             \
   "4:\n\t"                                                           \
