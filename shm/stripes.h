@@ -119,7 +119,9 @@ namespace stripes_internal {
 // The rseq sequences, after the Linux selftests and librseq: a descriptor in __rseq_cs (start,
 // length up to the commit, abort address), its address stored in the thread's rseq area, the CPU
 // compared, then the commit. The abort handler is preceded by the signature glibc registered
-// (RSEQ_SIG), as the kernel requires.
+// (RSEQ_SIG), as the kernel requires. The sections are flagged `?`: each piece joins the section
+// group of the function the sequence was compiled into, so that a linker dropping a duplicate
+// copy of an inline function (an unoptimized build emits them) drops its descriptors with it.
 #define RETRYD_RSEQ_PROLOGUE                                         \
   ".pushsection __rseq_cs, \"aw?\"\n\t"                              \
   ".balign 32\n\t"                                                   \
