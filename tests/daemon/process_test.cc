@@ -1,6 +1,7 @@
 // Tests of the real `retryd` binary as a process: sd_notify on a test socket, SIGHUP reload,
 // SIGTERM, kill -9 and restart, dead workers killed with SIGKILL, the metrics textfile and
 // --check_config. Each test uses its own segment name and removes it.
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -497,12 +498,31 @@ TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSegmentRefusesToStart) {
 // and is killed: the daemon frees both and its process slot, and counts them.
 class DeadWorkerTest : public DaemonProcessTest {
  protected:
-  // Check kills the worker `settle_ms` after it took its leases, with the daemon ticking every
-  // `tick_ms`, and expects them back within `bound_ms`.
-  void Check(int tick_ms, int settle_ms, int bound_ms);
+  // Check kills the worker once it took its leases, with the daemon ticking every `tick_ms`,
+  // and expects them back within `bound_ms`; `watched` first waits until the daemon holds a
+  // pidfd of it (its reaper watches it).
+  void Check(int tick_ms, bool watched, int bound_ms);
 };
 
-void DeadWorkerTest::Check(int tick_ms, int settle_ms, int bound_ms) {
+// HoldsAPidfd: `pid` has a pidfd open (/proc/PID/fd links to "anon_inode:[pidfd]").
+bool HoldsAPidfd(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(d)) {
+    char target[64] = {};
+    const std::string link = dir + "/" + e->d_name;
+    if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+        std::string(target) == "anon_inode:[pidfd]") {
+      found = true;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+void DeadWorkerTest::Check(int tick_ms, bool watched, int bound_ms) {
   const int kTickMs = tick_ms;
   auto d = StartDaemon(Config("[dependency.bulk]\nbulkhead_limit = 4\n"
                               "[dependency.probe]\nmin_calls = 2\nopen_for = \"100ms\"\n"
@@ -566,7 +586,13 @@ void DeadWorkerTest::Check(int tick_ms, int settle_ms, int bound_ms) {
   };
   ASSERT_EQ(taken(), 2);
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  if (watched) {
+    const auto since = std::chrono::steady_clock::now();
+    while (!HoldsAPidfd(d->pid()) && std::chrono::steady_clock::now() - since < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(HoldsAPidfd(d->pid())) << "the daemon never watched the worker";
+  }
   kill(worker, SIGKILL);
   waitpid(worker, nullptr, 0);
   const auto died = std::chrono::steady_clock::now();
@@ -587,12 +613,12 @@ void DeadWorkerTest::Check(int tick_ms, int settle_ms, int bound_ms) {
 }
 
 // Killed before the daemon first saw it: the next tick finds it dead.
-TEST_F(DeadWorkerTest, OneNotYetWatchedIsReclaimedWithinTwoTicks) { Check(100, 0, 200); }
+TEST_F(DeadWorkerTest, OneNotYetWatchedIsReclaimedWithinTwoTicks) { Check(100, false, 200); }
 
 // Killed once the daemon watches it (its pidfd): the kernel wakes the daemon, which reclaims at
 // once, long before the next tick of 1 s.
 TEST_F(DeadWorkerTest, AWatchedOneWakesTheDaemonAndIsReclaimedBeforeTheNextTick) {
-  Check(1'000, 1'500, 60);
+  Check(1'000, true, 60);
 }
 
 TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
