@@ -256,11 +256,13 @@ TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
     return 0;
   });
   const int workers = int(pids.size());
+  // Each is killed at a random instant once it has completed calls of its own.
   uint32_t rng = 12345;
-  for (pid_t pid : pids) {
-    usleep(20'000 + NextRandom(rng) % 30'000);
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+  for (int w = 0; w < workers; ++w) {
+    for (int i = 0; i < 1'000 && figures->done[w].load() == 0; ++i) usleep(10'000);
+    usleep(NextRandom(rng) % 30'000);
+    kill(pids[size_t(w)], SIGKILL);
+    waitpid(pids[size_t(w)], nullptr, 0);
   }
   uint64_t done = 0;
   for (int w = 0; w < workers; ++w) done += figures->done[w].load();
