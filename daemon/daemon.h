@@ -12,8 +12,10 @@
 //            is refused), create, adopt (state kept: open breakers stay open) or
 //            retire-and-replace the segment; apply owner, group and mode; publish the config;
 //            READY=1
-//   tick     every `tick_ms` (see Tick); never waits for the create lock more than
-//            kLockWaitPerPassNs (10 ms)
+//   tick     every `tick_ms` (see Tick; more often if systemd's watchdog asks for pings
+//            sooner); never waits for the create lock more than kLockWaitPerPassNs (10 ms)
+//   wake     a worker's exit, between ticks: the pidfd of every worker the reaper watches,
+//            and the connection of every socket-attached one, are in Run's poll set
 //   SIGHUP   reload the config file; a bad file is logged and the running config stays
 //   SIGTERM  exit 0, leaving the segment in place for workers and the next daemon (a sealed
 //            one is marked retired: its workers attach again, see Run)
