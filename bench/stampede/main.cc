@@ -26,6 +26,10 @@ DEFINE_string(strategies, "", "comma-separated strategy names to run; empty runs
 DEFINE_double(duration_s, 0, "override the scenario's [run] duration_s");
 DEFINE_uint32(runs, 1, "with N > 1, also run seeds seed+1 .. seed+N-1 and print how the "
                        "figures vary across seeds (median and worst)");
+DEFINE_string(runs_csv, "", "with --runs, write the figures of every run (one row per strategy "
+                            "and seed, --summary_csv's columns) to this CSV file");
+DEFINE_bool(list_strategies, false, "print the selected strategies, one \"NAME SCOPE\" per line, "
+                                    "and exit");
 
 namespace {
 
@@ -47,19 +51,22 @@ double Median(std::vector<double> v) {
 
 // SeedTable runs every selected strategy with `runs` seeds and prints the spread of the
 // figures that depend most on chance: recovery, collapse, failures, peaks.
-void SeedTable(const retryd::stampede::Scenario& sc, uint64_t seed, uint32_t runs,
-               const std::vector<const retryd::stampede::Strategy*>& strategies) {
+std::vector<retryd::stampede::Summary> SeedTable(const retryd::stampede::Scenario& sc, uint64_t seed,
+                                                uint32_t runs,
+                                                const std::vector<const retryd::stampede::Strategy*>& strategies) {
   using namespace retryd::stampede;
   std::printf("\nacross %u seeds (%llu..%llu): median [worst]\n", runs,
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed + runs - 1));
   std::printf("%-18s %22s %14s %18s %16s %16s\n", "strategy", "recovery after stall",
               "runs with kills", "failed requests", "peak sent 1 s", "peak acc. 100ms");
   bool any_not_recovered = false;
+  std::vector<Summary> all;
   for (const Strategy* st : strategies) {
     std::vector<double> recovery, failed, sent, acc;
     uint32_t collapsed = 0, not_recovered = 0;
     for (uint32_t i = 0; i < runs; ++i) {
       const Summary s = Summarize(sc, Run(sc, *st, seed + i));
+      all.push_back(s);
       recovery.push_back(s.recovery_s);
       failed.push_back(s.user_requests ? 100.0 * double(s.user_failed) / double(s.user_requests) : 0);
       sent.push_back(s.peak_sent_1s);
@@ -79,6 +86,7 @@ void SeedTable(const retryd::stampede::Scenario& sc, uint64_t seed, uint32_t run
     std::printf("%-18s %22s %14s %18s %16s %16s\n", st->name.c_str(), rec, col, fail, snt, ac);
   }
   if (any_not_recovered) std::printf("(+: some runs had not recovered when the run ended)\n");
+  return all;
 }
 
 bool Selected(const std::string& name) {
@@ -111,6 +119,12 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   std::vector<Summary> summaries;
   std::vector<const Strategy*> selected;
+  if (FLAGS_list_strategies) {
+    for (const Strategy& st : sc.strategies) {
+      if (Selected(st.name)) std::printf("%s %s\n", st.name.c_str(), ScopeName(st.scope));
+    }
+    return 0;
+  }
   for (const Strategy& st : sc.strategies) {
     if (!Selected(st.name)) continue;
     selected.push_back(&st);
@@ -123,8 +137,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::cout << SummaryTable(sc, summaries) << "seed " << seed << "\n" << std::flush;
-  if (FLAGS_runs > 1) SeedTable(sc, seed, FLAGS_runs, selected);
+  std::vector<Summary> runs;
+  if (FLAGS_runs > 1) runs = SeedTable(sc, seed, FLAGS_runs, selected);
   bool ok = true;
+  if (!FLAGS_runs_csv.empty()) ok &= WriteFile(FLAGS_runs_csv, SummaryCsv(runs.empty() ? summaries : runs));
   if (!FLAGS_csv.empty()) ok &= WriteFile(FLAGS_csv, TimeSeriesCsv(sc, results));
   if (!FLAGS_svg.empty()) ok &= WriteFile(FLAGS_svg, Svg(sc, results, summaries));
   if (!FLAGS_summary_csv.empty()) ok &= WriteFile(FLAGS_summary_csv, SummaryCsv(summaries));

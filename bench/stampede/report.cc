@@ -121,6 +121,7 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   s.user_failed = r.user_failed;
   s.attempts_per_request = r.user_requests ? double(r.attempts_sent) / double(r.user_requests) : 0;
   s.pod_kills = r.pod_kills;
+  s.dropped_expired = r.dropped_expired;
   s.breaker_opened = r.breaker_opened;
   s.half_opened = r.half_opened;
   s.probes = r.probes;
@@ -149,6 +150,7 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
        }},
       {"attempts / user requests", [](const Summary& x) { return Fmt("%.3f", x.attempts_per_request); }},
       {"pods killed by overload", [](const Summary& x) { return std::to_string(x.pod_kills); }},
+      {"dropped by pods, deadline passed", [](const Summary& x) { return std::to_string(x.dropped_expired); }},
       {"breaker trips (all breakers)", [](const Summary& x) { return std::to_string(x.breaker_opened); }},
       {"half-open episodes", [](const Summary& x) { return std::to_string(x.half_opened); }},
       {"probes sent", [](const Summary& x) { return std::to_string(x.probes); }},
@@ -191,7 +193,8 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
   o << "strategy,peak_accepted_100ms,peak_accepted_1s,peak_sent_100ms,peak_sent_1s,"
        "baseline_p99_ms,recovered,recovery_s,unhealthy_s,user_requests,user_failed,"
        "attempts_per_request,pod_kills,breaker_opened,half_opened,probes,probes_per_half_open,"
-       "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open\n";
+       "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open,"
+       "dropped_expired\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -202,7 +205,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << ',' << x.half_opened << ',' << x.probes << ',' << Fmt("%.3f", x.probes_per_half_open)
       << ',' << x.max_probes_in_flight_per_host << ',' << x.max_probes_per_bin << ','
       << x.breakers_per_host << ','
-      << x.retries_denied << ',' << x.rejected_open << '\n';
+      << x.retries_denied << ',' << x.rejected_open << ',' << x.dropped_expired << '\n';
   }
   return o.str();
 }

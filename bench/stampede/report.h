@@ -34,6 +34,7 @@ struct Summary {
   uint64_t user_failed = 0;
   double attempts_per_request = 0;  // attempts sent / user requests
   uint64_t pod_kills = 0;
+  uint64_t dropped_expired = 0;     // requests the pods dropped unserved, their deadline passed
   uint64_t breaker_opened = 0;
   uint64_t half_opened = 0;
   uint64_t probes = 0;

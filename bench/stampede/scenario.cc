@@ -131,11 +131,12 @@ Status ReadPolicy(const toml::table* t, const std::string& path, const std::stri
   return daemon::ReadPolicyTable(*t, source, "[" + path + "]", path + ".", p);
 }
 
-}  // namespace
+// A chain of `extends` deeper than this is refused (it is almost certainly a cycle).
+constexpr int kMaxExtendsDepth = 8;
 
-const char* ScopeName(Scope s) { return s == Scope::kHost ? "host" : "process"; }
+Status Load(const std::string& path, int depth, Scenario* out);
 
-Status ParseScenario(const std::string& text, const std::string& source, Scenario* out) {
+Status Parse(const std::string& text, const std::string& source, int depth, Scenario* out) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -147,6 +148,25 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
   }
   Scenario s;
   Reader top(&root, "", source);
+  // `extends` names a scenario (relative to this file's directory) whose every value this
+  // file starts from; what this file sets wins, and its [[stall]] or [[strategy]] lists, if
+  // given, replace the base's.
+  std::string extends;
+  top.String("extends", &extends);
+  if (!top.status().ok()) return top.status();
+  if (!extends.empty()) {
+    if (depth >= kMaxExtendsDepth) {
+      return Status::InvalidArgument(source + ": extends \"" + extends + "\": more than " +
+                                     std::to_string(kMaxExtendsDepth) + " files deep (a cycle?)");
+    }
+    const size_t slash = source.rfind('/');
+    const std::string base = extends[0] == '/' || slash == std::string::npos
+                                 ? extends
+                                 : source.substr(0, slash + 1) + extends;
+    if (Status b = Load(base, depth + 1, &s); !b.ok()) {
+      return Status::InvalidArgument(source + ": extends \"" + extends + "\": " + b.message());
+    }
+  }
   top.String("name", &s.name);
   top.String("description", &s.description);
 
@@ -182,6 +202,7 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
   ds.Double("warmup_ms", &d.warmup_ms, 0, 3'600'000);
   ds.Double("warmup_factor", &d.warmup_factor, 1, 100);
   ds.Bool("process_abandoned", &d.process_abandoned);
+  ds.Bool("drop_expired", &d.drop_expired);
   ds.Finish();
   if (ds.status().ok() && d.service_p99_ms < d.service_median_ms) {
     ds.Fail("service_p99_ms", "must not be below service_median_ms");
@@ -197,6 +218,7 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
                     health.status());
 
   if (const toml::array* stalls = top.Array("stall")) {
+    s.stalls.clear();
     for (size_t i = 0; i < stalls->size() && st.ok(); ++i) {
       Stall stall;
       Reader r((*stalls)[i].as_table(), "stall[" + std::to_string(i) + "]", source);
@@ -210,7 +232,8 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
   }
 
   const toml::array* strategies = top.Array("strategy");
-  if (st.ok() && (!strategies || strategies->empty())) {
+  if (strategies) s.strategies.clear();
+  if (st.ok() && s.strategies.empty() && (!strategies || strategies->empty())) {
     st = Status::InvalidArgument(source + ": no [[strategy]] to run");
   }
   for (size_t i = 0; strategies && i < strategies->size() && st.ok(); ++i) {
@@ -229,6 +252,7 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
     r.UintList("fixed_ms", &g.fixed_ms);
     r.Uint("base_ms", &g.base_ms, 0, 86'400'000);
     r.Uint("cap_ms", &g.cap_ms, 0, 86'400'000);
+    r.Double("deadline_ms", &g.deadline_ms, 0, 86'400'000);
     if (scope == "process") g.scope = Scope::kProcess;
     else if (scope == "host") g.scope = Scope::kHost;
     else r.Fail("scope", "must be \"process\" or \"host\"");
@@ -270,12 +294,22 @@ Status ParseScenario(const std::string& text, const std::string& source, Scenari
   return Status::Ok();
 }
 
-Status LoadScenario(const std::string& path, Scenario* out) {
+Status Load(const std::string& path, int depth, Scenario* out) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + ": cannot open");
   std::ostringstream text;
   text << in.rdbuf();
-  return ParseScenario(text.str(), path, out);
+  return Parse(text.str(), path, depth, out);
 }
+
+}  // namespace
+
+const char* ScopeName(Scope s) { return s == Scope::kHost ? "host" : "process"; }
+
+Status ParseScenario(const std::string& text, const std::string& source, Scenario* out) {
+  return Parse(text, source, 0, out);
+}
+
+Status LoadScenario(const std::string& path, Scenario* out) { return Load(path, 0, out); }
 
 }  // namespace retryd::stampede

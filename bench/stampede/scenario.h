@@ -41,6 +41,11 @@ struct Strategy {
   Jitter jitter = Jitter::kFull;
   uint32_t base_ms = 200;
   uint32_t cap_ms = 5'000;
+  // The user request's total budget, waits included (0: none). Set, every attempt's timeout is
+  // clamped to what is left, the remaining time goes downstream with it (`grpc-timeout`), and
+  // no retry is taken that cannot finish in time: after its wait, at least the slowest attempt
+  // of the call so far must fit (retryd::RetryLoop's rule, client/include/retryd/call.h).
+  double deadline_ms = 0;
   // The breaker and retry budget, as the daemon's config spells them ([strategy.policy]).
   shm::Policy policy;
 };
@@ -68,6 +73,10 @@ struct Downstream {
   double warmup_ms = 10'000.0;         // a restarted pod starts this much slower (x factor),
   double warmup_factor = 2.0;          // linearly back to normal over warmup_ms
   bool process_abandoned = true;       // serve requests whose client already gave up
+  // Honour a propagated deadline the way a gRPC server or an Envoy-fronted service does: a
+  // request already expired when the pod reads it, or when a thread takes it from the queue,
+  // is dropped unserved and counted. Requests without a deadline are always served.
+  bool drop_expired = true;
 };
 
 struct Health {

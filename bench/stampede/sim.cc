@@ -92,12 +92,16 @@ struct Call {
   int64_t start;
   uint32_t worker;
   int64_t prev_wait_ns;
+  int64_t deadline;        // INT64_MAX: none
+  int64_t slowest_ns = 0;  // the slowest attempt so far (the deadline rule of RetryLoop)
 };
 
 struct Attempt {
   uint32_t call;
   uint32_t number;   // 0: first attempt
   int64_t sent;
+  int64_t budget;    // the remaining time sent with it (grpc-timeout); INT64_MAX: none
+  int64_t expires;   // when the pod's deadline passes: read time + budget; INT64_MAX: none
   int32_t pod;       // -1: not routed to a pod
   bool done;
   bool probe;
@@ -155,6 +159,7 @@ class Sim {
   void OnRestart(uint32_t pod);
   void OnStallEnd();
   void CheckQueue(uint32_t pod);
+  bool DropExpired(uint32_t attempt);
   int64_t ServiceTime(const Pod& p);
   int64_t WithStalls(int64_t start, int64_t finish) const;
 
@@ -285,7 +290,8 @@ Result Sim::Run() {
 void Sim::OnArrival(uint32_t worker) {
   Push(now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(per_worker_qps_) * 1e9)),
        Ev::kArrival, worker);
-  calls_.push_back(Call{now_, worker, 0});
+  const int64_t deadline = st_.deadline_ms > 0 ? now_ + MsToNs(st_.deadline_ms) : INT64_MAX;
+  calls_.push_back(Call{now_, worker, 0, deadline});
   ++result_.user_requests;
   OnAttempt(uint32_t(calls_.size() - 1), 0);
 }
@@ -304,7 +310,12 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
     ++result_.user_failed;
     return;
   }
-  attempts_.push_back(Attempt{call_id, number, now_, -1, false, d == shm::Decision::kAdmittedProbe, permit});
+  // The attempt's timeout is what is left of the call's budget, at most timeout_ms, and the
+  // pod is told the same remaining time.
+  const int64_t timeout = std::min(timeout_ns_, call.deadline - now_);
+  const int64_t budget = call.deadline == INT64_MAX ? INT64_MAX : timeout;
+  attempts_.push_back(Attempt{call_id, number, now_, budget, INT64_MAX, -1, false,
+                              d == shm::Decision::kAdmittedProbe, permit});
   const uint32_t id = uint32_t(attempts_.size() - 1);
   Attempt& a = attempts_.back();
   ++BinAt(now_).sent;
@@ -323,7 +334,7 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
   }
   a.pod = int32_t(ready_[rng_.Below(uint32_t(ready_.size()))]);
   Push(now_ + net_ns_, Ev::kPodReceive, id);
-  Push(now_ + timeout_ns_, Ev::kTimeout, id);
+  Push(now_ + timeout, Ev::kTimeout, id);
 }
 
 void Sim::OnPodReceive(uint32_t id) {
@@ -350,6 +361,11 @@ void Sim::Accept(uint32_t pod, uint32_t id) {
   }
   ++BinAt(now_).accepted;
   if (!ds_.process_abandoned && attempts_[id].done) return;
+  // A relative deadline starts when the application reads the request, as gRPC's does: a
+  // request that waited in the kernel's backlog through a stall gets its whole budget again.
+  Attempt& a = attempts_[id];
+  if (a.budget != INT64_MAX) a.expires = now_ + a.budget;
+  if (DropExpired(id)) return;
   if (p.busy < ds_.threads_per_pod && !stalled_) {
     StartService(pod, id);
     return;
@@ -372,6 +388,16 @@ void Sim::CheckQueue(uint32_t pod) {
   } else {
     p.above_since = -1;
   }
+}
+
+// DropExpired: a pod that honours deadlines drops, unserved, a request whose deadline has
+// passed. Its client has given up already (it counted the same time from an earlier instant),
+// so nobody is answered.
+bool Sim::DropExpired(uint32_t id) {
+  if (!ds_.drop_expired || attempts_[id].expires > now_) return false;
+  ++BinAt(now_).dropped;
+  ++result_.dropped_expired;
+  return true;
 }
 
 int64_t Sim::ServiceTime(const Pod& p) {
@@ -418,6 +444,7 @@ void Sim::FillThreads(uint32_t pod) {
     const uint32_t next = p.queue.front();
     p.queue.pop_front();
     if (!ds_.process_abandoned && attempts_[next].done) continue;
+    if (DropExpired(next)) continue;
     StartService(pod, next);
   }
   CheckQueue(pod);
@@ -476,6 +503,7 @@ void Sim::Finish(uint32_t id, bool ok) {
   const Call& call = calls_[a.call];
   Worker& wk = workers_[call.worker];
   const int64_t latency = now_ - a.sent;
+  calls_[a.call].slowest_ns = std::max(calls_[a.call].slowest_ns, latency);
   shm::Complete(SlotOf(call.worker), &a.permit, ok ? shm::Outcome::kSuccess : shm::Outcome::kFailure,
                 uint64_t(latency), ShmNow(), wk.caller);
   if (a.probe) --host_probes_[wk.host];
@@ -512,6 +540,13 @@ void Sim::Finish(uint32_t id, bool ok) {
       c.prev_wait_ns = wait;
       break;
     }
+  }
+  // A retry that cannot finish in time is not taken: after the wait, at least the slowest
+  // attempt of this call so far must fit in what is left (retryd::RetryLoop's rule).
+  if (c.deadline != INT64_MAX && now_ + wait + std::max<int64_t>(c.slowest_ns, 1) > c.deadline) {
+    ++bin.user_fail;
+    ++result_.user_failed;
+    return;
   }
   Push(now_ + wait, Ev::kAttempt, a.call, a.number + 1);
 }

@@ -27,6 +27,7 @@ struct Bin {
   uint32_t user_fail = 0;     // user requests that failed (attempts exhausted or rejected)
   uint32_t rejected = 0;      // attempts refused by the breaker or the retry budget
   uint32_t probes = 0;        // half-open probes sent
+  uint32_t dropped = 0;       // requests a pod dropped unserved, their deadline passed
   uint32_t pods_up = 0;       // pods up at the end of the bin
 };
 
@@ -45,6 +46,7 @@ struct Result {
   uint64_t retries_denied = 0;     // retries refused by the retry budget
   uint64_t rejected_open = 0;      // attempts refused by an open (or busy half-open) breaker
   uint64_t pod_kills = 0;
+  uint64_t dropped_expired = 0;    // requests the pods dropped unserved, their deadline passed
   uint64_t breaker_opened = 0;     // summed over every breaker
   uint64_t half_opened = 0;        // half-open episodes, summed over every breaker
   uint64_t probes = 0;             // probes that reached the downstream

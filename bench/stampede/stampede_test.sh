@@ -33,10 +33,13 @@ awk -F, '
     if ($col["breakers_per_host"] == 1 && $col["max_probes_in_flight_per_host"] > 1) bad = bad " " name ":probes"
     if ($col["recovery_s"] < 0) bad = bad " " name ":recovery"
     sent[name] = $col["peak_sent_1s"]
+    dropped[name] = $col["dropped_expired"]
   }
   END {
-    if (rows != 3) bad = bad " rows=" rows
+    if (rows != 4) bad = bad " rows=" rows
+    # Only a strategy that sends a deadline can have requests dropped for it.
+    if (dropped["naive"] != 0 || dropped["seed000"] != 0 || dropped["retryd"] != 0) bad = bad " dropped_without_deadline"
     if (!(sent["naive"] > sent["retryd"])) bad = bad " naive<=retryd"
     if (bad != "") { print "FAIL:" bad > "/dev/stderr"; exit 1 }
   }' "$dir/a_summary.csv"
-echo "stampede_small: OK ($bins bins, 3 strategies, deterministic)"
+echo "stampede_small: OK ($bins bins, 4 strategies, deterministic)"

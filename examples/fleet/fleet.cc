@@ -1,15 +1,30 @@
-// retryd_fleet: a fleet of real worker processes calling an HTTP downstream on loopback through
-// retryd::Client, for the stampede demo (scripts/demo, examples/fleet/run.sh).
+// retryd_fleet: one strategy of a stampede scenario, run for real on this host: worker processes
+// calling retryd_downstream over HTTP on 127.0.0.1, the figures computed by the simulator's own
+// report code (bench/stampede/report.h), so that the two can be compared line by line.
 //
-// The parent forks --workers processes. Each opens its own retryd::Client on --segment (a name
-// with no segment behind it makes every worker fall back to its own private limits: the
-// per-process case) and runs --threads threads that make Poisson arrivals summing to
-// --qps / --workers. A call is up to 1 + --max_retries attempts, each admitted by the client
-// library first, with full-jitter backoff (retryd::Backoff, base 200 ms, cap 5 s) between them.
-// An attempt that is a half-open probe carries `X-Retryd-Probe: 1` so the downstream can count
-// probes. Each worker writes its per-bin counts to a file; the parent merges them and prints
-// the figures of docs/STAMPEDE.md, and writes them as CSV with --summary_csv.
+// It reads the scenario file the simulator reads (bench/stampede/scenario.h) and takes from it
+// the fleet (`hosts` must be 1: this machine is the host), the arrival rate, the timeout, the
+// stalls, the health rules and the strategy named by --strategy. It starts retryd_downstream on
+// the same file, forks `workers_per_host` worker processes of --threads threads each (Poisson
+// arrivals summing to `baseline_qps`), and when they are done stops the downstream and merges
+// the counts of both sides into one stampede::Result.
+//
+// Each worker admits every attempt through the real algorithms before sending it:
+//   - a `host` strategy goes through retryd::Client on the segment of the retryd that runs on
+//     this host (--segment); its policy must be the strategy's (checked at the start);
+//   - a `process` strategy keeps its breaker and budget in a process-private segment with the
+//     strategy's policy, as a per-process library would (shm::Segment::CreatePrivate).
+// Between attempts it waits as the strategy says (retryd::BackoffWait for jitter). With a
+// `deadline_ms`, each attempt's timeout is what is left of the call's retryd::Deadline (at
+// most `timeout_ms`), it is sent downstream as `grpc-timeout`, and a retry is taken only if,
+// after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
+// A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
+//
+// Output: the simulator's summary table for this one run, the downstream's own counts, and
+// with --summary_csv one row in the simulator's --summary_csv format (appended).
 #include <curl/curl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,35 +43,52 @@
 
 #include <gflags/gflags.h>
 
+#include "bench/stampede/report.h"
+#include "bench/stampede/scenario.h"
+#include "bench/stampede/sim.h"
 #include "retryd/backoff.h"
 #include "retryd/client.h"
+#include "retryd/deadline.h"
+#include "shm/admission.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
 
-DEFINE_int32(port, 0, "downstream port on 127.0.0.1");
-DEFINE_int32(workers, 8, "worker processes");
-DEFINE_int32(threads, 48, "threads per worker (calls in flight per worker at most)");
-DEFINE_double(qps, 200, "arrivals per second, summed over the workers");
-DEFINE_double(duration_s, 30, "how long to run");
-DEFINE_double(stall_at_s, -1, "when the downstream stalls, relative to the start (for the figures)");
-DEFINE_double(stall_s, 0, "how long the downstream stalls (for the figures)");
-DEFINE_string(segment, "retryd", "retryd segment; a name with no segment runs per-process limits");
-DEFINE_string(dependency, "fleet-downstream", "dependency name");
-DEFINE_int32(timeout_ms, 500, "timeout of one attempt");
-DEFINE_int32(max_retries, 3, "retries per call at most");
-DEFINE_string(label, "", "name of this run in the summary");
-DEFINE_string(workdir, "/tmp", "where workers leave their counts");
-DEFINE_string(summary_csv, "", "append the figures as one CSV row to this file");
-DEFINE_double(start_unix_s, 0, "common time origin (unix seconds); 0: now");
+DEFINE_string(scenario, "", "scenario file (bench/stampede/scenarios/*.toml), hosts = 1");
+DEFINE_string(strategy, "", "the scenario's strategy to run (its name)");
+DEFINE_string(downstream, "", "the retryd_downstream binary (default: next to this one)");
+DEFINE_string(segment, "retryd", "the host's retryd segment, for a host-scope strategy");
+DEFINE_string(dependency, "fleet-downstream", "dependency name, for a host-scope strategy");
+DEFINE_int32(threads, 128, "threads per worker: calls in flight per worker at most");
+DEFINE_string(label, "", "name of this run in the summary (default: the strategy's)");
+DEFINE_string(workdir, "/tmp", "where the workers and the downstream leave their counts");
+DEFINE_string(summary_csv, "", "append the figures as one CSV row (the simulator's columns)");
+DEFINE_string(status_cmd, "", "a command run every second during the run (its output follows "
+                              "the seconds since the start)");
+DEFINE_uint64(seed, 1, "seed of the downstream's randomness");
+DEFINE_bool(print_config, false, "print a retryd config holding the strategy's policy for "
+                                 "--dependency, and exit (to start the retryd of a host-scope run)");
 
 namespace {
 
-constexpr int kBinMs = 100;
-constexpr int kLatencyBuckets = 52;  // 10 ms buckets to 510 ms; the last holds failures
+using retryd::stampede::BackoffKind;
+using retryd::stampede::Scenario;
+using retryd::stampede::Scope;
+using retryd::stampede::Strategy;
 
-struct Bins {
-  explicit Bins(size_t n) : sent(n), first(n), ok(n), fail(n), user_ok(n), user_fail(n), rejected(n),
-                            probes(n), latency(n * kLatencyBuckets) {}
-  std::vector<std::atomic<uint32_t>> sent, first, ok, fail, user_ok, user_fail, rejected, probes;
-  std::vector<std::atomic<uint32_t>> latency;
+// A call that starts this late against its Poisson schedule means the workers lacked threads
+// or CPU: the driver, not the downstream, would be shaping the load. Counted from the second
+// second on (the first is the workers' start, left out of the baseline too) and reported.
+constexpr double kLateS = 0.02;
+
+struct Counts {
+  Counts(size_t bins, size_t buckets)
+      : sent(bins), retries(bins), attempt_ok(bins), attempt_fail(bins), user_ok(bins),
+        user_fail(bins), rejected(bins), probes(bins), latency(bins * buckets), buckets(buckets) {}
+  std::vector<std::atomic<uint32_t>> sent, retries, attempt_ok, attempt_fail, user_ok, user_fail,
+      rejected, probes, latency;
+  size_t buckets;
+  std::atomic<uint64_t> late{0}, calls{0};
 };
 
 size_t WriteDiscard(char*, size_t size, size_t n, void*) { return size * n; }
@@ -65,234 +97,515 @@ double NowUnix() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// RunWorker is one worker process: its own client, its own threads, its own counts.
-int RunWorker(int index, double t0) {
+// Admission is where a worker's attempts are admitted: the host's retryd, or a private segment.
+class Admission {
+ public:
+  virtual ~Admission() = default;
+  // Admit returns 0 (rejected), 1 (admitted) or 2 (admitted as a probe).
+  virtual int Admit(uint32_t attempt, void** permit) = 0;
+  virtual void Complete(void* permit, bool ok, std::chrono::nanoseconds latency) = 0;
+};
+
+class HostAdmission : public Admission {
+ public:
+  HostAdmission(retryd::Client& client, retryd::Dependency dep) : client_(client), dep_(dep) {}
+  int Admit(uint32_t attempt, void** permit) override {
+    auto* p = new retryd::Permit;
+    *permit = p;
+    if (!client_.Admit(dep_, attempt, p)) return 0;
+    return p->probe() ? 2 : 1;
+  }
+  void Complete(void* permit, bool ok, std::chrono::nanoseconds latency) override {
+    auto* p = static_cast<retryd::Permit*>(permit);
+    client_.Complete(p, ok ? retryd::Outcome::kSuccess : retryd::Outcome::kFailure, latency);
+    delete p;
+  }
+
+ private:
+  retryd::Client& client_;
+  retryd::Dependency dep_;
+};
+
+class PrivateAdmission : public Admission {
+ public:
+  explicit PrivateAdmission(const retryd::shm::Policy& policy)
+      : segment_(retryd::shm::Segment::CreatePrivate(1, 1, policy)) {
+    if (!segment_->PutDependency("downstream", policy, &index_).ok()) std::abort();
+  }
+  int Admit(uint32_t attempt, void** permit) override {
+    // One caller per thread, as the client library keeps: its lease tags keep leases apart.
+    thread_local retryd::shm::Caller caller{retryd::shm::kUnknownOwner, 0,
+                                            uint32_t(next_rng_.fetch_add(0x9E3779B9u)) | 1u};
+    auto* p = new Held{&caller, {}};
+    *permit = p;
+    const auto d = retryd::shm::Admit(*segment_->dependency(index_), index_, attempt,
+                                      retryd::shm::CoarseNowNs(), caller, &p->permit);
+    if (!retryd::shm::IsAdmitted(d)) return 0;
+    return d == retryd::shm::Decision::kAdmittedProbe ? 2 : 1;
+  }
+  void Complete(void* permit, bool ok, std::chrono::nanoseconds latency) override {
+    auto* p = static_cast<Held*>(permit);
+    retryd::shm::Complete(*segment_->dependency(index_), &p->permit,
+                          ok ? retryd::shm::Outcome::kSuccess : retryd::shm::Outcome::kFailure,
+                          uint64_t(latency.count()), retryd::shm::CoarseNowNs(), *p->caller);
+    delete p;
+  }
+  const retryd::shm::DependencySlot& slot() const { return *segment_->dependency(index_); }
+
+ private:
+  struct Held {
+    retryd::shm::Caller* caller;
+    retryd::shm::Permit permit;
+  };
+  std::unique_ptr<retryd::shm::Segment> segment_;
+  uint32_t index_ = 0;
+  std::atomic<uint32_t> next_rng_{0x2545F491u};
+};
+
+// The breaker's own counters, as the simulator reads them.
+struct BreakerCounts {
+  uint64_t opened = 0, half_opened = 0, retries_denied = 0, rejected_open = 0;
+};
+BreakerCounts ReadBreaker(const retryd::shm::DependencySlot& slot) {
+  namespace shm = retryd::shm;
+  auto c = [&](shm::Counter k) { return shm::ReadCounter(slot, k); };
+  return {c(shm::kOpened), c(shm::kHalfOpened), c(shm::kRetriesDenied),
+          c(shm::kRejectedOpen) + c(shm::kRejectedHalfOpenBusy)};
+}
+
+// Calls still in flight at the end of arrivals finish within this; their counts go past the
+// scenario's duration and are left out of the figures, as the simulator ends at its horizon.
+constexpr double kDrainS = 6;
+
+struct RunContext {
+  const Scenario* sc;
+  const Strategy* st;
+  int port;
+  double t0;
+  size_t bins;  // the scenario's duration and the drain
+};
+
+int RunWorker(const RunContext& ctx, int index) {
+  const Scenario& sc = *ctx.sc;
+  const Strategy& st = *ctx.st;
   retryd::SetLogCallback([index](int, std::string_view line) {
     if (index == 0) std::fprintf(stderr, "worker: %.*s\n", int(line.size()), line.data());
   });
   std::unique_ptr<retryd::Client> client;
-  retryd::ClientOptions options;
-  options.segment = FLAGS_segment;
-  if (retryd::Status s = retryd::Client::Open(options, &client); !s.ok()) {
-    std::fprintf(stderr, "worker %d: %s\n", index, s.ToString().c_str());
-    return 1;
+  std::unique_ptr<Admission> admission;
+  PrivateAdmission* private_admission = nullptr;
+  if (st.scope == Scope::kHost) {
+    retryd::ClientOptions options;
+    options.segment = FLAGS_segment;
+    options.fallback_to_local = false;
+    retryd::Dependency dep;
+    retryd::Status s = retryd::Client::Open(options, &client);
+    if (s.ok()) s = client->Resolve(FLAGS_dependency, &dep);
+    if (!s.ok()) {
+      std::fprintf(stderr, "worker %d: segment %s: %s\n", index, FLAGS_segment.c_str(), s.ToString().c_str());
+      return 1;
+    }
+    admission = std::make_unique<HostAdmission>(*client, dep);
+  } else {
+    auto p = std::make_unique<PrivateAdmission>(st.policy);
+    private_admission = p.get();
+    admission = std::move(p);
   }
-  retryd::Dependency dep;
-  if (retryd::Status s = client->Resolve(FLAGS_dependency, &dep); !s.ok()) {
-    std::fprintf(stderr, "worker %d: %s\n", index, s.ToString().c_str());
-    return 1;
-  }
-  const size_t n_bins = size_t(std::ceil(FLAGS_duration_s * 1000 / kBinMs)) + 1;
-  Bins bins(n_bins);
+  const size_t buckets = size_t(std::ceil(sc.timeout_ms)) + 2;  // 1 ms each; the last: failures
+  Counts counts(ctx.bins, buckets);
   auto bin_of = [&](double t) {
-    return std::min(n_bins - 1, size_t(std::max(0.0, (t - t0) * 1000 / kBinMs)));
+    return std::min(ctx.bins - 1, size_t(std::max(0.0, (t - ctx.t0) * 1e3 / sc.bin_ms)));
   };
-  const std::string url = "http://127.0.0.1:" + std::to_string(FLAGS_port) + "/work";
-  const double per_thread_qps = FLAGS_qps / FLAGS_workers / FLAGS_threads;
-  const double end = t0 + FLAGS_duration_s;
+  const std::string url = "http://127.0.0.1:" + std::to_string(ctx.port) + "/work";
+  const double per_thread_qps = sc.baseline_qps / sc.workers_per_host / FLAGS_threads;
+  const double end = ctx.t0 + sc.duration_s;
+  const auto timeout = std::chrono::nanoseconds(int64_t(sc.timeout_ms * 1e6));
 
   std::vector<std::thread> threads;
   for (int th = 0; th < FLAGS_threads; ++th) {
     threads.emplace_back([&, th] {
-      std::mt19937_64 rng(uint64_t(getpid()) * 1000003u + uint64_t(th) * 7919u + uint64_t(t0 * 1000));
+      std::mt19937_64 rng(uint64_t(getpid()) * 1000003u + uint64_t(th) * 7919u + uint64_t(ctx.t0 * 1000));
       std::exponential_distribution<double> gap(per_thread_qps);
       CURL* curl = curl_easy_init();
       curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
       curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-      curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, long(FLAGS_timeout_ms));
-      curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, long(FLAGS_timeout_ms));
       curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteDiscard);
-      curl_slist* probe_header = curl_slist_append(nullptr, "X-Retryd-Probe: 1");
-      retryd::BackoffOptions bo;
-      bo.base = std::chrono::milliseconds(200);
-      bo.cap = std::chrono::seconds(5);
-      double next = NowUnix() + gap(rng);
+      double next = ctx.t0 + gap(rng);
       while (next < end) {
         const double wait = next - NowUnix();
         if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        if (wait < -kLateS && next > ctx.t0 + 1) ++counts.late;
+        ++counts.calls;
         next += gap(rng);
-        retryd::Backoff backoff(bo);
-        bool done = false;
-        for (uint32_t attempt = 0; !done; ++attempt) {
+        const retryd::Deadline deadline =
+            st.deadline_ms > 0 ? retryd::Deadline(std::chrono::nanoseconds(int64_t(st.deadline_ms * 1e6)))
+                               : retryd::Deadline::Infinite();
+        std::chrono::nanoseconds slowest{0}, prev_wait{0};
+        for (uint32_t attempt = 0;; ++attempt) {
           const double t = NowUnix();
-          if (t >= end + 5) break;
-          retryd::Permit permit;
-          if (!client->Admit(dep, attempt, &permit)) {
-            client->Complete(&permit, retryd::Outcome::kFailure, std::chrono::nanoseconds(0));
-            ++bins.rejected[bin_of(t)];
-            ++bins.user_fail[bin_of(t)];
+          void* permit = nullptr;
+          const int admitted = admission->Admit(attempt, &permit);
+          if (admitted == 0) {
+            admission->Complete(permit, false, std::chrono::nanoseconds(0));  // a no-op
+            ++counts.rejected[bin_of(t)];
+            ++counts.user_fail[bin_of(t)];
             break;
           }
-          ++bins.sent[bin_of(t)];
-          if (attempt == 0) ++bins.first[bin_of(t)];
-          if (permit.probe()) ++bins.probes[bin_of(t)];
-          curl_easy_setopt(curl, CURLOPT_HTTPHEADER, permit.probe() ? probe_header : nullptr);
+          ++counts.sent[bin_of(t)];
+          if (attempt > 0) ++counts.retries[bin_of(t)];
+          if (admitted == 2) ++counts.probes[bin_of(t)];
+          const std::chrono::nanoseconds attempt_timeout = deadline.Clamp(timeout);
+          curl_slist* headers = nullptr;
+          if (admitted == 2) headers = curl_slist_append(headers, "X-Retryd-Probe: 1");
+          if (!deadline.infinite()) {
+            const std::string h = std::string(retryd::kDeadlineHeaderName) + ": " +
+                                  retryd::FormatDeadlineHeader(attempt_timeout);
+            headers = curl_slist_append(headers, h.c_str());
+          }
+          const long timeout_ms = std::max<long>(1, long(attempt_timeout.count() / 1'000'000));
+          curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, timeout_ms);
+          curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+          curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
           const CURLcode rc = curl_easy_perform(curl);
+          curl_slist_free_all(headers);
           long status = 0;
           if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
           const double t_end = NowUnix();
-          const auto latency = std::chrono::duration<double>(t_end - t);
+          const auto latency = std::chrono::nanoseconds(int64_t((t_end - t) * 1e9));
           const bool ok = rc == CURLE_OK && status == 200;
-          client->Complete(&permit, ok ? retryd::Outcome::kSuccess : retryd::Outcome::kFailure,
-                           std::chrono::duration_cast<std::chrono::nanoseconds>(latency));
+          admission->Complete(permit, ok, latency);
+          slowest = std::max(slowest, latency);
           const size_t b = bin_of(t_end);
           if (ok) {
-            ++bins.ok[b];
-            ++bins.latency[b * kLatencyBuckets + std::min<size_t>(size_t(latency.count() * 100), kLatencyBuckets - 2)];
-            ++bins.user_ok[b];
-            done = true;
-          } else {
-            ++bins.fail[b];
-            ++bins.latency[b * kLatencyBuckets + kLatencyBuckets - 1];
-            if (int(attempt) >= FLAGS_max_retries) {
-              ++bins.user_fail[b];
-              done = true;
-            } else {
-              std::this_thread::sleep_for(backoff.Next(attempt));
-            }
+            ++counts.attempt_ok[b];
+            ++counts.latency[b * buckets + std::min<size_t>(size_t(latency.count() / 1'000'000), buckets - 2)];
+            ++counts.user_ok[b];
+            break;
           }
+          ++counts.attempt_fail[b];
+          ++counts.latency[b * buckets + buckets - 1];
+          if (attempt >= st.max_retries) {
+            ++counts.user_fail[b];
+            break;
+          }
+          std::chrono::nanoseconds pause{0};
+          switch (st.backoff) {
+            case BackoffKind::kImmediate: break;
+            case BackoffKind::kFixed:
+              pause = std::chrono::milliseconds(st.fixed_ms[std::min<size_t>(attempt, st.fixed_ms.size() - 1)]);
+              break;
+            case BackoffKind::kJitter:
+              pause = retryd::BackoffWait(st.jitter, std::chrono::milliseconds(st.base_ms),
+                                          std::chrono::milliseconds(st.cap_ms), attempt, prev_wait, rng());
+              prev_wait = pause;
+              break;
+          }
+          if (!deadline.infinite() && !deadline.CanFinish(pause + std::max(slowest, std::chrono::nanoseconds(1)))) {
+            ++counts.user_fail[b];
+            break;
+          }
+          std::this_thread::sleep_for(pause);
         }
       }
-      curl_slist_free_all(probe_header);
       curl_easy_cleanup(curl);
     });
   }
   for (auto& t : threads) t.join();
 
   std::ofstream out(FLAGS_workdir + "/fleet-worker-" + std::to_string(index) + ".txt");
-  for (size_t i = 0; i < n_bins; ++i) {
-    out << bins.sent[i] << ' ' << bins.first[i] << ' ' << bins.ok[i] << ' ' << bins.fail[i] << ' '
-        << bins.user_ok[i] << ' ' << bins.user_fail[i] << ' ' << bins.rejected[i] << ' '
-        << bins.probes[i];
-    for (int k = 0; k < kLatencyBuckets; ++k) out << ' ' << bins.latency[i * kLatencyBuckets + k];
+  BreakerCounts bc;
+  if (private_admission) bc = ReadBreaker(private_admission->slot());
+  out << "# " << counts.calls << ' ' << counts.late << ' ' << bc.opened << ' ' << bc.half_opened << ' '
+      << bc.retries_denied << ' ' << bc.rejected_open << '\n';
+  for (size_t i = 0; i < ctx.bins; ++i) {
+    out << counts.sent[i] << ' ' << counts.retries[i] << ' ' << counts.attempt_ok[i] << ' '
+        << counts.attempt_fail[i] << ' ' << counts.user_ok[i] << ' ' << counts.user_fail[i] << ' '
+        << counts.rejected[i] << ' ' << counts.probes[i];
+    for (size_t k = 0; k < buckets; ++k) out << ' ' << counts.latency[i * buckets + k];
     out << '\n';
   }
   return out ? 0 : 1;
 }
 
-struct Totals {
-  std::vector<std::vector<uint64_t>> rows;  // per bin: 8 counts, then the latency buckets
-};
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, size_t(n));
+  return p.substr(0, p.rfind('/'));
+}
 
-double P99Ms(const std::vector<uint64_t>& h) {
-  uint64_t total = 0;
-  for (uint64_t c : h) total += c;
-  if (total == 0) return 0;
-  const uint64_t rank = uint64_t(std::ceil(0.99 * double(total)));
-  uint64_t seen = 0;
-  for (size_t i = 0; i < h.size(); ++i) {
-    seen += h[i];
-    if (seen >= rank) return double(i + 1) * 10;
+// ConfigToml renders the strategy's policy as the [dependency.NAME] table of a retryd config.
+std::string ConfigToml(const Strategy& st) {
+  namespace shm = retryd::shm;
+  const shm::Policy p = shm::Clamped(st.policy);
+  std::string out = "# The policy of strategy \"" + st.name + "\" of " + FLAGS_scenario + "\n";
+  out += "[dependency.\"" + FLAGS_dependency + "\"]\nmode = \"" + shm::ModeName(p.mode) + "\"\n";
+  for (const shm::KnobSpec& k : shm::kKnobs) {
+    std::string v = shm::FormatKnobValue(k, p.*k.field);
+    if (k.kind == shm::KnobKind::kDuration) v = "\"" + v + "\"";
+    out += std::string(k.key) + " = " + v + "\n";
   }
-  return double(h.size()) * 10;
+  return out;
+}
+
+// CheckHostPolicy refuses to run a host-scope strategy against a retryd whose policy for the
+// dependency is not the strategy's: the figures would be those of another policy. The
+// dependency is resolved first, so that a retryd that creates it on first use has done so.
+bool CheckHostPolicy(const Strategy& st) {
+  namespace shm = retryd::shm;
+  {
+    std::unique_ptr<retryd::Client> client;
+    retryd::ClientOptions options;
+    options.segment = FLAGS_segment;
+    options.fallback_to_local = false;
+    retryd::Dependency dep;
+    retryd::Status s = retryd::Client::Open(options, &client);
+    if (s.ok()) s = client->Resolve(FLAGS_dependency, &dep);
+    if (!s.ok()) {
+      std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", FLAGS_segment.c_str(),
+                   s.ToString().c_str());
+      return false;
+    }
+  }
+  std::unique_ptr<shm::Segment> seg;
+  if (retryd::Status s = shm::Segment::Attach(FLAGS_segment, shm::Access::kReadOnly, &seg); !s.ok()) {
+    std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", FLAGS_segment.c_str(),
+                 s.ToString().c_str());
+    return false;
+  }
+  const int32_t index = seg->Find(FLAGS_dependency);
+  if (index < 0) {
+    std::fprintf(stderr, "retryd_fleet: segment %s has no dependency %s\n", FLAGS_segment.c_str(),
+                 FLAGS_dependency.c_str());
+    return false;
+  }
+  const shm::Policy have = shm::LoadPolicy(seg->dependency(uint32_t(index))->policy);
+  const shm::Policy want = shm::Clamped(st.policy);
+  for (const shm::KnobSpec& k : shm::kKnobs) {
+    if (have.*k.field != want.*k.field) {
+      std::fprintf(stderr, "retryd_fleet: strategy %s wants %s = %s, the retryd on segment %s has %s\n",
+                   st.name.c_str(), k.key, shm::FormatKnobValue(k, want.*k.field).c_str(),
+                   FLAGS_segment.c_str(), shm::FormatKnobValue(k, have.*k.field).c_str());
+      return false;
+    }
+  }
+  if (have.mode != want.mode) {
+    std::fprintf(stderr, "retryd_fleet: strategy %s wants mode %s, the retryd on segment %s has %s\n",
+                 st.name.c_str(), shm::ModeName(want.mode), FLAGS_segment.c_str(), shm::ModeName(have.mode));
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("retryd_fleet --port=P [--workers=8 --qps=200 --duration_s=30 --segment=NAME]");
+  gflags::SetUsageMessage("retryd_fleet --scenario=FILE --strategy=NAME [--segment=S --summary_csv=F]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_port <= 0 || FLAGS_workers <= 0 || FLAGS_threads <= 0 || FLAGS_qps <= 0) {
-    std::fprintf(stderr, "retryd_fleet: --port, --workers, --threads and --qps must be positive\n");
+  Scenario sc;
+  if (retryd::Status s = retryd::stampede::LoadScenario(FLAGS_scenario, &sc); !s.ok()) {
+    std::fprintf(stderr, "retryd_fleet: %s\n", s.ToString().c_str());
     return 2;
   }
+  if (sc.hosts != 1) {
+    std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; the real fleet is this one host (hosts = 1)\n",
+                 FLAGS_scenario.c_str(), sc.hosts);
+    return 2;
+  }
+  const Strategy* st = nullptr;
+  std::string names;
+  for (const Strategy& s : sc.strategies) {
+    if (s.name == FLAGS_strategy) st = &s;
+    names += (names.empty() ? "" : ", ") + s.name;
+  }
+  if (!st) {
+    std::fprintf(stderr, "retryd_fleet: %s has no strategy \"%s\" (it has: %s)\n", FLAGS_scenario.c_str(),
+                 FLAGS_strategy.c_str(), names.c_str());
+    return 2;
+  }
+  if (FLAGS_print_config) {
+    std::printf("%s", ConfigToml(*st).c_str());
+    return 0;
+  }
+  if (FLAGS_threads <= 0) {
+    std::fprintf(stderr, "retryd_fleet: --threads must be positive\n");
+    return 2;
+  }
+  if (st->scope == Scope::kHost && !CheckHostPolicy(*st)) return 2;
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  const double t0 = FLAGS_start_unix_s > 0 ? FLAGS_start_unix_s : NowUnix();
+
+  // The downstream, on the same scenario; its start is everyone's t = 0.
+  // The downstream serves the scenario's duration and the drain.
+  const std::string downstream = FLAGS_downstream.empty() ? SelfDir() + "/retryd_downstream" : FLAGS_downstream;
+  const std::string port_file = FLAGS_workdir + "/fleet-downstream.port";
+  const std::string bins_file = FLAGS_workdir + "/fleet-downstream.bins";
+  std::remove(port_file.c_str());
+  std::vector<std::string> args = {downstream, "--scenario=" + FLAGS_scenario, "--port_file=" + port_file,
+                                   "--bins=" + bins_file, "--seed=" + std::to_string(FLAGS_seed),
+                                   "--drain_s=" + std::to_string(kDrainS)};
+  std::vector<char*> argv_c;
+  for (auto& a : args) argv_c.push_back(a.data());
+  argv_c.push_back(nullptr);
+  pid_t server = -1;
+  if (posix_spawn(&server, downstream.c_str(), nullptr, nullptr, argv_c.data(), environ) != 0) {
+    std::fprintf(stderr, "retryd_fleet: cannot start %s\n", downstream.c_str());
+    return 1;
+  }
+  int port = 0;
+  double t0 = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port >> t0)) port = 0;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (port == 0) {
+    std::fprintf(stderr, "retryd_fleet: %s did not start\n", downstream.c_str());
+    kill(server, SIGTERM);
+    return 1;
+  }
+  const size_t bins = size_t(std::ceil(sc.duration_s * 1e3 / sc.bin_ms));
+  RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms))};
+
   std::vector<pid_t> children;
-  for (int i = 0; i < FLAGS_workers; ++i) {
+  for (uint32_t i = 0; i < sc.workers_per_host; ++i) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("fork");
       return 1;
     }
-    if (pid == 0) _exit(RunWorker(i, t0));
+    if (pid == 0) _exit(RunWorker(ctx, int(i)));
     children.push_back(pid);
+  }
+  std::atomic<bool> running{true};
+  std::thread status;
+  if (!FLAGS_status_cmd.empty()) {
+    status = std::thread([&] {
+      for (double next = t0 + 1; running; next += 1) {
+        while (running && NowUnix() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!running) break;
+        std::printf("  %5.1fs  ", NowUnix() - t0);
+        std::fflush(stdout);
+        if (std::system(FLAGS_status_cmd.c_str()) != 0) std::printf("\n");
+        std::fflush(stdout);
+      }
+    });
   }
   bool all_ok = true;
   for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    all_ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    int wstatus = 0;
+    waitpid(pid, &wstatus, 0);
+    all_ok &= WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
   }
+  running = false;
+  if (status.joinable()) status.join();
+  kill(server, SIGTERM);
+  int wstatus = 0;
+  waitpid(server, &wstatus, 0);
   if (!all_ok) {
     std::fprintf(stderr, "retryd_fleet: a worker failed\n");
     return 1;
   }
 
-  // Merge the workers' counts.
-  std::vector<std::vector<uint64_t>> rows;
-  for (int i = 0; i < FLAGS_workers; ++i) {
-    std::ifstream in(FLAGS_workdir + "/fleet-worker-" + std::to_string(i) + ".txt");
+  // Merge both sides into the simulator's Result.
+  retryd::stampede::Result r;
+  r.strategy = FLAGS_label.empty() ? st->name : FLAGS_label;
+  r.bins.resize(bins);
+  r.latency_buckets = uint32_t(std::ceil(sc.timeout_ms)) + 2;
+  r.latency_ms.assign(bins, std::vector<uint32_t>(r.latency_buckets, 0));
+  r.breakers_per_host = st->scope == Scope::kHost ? 1 : sc.workers_per_host;
+  uint64_t calls = 0, late = 0;
+  for (uint32_t i = 0; i < sc.workers_per_host; ++i) {
+    const std::string path = FLAGS_workdir + "/fleet-worker-" + std::to_string(i) + ".txt";
+    std::ifstream in(path);
+    std::string hash;
+    uint64_t c = 0, l = 0;
+    BreakerCounts bc;
+    in >> hash >> c >> l >> bc.opened >> bc.half_opened >> bc.retries_denied >> bc.rejected_open;
+    calls += c;
+    late += l;
+    r.breaker_opened += bc.opened;
+    r.half_opened += bc.half_opened;
+    r.retries_denied += bc.retries_denied;
+    r.rejected_open += bc.rejected_open;
+    for (size_t b = 0; b < ctx.bins; ++b) {
+      uint32_t v[8];
+      for (uint32_t& x : v) in >> x;
+      std::vector<uint32_t> latency(r.latency_buckets);
+      for (uint32_t& x : latency) in >> x;
+      if (b >= bins) continue;  // the drain
+      retryd::stampede::Bin& bin = r.bins[b];
+      bin.sent += v[0];
+      bin.retries += v[1];
+      bin.attempt_ok += v[2];
+      bin.attempt_fail += v[3];
+      bin.user_ok += v[4];
+      bin.user_fail += v[5];
+      bin.rejected += v[6];
+      bin.probes += v[7];
+      for (uint32_t k = 0; k < r.latency_buckets; ++k) r.latency_ms[b][k] += latency[k];
+      r.attempts_sent += v[0];
+      r.first_attempts_sent += v[0] - v[1];
+      r.probes += v[7];
+      r.user_failed += v[5];
+    }
+    if (!in) {
+      std::fprintf(stderr, "retryd_fleet: %s: truncated\n", path.c_str());
+      return 1;
+    }
+    std::remove(path.c_str());
+  }
+  r.user_requests = calls;
+  uint64_t ds_read = 0, ds_probes = 0, ds_max_probes = 0;
+  {
+    std::ifstream in(bins_file);
     std::string line;
-    for (size_t b = 0; std::getline(in, line); ++b) {
-      std::istringstream fields(line);
-      if (rows.size() <= b) rows.emplace_back(8 + kLatencyBuckets, 0);
-      for (auto& v : rows[b]) {
-        uint64_t x = 0;
-        fields >> x;
-        v += x;
+    for (size_t b = 0; std::getline(in, line);) {
+      std::istringstream f(line);
+      if (line.rfind("# kills", 0) == 0) {
+        std::string w;
+        f >> w >> w >> r.pod_kills >> w >> ds_max_probes;
+        continue;
+      }
+      uint32_t accepted = 0, dropped = 0, probes = 0, up = 0;
+      f >> accepted >> dropped >> probes >> up;
+      ds_read += accepted;
+      ds_probes += probes;
+      r.dropped_expired += dropped;
+      if (b < bins) {
+        r.bins[b].accepted = accepted;
+        r.bins[b].dropped = dropped;
+        r.bins[b].pods_up = up;
+      }
+      ++b;
+    }
+    std::remove(bins_file.c_str());
+  }
+  if (st->scope == Scope::kHost) {  // the host's breaker: read its counters from the segment
+    std::unique_ptr<retryd::shm::Segment> seg;
+    if (retryd::shm::Segment::Attach(FLAGS_segment, retryd::shm::Access::kReadOnly, &seg).ok()) {
+      if (const int32_t i = seg->Find(FLAGS_dependency); i >= 0) {
+        const BreakerCounts bc = ReadBreaker(*seg->dependency(uint32_t(i)));
+        r.breaker_opened = bc.opened;  // since the daemon started: run each strategy on a fresh one
+        r.half_opened = bc.half_opened;
+        r.retries_denied = bc.retries_denied;
+        r.rejected_open = bc.rejected_open;
       }
     }
-    std::remove((FLAGS_workdir + "/fleet-worker-" + std::to_string(i) + ".txt").c_str());
   }
-  uint64_t sent = 0, first = 0, user_ok = 0, user_fail = 0, rejected = 0, probes = 0;
-  double peak_100 = 0, peak_1s = 0;
-  for (size_t b = 0; b < rows.size(); ++b) {
-    sent += rows[b][0];
-    first += rows[b][1];
-    user_ok += rows[b][4];
-    user_fail += rows[b][5];
-    rejected += rows[b][6];
-    probes += rows[b][7];
-    peak_100 = std::max(peak_100, double(rows[b][0]) * 10 / FLAGS_qps);
-    if (b + 10 <= rows.size()) {
-      uint64_t s = 0;
-      for (size_t k = b; k < b + 10; ++k) s += rows[k][0];
-      peak_1s = std::max(peak_1s, double(s) / FLAGS_qps);
-    }
-  }
-  // Baseline P99 before the stall; healthy 1 s windows as in the simulator.
-  const size_t stall_bin = FLAGS_stall_at_s > 0 ? size_t(FLAGS_stall_at_s * 10) : rows.size();
-  std::vector<uint64_t> base(kLatencyBuckets, 0);
-  for (size_t b = 10; b < std::min(stall_bin, rows.size()); ++b) {
-    for (int k = 0; k < kLatencyBuckets; ++k) base[k] += rows[b][8 + k];
-  }
-  const double base_p99 = P99Ms(base);
-  // The last 5 s drain calls in flight: judge health up to the end of arrivals.
-  const size_t usable = std::min(rows.size(), size_t(FLAGS_duration_s * 10));
-  int64_t last_bad = -1;
-  for (size_t k = 0; k + 10 <= usable; ++k) {
-    uint64_t ok = 0, fail = 0, uok = 0, ufail = 0;
-    std::vector<uint64_t> h(kLatencyBuckets, 0);
-    for (size_t b = k; b < k + 10; ++b) {
-      ok += rows[b][2];
-      fail += rows[b][3];
-      uok += rows[b][4];
-      ufail += rows[b][5];
-      for (int i = 0; i < kLatencyBuckets; ++i) h[i] += rows[b][8 + i];
-    }
-    const bool healthy = uok + ufail > 0 && ok + fail > 0 && uok >= 0.99 * double(uok + ufail) &&
-                         ok >= 0.99 * double(ok + fail) && P99Ms(h) < 2 * std::max(base_p99, 10.0);
-    if (!healthy) last_bad = int64_t(k);
-  }
-  const double stall_end = FLAGS_stall_at_s + FLAGS_stall_s;
-  const bool recovered = last_bad < int64_t(usable) - 10;
-  const double recovery = recovered ? std::max(0.0, double(last_bad + 1) / 10 - stall_end) : -1;
-  const std::string label = FLAGS_label.empty() ? FLAGS_segment : FLAGS_label;
-  std::printf("%s: %llu requests, %llu failed (%.1f%%), attempts/request %.3f, rejected %llu, probes %llu, "
-              "peak sent %.2fx (100 ms) %.2fx (1 s), baseline P99 %.0f ms, ",
-              label.c_str(), (unsigned long long)(user_ok + user_fail), (unsigned long long)user_fail,
-              100.0 * double(user_fail) / double(std::max<uint64_t>(1, user_ok + user_fail)),
-              double(sent) / double(std::max<uint64_t>(1, first)), (unsigned long long)rejected,
-              (unsigned long long)probes, peak_100, peak_1s, base_p99);
-  if (recovered) std::printf("healthy %.1f s after the stall\n", recovery);
-  else std::printf("not healthy again before the end\n");
+  const retryd::stampede::Summary s = retryd::stampede::Summarize(sc, r);
+  std::printf("%s", retryd::stampede::SummaryTable(sc, {s}).c_str());
+  std::printf("downstream: %llu requests read, %llu probes among them, at most %llu probes at once; "
+              "%llu of %llu calls started over %.0f ms late (threads short)\n",
+              (unsigned long long)ds_read, (unsigned long long)ds_probes, (unsigned long long)ds_max_probes,
+              (unsigned long long)late, (unsigned long long)calls, kLateS * 1e3);
   if (!FLAGS_summary_csv.empty()) {
-    std::ofstream csv(FLAGS_summary_csv, std::ios::app);
-    csv << label << ',' << user_ok + user_fail << ',' << user_fail << ','
-        << double(sent) / double(std::max<uint64_t>(1, first)) << ',' << rejected << ',' << probes
-        << ',' << peak_100 << ',' << peak_1s << ',' << base_p99 << ',' << (recovered ? recovery : -1)
-        << '\n';
+    std::ifstream existing(FLAGS_summary_csv);
+    const bool has_header = existing.peek() != std::ifstream::traits_type::eof();
+    existing.close();
+    std::string csv = retryd::stampede::SummaryCsv({s});
+    if (has_header) csv = csv.substr(csv.find('\n') + 1);
+    std::ofstream(FLAGS_summary_csv, std::ios::app) << csv;
   }
   curl_global_cleanup();
   return 0;

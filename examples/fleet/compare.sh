@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# examples/fleet/compare.sh: the real fleet beside the simulator, on one scenario file.
+#
+# Runs each chosen strategy of SCENARIO on real processes (retryd_fleet against
+# retryd_downstream) RUNS times, starting for a host-scope strategy a retryd of its own on a
+# fresh segment with the strategy's policy (retryd_fleet --print_config), and the simulator on
+# the same file over seeds 1..SIM_RUNS; then prints, per strategy, the real runs' median and
+# worst beside the simulator's, and how many runs killed a pod.
+#
+# Usage: compare.sh BUILD_DIR SCENARIO OUTDIR [STRATEGY...]   (default: every strategy)
+# Environment: RUNS (real runs per strategy, default 5), SIM_RUNS (default 10).
+# Takes the scenario's duration + about 10 s per real run. Stops whatever it started on exit.
+set -euo pipefail
+build=$1 scenario=$2 out=$3
+shift 3
+here=$(cd "$(dirname "$0")" && pwd)
+runs=${RUNS:-5}
+sim_runs=${SIM_RUNS:-10}
+fleet=$(find "$build" -name retryd_fleet -type f -perm -u+x | head -1)
+stampede=$build/bench/stampede/retryd_stampede
+retryd=$build/daemon/retryd
+for b in "$fleet" "$stampede" "$retryd"; do
+  [ -x "$b" ] || { echo "compare.sh: not built: $b" >&2; exit 1; }
+done
+mkdir -p "$out"
+real_csv=$out/real.csv sim_csv=$out/sim.csv
+rm -f "$real_csv" "$sim_csv"
+
+declare -A scope
+while read -r name sc; do scope[$name]=$sc; done < <("$stampede" --scenario="$scenario" --list_strategies)
+strategies=("$@")
+[ ${#strategies[@]} -eq 0 ] && mapfile -t strategies < <("$stampede" --scenario="$scenario" --list_strategies | cut -d' ' -f1)
+for st in "${strategies[@]}"; do
+  [ -n "${scope[$st]:-}" ] || { echo "compare.sh: $scenario has no strategy $st" >&2; exit 2; }
+done
+
+daemon_pid="" segment=""
+stop_daemon() {
+  if [ -n "$daemon_pid" ]; then
+    kill -TERM "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  [ -n "$segment" ] && rm -f "/dev/shm/$segment"
+  daemon_pid="" segment=""
+}
+trap stop_daemon EXIT
+
+for run in $(seq "$runs"); do
+  for st in "${strategies[@]}"; do
+    args=(--scenario="$scenario" --strategy="$st" --workdir="$out" --summary_csv="$real_csv"
+          --seed="$run")
+    if [ "${scope[$st]}" = host ]; then
+      segment=retryd-compare-$$-$run
+      "$fleet" "${args[@]}" --print_config >"$out/$st.toml"
+      "$retryd" --config="$out/$st.toml" --segment="$segment" --tick_ms=10 --logtostderr \
+        >"$out/retryd.log" 2>&1 &
+      daemon_pid=$!
+      for _ in $(seq 50); do [ -e "/dev/shm/$segment" ] && break; sleep 0.1; done
+      args+=(--segment="$segment")
+    fi
+    echo "run $run/$runs: $st" >&2
+    "$fleet" "${args[@]}" >"$out/$st.$run.txt" 2>&1 || { cat "$out/$st.$run.txt" >&2; exit 1; }
+    stop_daemon
+  done
+done
+"$stampede" --scenario="$scenario" --strategies="$(IFS=,; echo "${strategies[*]}")" \
+  --runs="$sim_runs" --runs_csv="$sim_csv" >"$out/sim.txt"
+python3 "$here/compare.py" "$real_csv" "$sim_csv" "$runs" "$sim_runs"

@@ -1,0 +1,296 @@
+"""The real fleet (examples/fleet/): retryd_downstream plays the scenario's downstream model,
+retryd_fleet runs a scenario's strategy on real processes, and both read the simulator's
+scenario files (bench/stampede/scenario.h), `extends` included.
+
+Environment: RETRYD_DOWNSTREAM, RETRYD_FLEET, RETRYD_STAMPEDE, RETRYD_DAEMON (binaries).
+"""
+import csv
+import http.client
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+DOWNSTREAM = os.environ["RETRYD_DOWNSTREAM"]
+FLEET = os.environ["RETRYD_FLEET"]
+STAMPEDE = os.environ["RETRYD_STAMPEDE"]
+DAEMON = os.environ["RETRYD_DAEMON"]
+
+POLICY_SEED000 = """
+retry_ratio = 100
+min_retries_per_sec = 1000000
+retry_burst = 1000000
+open_for = "10s"
+open_for_max = "10s"
+open_jitter = "0ms"
+close_after = 1
+"""
+
+
+def scenario(tmp_path, name="s.toml", downstream=None, stall="", strategies=None, fleet=None):
+    """Writes a small scenario; `fleet` and `downstream` override its keys ({key: TOML value})."""
+    if strategies is None:
+        strategies = '[[strategy]]\nname = "plain"\nmax_retries = 0\n[strategy.policy]\nmode = "disabled"\n'
+    f = {"hosts": "1", "workers_per_host": "2", "baseline_qps": "40", **(fleet or {})}
+    d = {"pods": "1", "threads_per_pod": "1", "service_median_ms": "50", "service_p99_ms": "60",
+         "restart_jitter_ms": "0", "warmup_ms": "0", **(downstream or {})}
+    table = lambda t: "".join(f"{k} = {v}\n" for k, v in t.items())
+    text = f"""name = "test"
+[run]
+duration_s = 3
+[fleet]
+{table(f)}
+[downstream]
+{table(d)}
+{stall}
+{strategies}
+"""
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+class Downstream:
+    def __init__(self, tmp_path, scenario_path, drain_s=0.5):
+        self.port_file = tmp_path / "port"
+        self.bins = tmp_path / "bins"
+        self.proc = subprocess.Popen(
+            [DOWNSTREAM, f"--scenario={scenario_path}", f"--port_file={self.port_file}",
+             f"--bins={self.bins}", f"--drain_s={drain_s}"], stderr=subprocess.PIPE, text=True)
+        for _ in range(200):
+            if self.port_file.exists():
+                break
+            time.sleep(0.01)
+        port, start = self.port_file.read_text().split()
+        self.port, self.start = int(port), float(start)
+
+    def get(self, headers=None, timeout=5):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request("GET", "/work", headers=headers or {})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        return r.status, body
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=10)
+        assert self.proc.returncode == 0, err
+        lines = self.bins.read_text().splitlines()
+        rows = [list(map(int, l.split())) for l in lines if not l.startswith("#")]
+        tail = lines[-1].split()
+        assert tail[:2] == ["#", "kills"], lines[-1]
+        return {
+            "accepted": sum(r[0] for r in rows),
+            "dropped": sum(r[1] for r in rows),
+            "probes": sum(r[2] for r in rows),
+            "pods_up": [r[3] for r in rows],
+            "kills": int(tail[2]),
+            "max_probes_in_flight": int(tail[4]),
+        }
+
+
+def test_downstream_drops_what_expired_and_counts_probes(tmp_path):
+    ds = Downstream(tmp_path, scenario(tmp_path))
+    assert ds.get({"grpc-timeout": "0n"}) == (504, b"deadline expired\n")
+    assert ds.get({"X-Retryd-Probe": "1"})[0] == 200
+    assert ds.get({"grpc-timeout": "abc"})[0] == 400  # off the grammar: refused, not counted
+    # One thread: B waits behind A for A's service time (40 ms or more), past its 1 ms budget,
+    # and is dropped when the thread takes it from the queue.
+    results = {}
+    a = threading.Thread(target=lambda: results.setdefault("a", ds.get()))
+    a.start()
+    time.sleep(0.01)
+    results["b"] = ds.get({"grpc-timeout": "1m"})
+    a.join()
+    assert results["a"][0] == 200
+    assert results["b"][0] == 504
+    # A generous budget is served.
+    assert ds.get({"grpc-timeout": "5S"})[0] == 200
+    got = ds.stop()
+    assert got["accepted"] == 5
+    assert got["dropped"] == 2
+    assert got["probes"] == 1
+    assert got["max_probes_in_flight"] == 1
+    assert got["kills"] == 0
+
+
+def test_downstream_stall_holds_what_arrives_until_it_ends(tmp_path):
+    path = scenario(tmp_path, stall="[[stall]]\nstart_s = 0.3\nduration_s = 0.6\n")
+    ds = Downstream(tmp_path, path)
+    while time.time() < ds.start + 0.45:
+        time.sleep(0.01)
+    status, _ = ds.get()
+    answered = time.time() - ds.start
+    assert status == 200
+    assert answered >= 0.9, f"answered at {answered:.3f} s, inside the stall (0.3-0.9 s)"
+    got = ds.stop()
+    assert got["accepted"] == 1
+
+
+def test_downstream_overload_kills_the_pod_which_comes_back(tmp_path):
+    path = scenario(tmp_path, downstream={"overload_queue": "2", "overload_ms": "100", "restart_ms": "700",
+                                         "service_median_ms": "200", "service_p99_ms": "210"})
+    ds = Downstream(tmp_path, path, drain_s=1)
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.append(ds.get()[0])) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # One in service and four queued: the queue held >= 2 for 100 ms, so the pod died and
+    # every request it held was answered 503 at once.
+    assert sorted(statuses) == [503] * 5, statuses
+    assert ds.get()[0] == 503  # no pod up: the balancer answers
+    time.sleep(0.8)
+    assert ds.get()[0] == 200  # back after restart_ms
+    got = ds.stop()
+    assert got["kills"] == 1
+    assert 0 in got["pods_up"] and got["pods_up"][-1] == 1
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_fleet_runs_a_process_strategy_with_the_simulators_figures(tmp_path):
+    strategies = f"""[[strategy]]
+name = "fixed"
+max_retries = 3
+backoff = "fixed"
+fixed_ms = [50]
+deadline_ms = 2000
+[strategy.policy]
+{POLICY_SEED000}
+"""
+    path = scenario(tmp_path, strategies=strategies, stall="[[stall]]\nstart_s = 1.5\nduration_s = 0.5\n",
+                    downstream={"threads_per_pod": "4", "service_median_ms": "10", "service_p99_ms": "30"})
+    real = tmp_path / "real.csv"
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=fixed", f"--workdir={tmp_path}",
+                          f"--summary_csv={real}", "--threads=16"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "dropped by pods, deadline passed" in out.stdout
+    sim = tmp_path / "sim.csv"
+    subprocess.run([STAMPEDE, f"--scenario={path}", f"--summary_csv={sim}"], check=True,
+                   capture_output=True)
+    assert real.read_text().splitlines()[0] == sim.read_text().splitlines()[0]  # same columns
+    (row,) = read_csv(real)
+    assert row["strategy"] == "fixed"
+    assert row["breakers_per_host"] == "2"
+    # 40 QPS for 3 s: 120 calls expected; Poisson, 5 sigma either way.
+    assert 65 <= int(row["user_requests"]) <= 175, row
+    assert int(row["user_failed"]) <= int(row["user_requests"])
+    assert float(row["baseline_p99_ms"]) > 0
+    # The stall (0.5 s, the whole of a 500 ms timeout) fails attempts: retries were sent.
+    assert float(row["attempts_per_request"]) > 1.0, row
+
+
+def test_fleet_through_retryd_with_the_strategys_policy(tmp_path):
+    strategies = f"""[[strategy]]
+name = "host"
+scope = "host"
+max_retries = 2
+backoff = "jitter"
+base_ms = 50
+[strategy.policy]
+{POLICY_SEED000}
+"""
+    path = scenario(tmp_path, strategies=strategies)
+    config = subprocess.run([FLEET, f"--scenario={path}", "--strategy=host", "--print_config"],
+                            capture_output=True, text=True, check=True).stdout
+    assert 'open_for = "10s"' in config and "close_after = 1" in config
+    (tmp_path / "retryd.toml").write_text(config)
+    check = subprocess.run([DAEMON, f"--check_config={tmp_path / 'retryd.toml'}"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+    segment = f"retryd-fleet-test-{os.getpid()}"
+    default = subprocess.Popen([DAEMON, f"--segment={segment}", "--tick_ms=10"],
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"/dev/shm/{segment}")
+        # The daemon's built-in policy is not the strategy's: refused, naming the knob.
+        out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=host", f"--segment={segment}",
+                              f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "wants retry_ratio = 100, the retryd on segment" in out.stderr, out.stderr
+    finally:
+        stop(default, segment)
+
+    daemon = subprocess.Popen([DAEMON, f"--config={tmp_path / 'retryd.toml'}", f"--segment={segment}",
+                               "--tick_ms=10"], stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"/dev/shm/{segment}")
+        real = tmp_path / "real.csv"
+        out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=host", f"--segment={segment}",
+                              f"--workdir={tmp_path}", f"--summary_csv={real}", "--threads=16"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        (row,) = read_csv(real)
+        assert row["breakers_per_host"] == "1"
+        assert 65 <= int(row["user_requests"]) <= 175, row
+        assert row["pod_kills"] == "0"
+    finally:
+        stop(daemon, segment)
+
+
+def wait_for(path):
+    for _ in range(100):
+        if os.path.exists(path):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def stop(proc, segment):
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    try:
+        os.unlink(f"/dev/shm/{segment}")
+    except FileNotFoundError:
+        pass
+
+
+def test_fleet_refuses_what_it_cannot_run(tmp_path):
+    path = scenario(tmp_path, fleet={"hosts": "3"})
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=plain"], capture_output=True, text=True)
+    assert out.returncode == 2 and "hosts = 3" in out.stderr, out.stderr
+    path = scenario(tmp_path, name="t.toml")
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=nope"], capture_output=True, text=True)
+    assert out.returncode == 2 and 'no strategy "nope"' in out.stderr and "plain" in out.stderr, out.stderr
+    path = scenario(tmp_path, name="u.toml", downstream={"process_abandoned": "false"})
+    out = subprocess.run([DOWNSTREAM, f"--scenario={path}"], capture_output=True, text=True)
+    assert out.returncode == 2 and "process_abandoned" in out.stderr, out.stderr
+
+
+def test_scenario_extends_another(tmp_path):
+    scenario(tmp_path, name="base.toml", strategies='[[strategy]]\nname = "a"\n[[strategy]]\n'
+                                                          'name = "b"\nscope = "host"\n')
+    (tmp_path / "child.toml").write_text('extends = "base.toml"\nname = "child"\n[fleet]\nhosts = 7\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'child.toml'}", "--list_strategies"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "a process\nb host\n"
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'child.toml'}", "--strategies=a"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("child: 7 hosts x 2 workers, 40 QPS"), out.stdout
+    # The child's own strategies replace the base's.
+    (tmp_path / "own.toml").write_text('extends = "base.toml"\n[[strategy]]\nname = "c"\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'own.toml'}", "--list_strategies"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "c process\n"
+    # A typo in the child is an error naming the file and the key.
+    (tmp_path / "typo.toml").write_text('extends = "base.toml"\n[fleet]\nhost = 7\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'typo.toml'}"], capture_output=True, text=True)
+    assert out.returncode == 2 and "typo.toml: fleet.host is not a known key" in out.stderr, out.stderr
+    # A missing base and a cycle are errors that say so.
+    (tmp_path / "missing.toml").write_text('extends = "nowhere.toml"\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'missing.toml'}"], capture_output=True, text=True)
+    assert out.returncode == 2 and 'extends "nowhere.toml"' in out.stderr and "cannot open" in out.stderr
+    (tmp_path / "loop.toml").write_text('extends = "loop.toml"\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'loop.toml'}"], capture_output=True, text=True)
+    assert out.returncode == 2 and "deep (a cycle?)" in out.stderr, out.stderr
