@@ -28,6 +28,10 @@ DEFINE_uint32(runs, 1, "with N > 1, also run seeds seed+1 .. seed+N-1 and print 
                        "figures vary across seeds (median and worst)");
 DEFINE_string(runs_csv, "", "with --runs, write the figures of every run (one row per strategy "
                             "and seed, --summary_csv's columns) to this CSV file");
+DEFINE_string(real_csv, "", "with --svg: the real fleet's time series of the same scenario "
+                            "(retryd_fleet --csv; comma-separated files), drawn beside the simulation");
+DEFINE_string(real_summary_csv, "", "with --real_csv: the real fleet's figures (retryd_fleet "
+                                    "--summary_csv), for the bar chart");
 DEFINE_bool(list_strategies, false, "print the selected strategies, one \"NAME SCOPE\" per line, "
                                     "and exit");
 
@@ -57,25 +61,29 @@ std::vector<retryd::stampede::Summary> SeedTable(const retryd::stampede::Scenari
   using namespace retryd::stampede;
   std::printf("\nacross %u seeds (%llu..%llu): median [worst]\n", runs,
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed + runs - 1));
-  std::printf("%-18s %22s %14s %18s %16s %16s\n", "strategy", "recovery after stall",
-              "runs with kills", "failed requests", "peak sent 1 s", "peak acc. 100ms");
+  std::printf("%-18s %22s %22s %14s %18s %16s %16s\n", "strategy", "recovery after stall",
+              "outage", "runs with kills", "failed requests", "peak sent 1 s", "peak acc. 100ms");
   bool any_not_recovered = false;
   std::vector<Summary> all;
   for (const Strategy* st : strategies) {
-    std::vector<double> recovery, failed, sent, acc;
-    uint32_t collapsed = 0, not_recovered = 0;
+    std::vector<double> recovery, outage, failed, sent, acc;
+    uint32_t collapsed = 0, not_recovered = 0, not_over = 0;
     for (uint32_t i = 0; i < runs; ++i) {
       const Summary s = Summarize(sc, Run(sc, *st, seed + i));
       all.push_back(s);
       recovery.push_back(s.recovery_s);
+      outage.push_back(s.outage_s);
+      not_over += !s.outage_over;
       failed.push_back(s.user_requests ? 100.0 * double(s.user_failed) / double(s.user_requests) : 0);
       sent.push_back(s.peak_sent_1s);
       acc.push_back(s.peak_accepted_100ms);
       collapsed += s.pod_kills > 0;
       not_recovered += !s.recovered;
     }
-    any_not_recovered |= not_recovered > 0;
-    char rec[64], fail[64], snt[64], ac[64], col[32];
+    any_not_recovered |= not_recovered > 0 || not_over > 0;
+    char rec[64], out[64], fail[64], snt[64], ac[64], col[32];
+    std::snprintf(out, sizeof out, "%.1f s [%.1f s%s]", Median(outage),
+                  *std::max_element(outage.begin(), outage.end()), not_over ? "+" : "");
     std::snprintf(rec, sizeof rec, "%.1f s [%.1f s%s]", Median(recovery),
                   *std::max_element(recovery.begin(), recovery.end()), not_recovered ? "+" : "");
     std::snprintf(fail, sizeof fail, "%.1f%% [%.1f%%]", Median(failed),
@@ -83,7 +91,7 @@ std::vector<retryd::stampede::Summary> SeedTable(const retryd::stampede::Scenari
     std::snprintf(snt, sizeof snt, "%.2fx [%.2fx]", Median(sent), *std::max_element(sent.begin(), sent.end()));
     std::snprintf(ac, sizeof ac, "%.1fx [%.1fx]", Median(acc), *std::max_element(acc.begin(), acc.end()));
     std::snprintf(col, sizeof col, "%u/%u", collapsed, runs);
-    std::printf("%-18s %22s %14s %18s %16s %16s\n", st->name.c_str(), rec, col, fail, snt, ac);
+    std::printf("%-18s %22s %22s %14s %18s %16s %16s\n", st->name.c_str(), rec, out, col, fail, snt, ac);
   }
   if (any_not_recovered) std::printf("(+: some runs had not recovered when the run ended)\n");
   return all;
@@ -142,7 +150,24 @@ int main(int argc, char** argv) {
   bool ok = true;
   if (!FLAGS_runs_csv.empty()) ok &= WriteFile(FLAGS_runs_csv, SummaryCsv(runs.empty() ? summaries : runs));
   if (!FLAGS_csv.empty()) ok &= WriteFile(FLAGS_csv, TimeSeriesCsv(sc, results));
-  if (!FLAGS_svg.empty()) ok &= WriteFile(FLAGS_svg, Svg(sc, results, summaries));
+  if (!FLAGS_svg.empty()) {
+    std::vector<Result> real;
+    std::vector<Summary> real_s;
+    std::stringstream files(FLAGS_real_csv);
+    for (std::string f; std::getline(files, f, ',');) {
+      if (retryd::Status st = ReadTimeSeriesCsv(f, sc, &real); !st.ok()) {
+        std::fprintf(stderr, "retryd_stampede: %s\n", st.ToString().c_str());
+        return 2;
+      }
+    }
+    if (!FLAGS_real_summary_csv.empty()) {
+      if (retryd::Status st = ReadSummaryCsv(FLAGS_real_summary_csv, &real_s); !st.ok()) {
+        std::fprintf(stderr, "retryd_stampede: %s\n", st.ToString().c_str());
+        return 2;
+      }
+    }
+    ok &= WriteFile(FLAGS_svg, Svg(sc, results, summaries, real, real_s));
+  }
   if (!FLAGS_summary_csv.empty()) ok &= WriteFile(FLAGS_summary_csv, SummaryCsv(summaries));
   return ok ? 0 : 1;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <sstream>
 
@@ -108,6 +110,16 @@ Summary Summarize(const Scenario& sc, const Result& r) {
     if (k >= first_stall_bin) ++unhealthy;
   }
   s.unhealthy_s = double(unhealthy) * sc.bin_ms / 1e3;
+  int64_t last_unavailable = -1;
+  for (size_t k = first_stall_bin; k < windows; ++k) {
+    const Window w = Aggregate(r, k, k + wh);
+    const uint64_t users = w.user_ok + w.user_fail;
+    if (users > 0 && 2 * w.user_ok < users) last_unavailable = int64_t(k);
+  }
+  if (last_unavailable >= 0) {
+    s.outage_s = double(last_unavailable + int64_t(wh)) * sc.bin_ms / 1e3 - first_stall_s;
+    s.outage_over = last_unavailable != int64_t(windows) - 1;
+  }
   if (windows > 0 && last_unhealthy == int64_t(windows) - 1) {
     s.recovered = false;
     s.recovery_s = sc.duration_s - stall_end_s;
@@ -131,6 +143,8 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   for (const Bin& b : r.bins) s.max_probes_per_bin = std::max(s.max_probes_per_bin, b.probes);
   s.retries_denied = r.retries_denied;
   s.rejected_open = r.rejected_open;
+  s.other_user_requests = r.other_user_requests;
+  s.other_user_failed = r.other_user_failed;
   return s;
 }
 
@@ -144,6 +158,9 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
          return x.recovered ? Fmt("%.1f s", x.recovery_s) : Fmt("> %.0f s", x.recovery_s);
        }},
       {"unhealthy time", [](const Summary& x) { return Fmt("%.1f s", x.unhealthy_s); }},
+      {"outage (under half served)", [](const Summary& x) {
+         return x.outage_over ? Fmt("%.1f s", x.outage_s) : Fmt("> %.0f s", x.outage_s);
+       }},
       {"failed user requests", [](const Summary& x) {
          return std::to_string(x.user_failed) +
                 Fmt(" (%.1f%%)", x.user_requests ? 100.0 * double(x.user_failed) / double(x.user_requests) : 0);
@@ -161,6 +178,13 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
       {"retries denied by budget", [](const Summary& x) { return std::to_string(x.retries_denied); }},
       {"attempts rejected by breaker", [](const Summary& x) { return std::to_string(x.rejected_open); }},
   };
+  if (!sc.callers.empty()) {
+    rows.push_back({"other callers: failed requests", [](const Summary& x) {
+                      return std::to_string(x.other_user_failed) +
+                             Fmt(" (%.1f%%)", x.other_user_requests ? 100.0 * double(x.other_user_failed) /
+                                                                         double(x.other_user_requests) : 0);
+                    }});
+  }
   size_t label_w = 0;
   for (const auto& r : rows) label_w = std::max(label_w, r.first.size());
   std::vector<size_t> col_w;
@@ -194,7 +218,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "baseline_p99_ms,recovered,recovery_s,unhealthy_s,user_requests,user_failed,"
        "attempts_per_request,pod_kills,breaker_opened,half_opened,probes,probes_per_half_open,"
        "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open,"
-       "dropped_expired\n";
+       "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -205,7 +229,9 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << ',' << x.half_opened << ',' << x.probes << ',' << Fmt("%.3f", x.probes_per_half_open)
       << ',' << x.max_probes_in_flight_per_host << ',' << x.max_probes_per_bin << ','
       << x.breakers_per_host << ','
-      << x.retries_denied << ',' << x.rejected_open << ',' << x.dropped_expired << '\n';
+      << x.retries_denied << ',' << x.rejected_open << ',' << x.dropped_expired << ','
+      << Fmt("%.1f", x.outage_s) << ',' << (x.outage_over ? 1 : 0) << ',' << x.other_user_requests << ','
+      << x.other_user_failed << '\n';
   }
   return o.str();
 }
@@ -275,138 +301,284 @@ std::string Thousands(double v) {
 
 }  // namespace
 
-std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vector<Summary>& s) {
-  static const char* kColors[] = {"#7f7f7f", "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"};
-  constexpr size_t kNumColors = sizeof(kColors) / sizeof(kColors[0]);
-  const double W = 1000, left = 90, right = 30, panel_h = 250, gap = 70;
-  struct Panel {
-    std::string title;
-    std::function<uint32_t(const Bin&)> value;
-    bool baseline;  // draw the baseline, label the axis in multiples of it, log scale
-  };
-  const std::vector<Panel> panels = {
-      {"Requests read by the downstream pods per second (the downstream's QPS; log scale)",
-       [](const Bin& b) { return b.accepted; }, true},
-      {"Attempts sent by the clients per second (log scale)", [](const Bin& b) { return b.sent; }, true},
-      {"User requests failed per second", [](const Bin& b) { return b.user_fail; }, false},
-  };
-  const double top = 50 + 17 * double(r.size());
-  const double H = top + double(panels.size()) * (panel_h + gap) + 20;
-  const double plot_w = W - left - right;
-  const size_t n = r.empty() ? 0 : r[0].bins.size();
-  const double per_s = 1e3 / sc.bin_ms;
-  auto x_of = [&](double t_s) { return left + plot_w * t_s / sc.duration_s; };
+namespace {
 
+const char* const kColors[] = {"#7f7f7f", "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd",
+                               "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
+constexpr size_t kNumColors = sizeof(kColors) / sizeof(kColors[0]);
+
+const Result* Find(const std::vector<Result>& r, const std::string& name) {
+  for (const Result& x : r) {
+    if (x.strategy == name) return &x;
+  }
+  return nullptr;
+}
+const Summary* Find(const std::vector<Summary>& s, const std::string& name) {
+  for (const Summary& x : s) {
+    if (x.strategy == name) return &x;
+  }
+  return nullptr;
+}
+
+std::string Label(const Scenario& sc, const std::string& name) {
+  for (const Strategy& st : sc.strategies) {
+    if (st.name == name) return st.label;
+  }
+  return name;
+}
+
+// How long users were hurt: the outage if there was one beyond the incident, else the time to
+// be healthy again; what the bar chart shows.
+std::string Outcome(const Summary& x) {
+  std::string t = x.recovered ? Fmt("healthy %.1f s after", x.recovery_s)
+                              : Fmt("not healthy in %.0f s", x.recovery_s);
+  if (x.pod_kills > 0) t += ", " + std::to_string(x.pod_kills) + (x.pod_kills == 1 ? " pod killed" : " pods killed");
+  return t;
+}
+
+}  // namespace
+
+std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vector<Summary>& s,
+                const std::vector<Result>& real, const std::vector<Summary>& real_s) {
+  const double W = 1100, margin = 20;
+  const bool with_real = !real.empty();
+  double first_stall = sc.duration_s, last_end = 0;
+  for (const Stall& st : sc.stalls) {
+    first_stall = std::min(first_stall, st.start_s);
+    last_end = std::max(last_end, st.start_s + st.duration_s);
+  }
+  if (sc.stalls.empty()) first_stall = 0;
   std::ostringstream o;
+  const double per_s = 1e3 / sc.bin_ms;
+
+  // Part 1: the bar chart, one row per strategy: seconds until healthy again after the
+  // incident (log scale), simulated and, when given, real.
+  const double bar_left = 330, bar_right = W - 250, row_h = with_real ? 30 : 20;
+  const double bars_top = 78;
+  const double bars_h = row_h * double(r.size());
+  const double t_lo = 0.5, t_hi = std::max(10.0, sc.duration_s - last_end);
+  auto bx = [&](double t) {
+    const double f = std::log(std::clamp(t, t_lo, t_hi) / t_lo) / std::log(t_hi / t_lo);
+    return bar_left + (bar_right - bar_left) * f;
+  };
+
+  // Part 2: small multiples around the incident, two columns.
+  const double from_s = std::max(0.0, first_stall - 2), to_s = std::min(sc.duration_s, last_end + 28);
+  const double cols = 2, cell_w = (W - 2 * margin) / cols, cell_h = 150, plot_h = 100;
+  const double grid_top = bars_top + bars_h + 70;
+  const size_t rows = (r.size() + 1) / 2;
+  const double H = grid_top + double(rows) * cell_h + 40;
+
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-    << "\" viewBox=\"0 0 " << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+    << "\" viewBox=\"0 0 " << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o << "<text x=\"" << left << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">"
-    << Escape("Recovery stampede: " + sc.name + " (" + std::to_string(sc.hosts) + " hosts x " +
-              std::to_string(sc.workers_per_host) + " workers, " + Thousands(sc.baseline_qps) +
-              " QPS baseline, " + std::to_string(sc.downstream.pods) + " pods)")
+  std::string incident;
+  for (const Stall& st : sc.stalls) {
+    incident += (incident.empty() ? "" : ", ") + Fmt("%.1f s ", st.duration_s) + StallKindName(st.kind) +
+                Fmt(" at %.0f s", st.start_s);
+  }
+  o << "<text x=\"" << margin << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">"
+    << Escape(sc.name + ": " + std::to_string(sc.hosts) + (sc.hosts == 1 ? " host x " : " hosts x ") +
+              std::to_string(sc.workers_per_host) +
+              " workers, " + Thousands(sc.baseline_qps) + " QPS, " + std::to_string(sc.downstream.pods) +
+              " pods; " + incident)
     << "</text>\n";
-  // Legend: one line per strategy under the title.
+  o << "<text x=\"" << margin << "\" y=\"50\" font-size=\"13\" font-weight=\"bold\">"
+    << Escape("How long after the incident until users are served normally again (log scale)") << "</text>\n";
+  if (with_real) {
+    o << "<text x=\"" << margin << "\" y=\"66\" fill=\"#555\">"
+      << Escape("upper bar: simulated; lower bar (hatched): the real fleet on loopback, same scenario file")
+      << "</text>\n";
+    o << "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+         "patternTransform=\"rotate(45)\"><rect width=\"3\" height=\"6\" fill=\"#555\"/></pattern></defs>\n";
+  }
+  for (double t : {1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0}) {
+    if (t > t_hi * 1.001) break;
+    o << "<line x1=\"" << bx(t) << "\" y1=\"" << bars_top - 4 << "\" x2=\"" << bx(t) << "\" y2=\""
+      << bars_top + bars_h << "\" stroke=\"#e5e5e5\"/>\n";
+    o << "<text x=\"" << bx(t) << "\" y=\"" << bars_top + bars_h + 14 << "\" text-anchor=\"middle\" font-size=\"10\">"
+      << (t >= 60 ? Fmt("%g min", t / 60) : Fmt("%g s", t)) << "</text>\n";
+  }
+  o << "<line x1=\"" << bx(2) << "\" y1=\"" << bars_top - 8 << "\" x2=\"" << bx(2) << "\" y2=\""
+    << bars_top + bars_h << "\" stroke=\"#2ca02c\" stroke-dasharray=\"4 3\"/>\n";
+  o << "<text x=\"" << bx(2) + 3 << "\" y=\"" << bars_top - 8 << "\" fill=\"#2ca02c\" font-size=\"10\">2 s</text>\n";
   for (size_t i = 0; i < r.size(); ++i) {
+    const double y = bars_top + double(i) * row_h;
     const char* color = kColors[i % kNumColors];
-    std::string label = r[i].strategy;
-    for (const Strategy& st : sc.strategies) {
-      if (st.name == r[i].strategy) label = st.label;
-    }
-    if (i < s.size()) {
-      label += Fmt(" (peak %.1fx", s[i].peak_accepted_100ms) + Fmt(" / %.1fx)", s[i].peak_accepted_1s);
-    }
-    const double lx = left, ly = 46 + double(i) * 17;
-    o << "<line x1=\"" << lx << "\" y1=\"" << ly - 4 << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly - 4
-      << "\" stroke=\"" << color << "\" stroke-width=\"2.5\"/>\n";
-    o << "<text x=\"" << lx + 27 << "\" y=\"" << ly << "\">" << Escape(label) << "</text>\n";
+    o << "<text x=\"" << bar_left - 8 << "\" y=\"" << y + (with_real ? 17 : 13)
+      << "\" text-anchor=\"end\">" << Escape(Label(sc, r[i].strategy)) << "</text>\n";
+    const Summary* sim = i < s.size() ? &s[i] : nullptr;
+    const Summary* rl = Find(real_s, r[i].strategy);
+    auto bar = [&](const Summary& x, double yy, double h, const char* fill) {
+      const double t = x.recovered ? std::max(x.recovery_s, t_lo) : t_hi;
+      o << "<rect x=\"" << bar_left << "\" y=\"" << yy << "\" width=\"" << std::max(1.0, bx(t) - bar_left)
+        << "\" height=\"" << h << "\" fill=\"" << fill << "\"/>\n";
+      o << "<text x=\"" << bx(t) + 5 << "\" y=\"" << yy + h - 2 << "\" font-size=\"10\">"
+        << Escape(Outcome(x)) << "</text>\n";
+    };
+    if (sim) bar(*sim, y + 2, with_real ? 12 : 15, color);
+    if (rl) bar(*rl, y + 15, 12, "url(#hatch)");
   }
 
-  for (size_t p = 0; p < panels.size(); ++p) {
-    const Panel& panel = panels[p];
-    const double y0 = top + double(p) * (panel_h + gap) + 20;  // top of plot area
-    double max_v = panel.baseline ? sc.baseline_qps * 1.2 : 10;
-    for (const Result& x : r) {
-      for (const Bin& b : x.bins) max_v = std::max(max_v, panel.value(b) * per_s);
+  o << "<text x=\"" << margin << "\" y=\"" << grid_top - 30 << "\" font-size=\"13\" font-weight=\"bold\">"
+    << Escape("Around the incident: requests per second read by the pods (thick) and sent by the "
+              "clients (thin), x baseline, log scale; " + Fmt("%g s", from_s) + Fmt(" to %g s", to_s))
+    << "</text>\n";
+  o << "<text x=\"" << margin << "\" y=\"" << grid_top - 14 << "\" fill=\"#555\">"
+    << Escape(std::string("shaded: the incident; red strip: pods down") +
+              (with_real ? "; black: the real fleet's pods (read per second)" : ""))
+    << "</text>\n";
+  double peak = sc.baseline_qps * 2;
+  for (const auto* set : {&r, &real}) {
+    for (const Result& x : *set) {
+      for (const Bin& b : x.bins) peak = std::max(peak, double(std::max(b.accepted, b.sent)) * per_s);
     }
-    // Linear: 0 .. a nice ceiling. Log (arrival panels): 0.1x baseline .. the next 1-2-5 step
-    // above the peak; zero is drawn at the bottom.
-    const double step = NiceStep(max_v, 5);
-    const double y_max = std::ceil(max_v / step) * step;
-    const double lo = sc.baseline_qps / 10;
-    double hi = lo;
-    while (hi < max_v * 1.05) hi = NextLogTick(hi / sc.baseline_qps) * sc.baseline_qps;
+  }
+  const double lo = sc.baseline_qps / 10;
+  double hi = lo;
+  while (hi < peak * 1.05) hi = NextLogTick(hi / sc.baseline_qps) * sc.baseline_qps;
+  for (size_t i = 0; i < r.size(); ++i) {
+    const double cx = margin + double(i % 2) * cell_w + 40, cy = grid_top + double(i / 2) * cell_h + 18;
+    const double pw = cell_w - 60;
+    auto x_of = [&](double t) { return cx + pw * (t - from_s) / (to_s - from_s); };
     auto y_of = [&](double v) {
-      if (!panel.baseline) return y0 + panel_h - panel_h * v / y_max;
-      const double f = std::log(std::max(v, lo) / lo) / std::log(hi / lo);
-      return y0 + panel_h - panel_h * f;
+      return cy + plot_h - plot_h * std::log(std::max(v, lo) / lo) / std::log(hi / lo);
     };
-
-    o << "<text x=\"" << left << "\" y=\"" << y0 - 8 << "\" font-size=\"13\" font-weight=\"bold\">"
-      << Escape(panel.title) << "</text>\n";
+    const char* color = kColors[i % kNumColors];
+    o << "<text x=\"" << cx << "\" y=\"" << cy - 5 << "\" font-weight=\"bold\" fill=\"" << color << "\">"
+      << Escape(Label(sc, r[i].strategy)) << "</text>\n";
     for (const Stall& st : sc.stalls) {
-      o << "<rect x=\"" << x_of(st.start_s) << "\" y=\"" << y0 << "\" width=\""
-        << std::max(1.0, x_of(st.start_s + st.duration_s) - x_of(st.start_s)) << "\" height=\""
-        << panel_h << "\" fill=\"#999\" fill-opacity=\"0.25\"/>\n";
-      if (p == 0) {
-        o << "<text x=\"" << x_of(st.start_s + st.duration_s) + 4 << "\" y=\"" << y0 + 14
-          << "\" fill=\"#555\">" << Escape(Fmt("stall %.1f s", st.duration_s)) << "</text>\n";
-      }
+      o << "<rect x=\"" << x_of(st.start_s) << "\" y=\"" << cy << "\" width=\""
+        << x_of(st.start_s + st.duration_s) - x_of(st.start_s) << "\" height=\"" << plot_h
+        << "\" fill=\"#999\" fill-opacity=\"0.25\"/>\n";
     }
-    // Y grid and labels.
-    std::vector<double> ticks;
-    if (panel.baseline) {
-      for (double m = 0.1; m * sc.baseline_qps <= hi * 1.001; m = NextLogTick(m)) {
-        ticks.push_back(m * sc.baseline_qps);
-      }
-    } else {
-      for (double v = 0; v <= y_max + step / 2; v += step) ticks.push_back(v);
+    for (double m = 0.1; m * sc.baseline_qps <= hi * 1.001; m = NextLogTick(m)) {
+      if (m != 0.1 && m != 1 && m != 10 && m != 100) continue;
+      const double y = y_of(m * sc.baseline_qps);
+      o << "<line x1=\"" << cx << "\" y1=\"" << y << "\" x2=\"" << cx + pw << "\" y2=\"" << y
+        << "\" stroke=\"" << (m == 1 ? "#000" : "#e5e5e5") << "\"" << (m == 1 ? " stroke-dasharray=\"4 3\"" : "")
+        << "/>\n";
+      o << "<text x=\"" << cx - 4 << "\" y=\"" << y + 3 << "\" text-anchor=\"end\" font-size=\"9\">"
+        << Fmt("%gx", m) << "</text>\n";
     }
-    for (double v : ticks) {
-      const double y = y_of(v);
-      o << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << W - right << "\" y2=\"" << y
-        << "\" stroke=\"#e5e5e5\"/>\n";
-      std::string label = panel.baseline ? Fmt("%gx", v / sc.baseline_qps) : Thousands(v);
-      o << "<text x=\"" << left - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\" font-size=\"10\">"
-        << label << "</text>\n";
+    const double xstep = NiceStep(to_s - from_s, 6);
+    for (double t = std::ceil(from_s / xstep) * xstep; t <= to_s + 1e-9; t += xstep) {
+      o << "<text x=\"" << x_of(t) << "\" y=\"" << cy + plot_h + 12 << "\" text-anchor=\"middle\" font-size=\"9\">"
+        << Fmt("%g s", t) << "</text>\n";
     }
-    if (panel.baseline) {
-      o << "<text x=\"" << left - 40 << "\" y=\"" << y0 + panel_h / 2 << "\" font-size=\"10\" "
-        << "transform=\"rotate(-90 " << left - 40 << ' ' << y0 + panel_h / 2
-        << ")\" text-anchor=\"middle\">x baseline</text>\n";
-    }
-    // X axis.
-    const double xstep = NiceStep(sc.duration_s, 12);
-    for (double t = 0; t <= sc.duration_s + 1e-9; t += xstep) {
-      const double x = x_of(t);
-      o << "<line x1=\"" << x << "\" y1=\"" << y0 + panel_h << "\" x2=\"" << x << "\" y2=\""
-        << y0 + panel_h + 4 << "\" stroke=\"#333\"/>\n";
-      o << "<text x=\"" << x << "\" y=\"" << y0 + panel_h + 17 << "\" text-anchor=\"middle\" font-size=\"10\">"
-        << Fmt("%g", t) << "</text>\n";
-    }
-    o << "<text x=\"" << W - right << "\" y=\"" << y0 + panel_h + 32
-      << "\" text-anchor=\"end\" font-size=\"11\">time (s)</text>\n";
-    o << "<rect x=\"" << left << "\" y=\"" << y0 << "\" width=\"" << plot_w << "\" height=\"" << panel_h
+    o << "<rect x=\"" << cx << "\" y=\"" << cy << "\" width=\"" << pw << "\" height=\"" << plot_h
       << "\" fill=\"none\" stroke=\"#333\"/>\n";
-    if (panel.baseline) {
-      o << "<line x1=\"" << left << "\" y1=\"" << y_of(sc.baseline_qps) << "\" x2=\"" << W - right
-        << "\" y2=\"" << y_of(sc.baseline_qps) << "\" stroke=\"#000\" stroke-dasharray=\"6 4\"/>\n";
-      o << "<text x=\"" << W - right - 4 << "\" y=\"" << y_of(sc.baseline_qps) - 4
-        << "\" text-anchor=\"end\" font-size=\"10\">baseline " << Thousands(sc.baseline_qps) << "/s</text>\n";
+    const size_t k0 = size_t(from_s * 1e3 / sc.bin_ms), k1 = std::min(r[i].bins.size(), size_t(to_s * 1e3 / sc.bin_ms));
+    // Pods down: a red strip along the bottom, as tall as the share of pods that are down.
+    for (size_t k = k0; k < k1; ++k) {
+      const uint32_t up = r[i].bins[k].pods_up;
+      if (up >= sc.downstream.pods) continue;
+      const double h = 12.0 * double(sc.downstream.pods - up) / double(sc.downstream.pods);
+      const double t = double(k) * sc.bin_ms / 1e3;
+      o << "<rect x=\"" << Fmt("%.1f", x_of(t)) << "\" y=\"" << Fmt("%.1f", cy + plot_h - h) << "\" width=\""
+        << Fmt("%.1f", x_of(t + sc.bin_ms / 1e3) - x_of(t) + 0.2) << "\" height=\"" << Fmt("%.1f", h)
+        << "\" fill=\"#d62728\" fill-opacity=\"0.6\"/>\n";
     }
-    // Lines, drawn in reverse so that the first strategy ends up on top.
-    for (size_t i = r.size(); i-- > 0;) {
-      o << "<polyline fill=\"none\" stroke=\"" << kColors[i % kNumColors] << "\" stroke-width=\"1.4\" "
-        << "stroke-linejoin=\"round\" points=\"";
-      for (size_t k = 0; k < n; ++k) {
+    auto line = [&](const Result& x, const std::function<uint32_t(const Bin&)>& v, const char* stroke,
+                    double width, const char* extra) {
+      o << "<polyline fill=\"none\" stroke=\"" << stroke << "\" stroke-width=\"" << width << "\"" << extra
+        << " stroke-linejoin=\"round\" points=\"";
+      for (size_t k = k0; k < std::min(k1, x.bins.size()); ++k) {
         const double t = (double(k) + 0.5) * sc.bin_ms / 1e3;
-        o << Fmt("%.1f", x_of(t)) << ',' << Fmt("%.1f", y_of(panel.value(r[i].bins[k]) * per_s)) << ' ';
+        o << Fmt("%.1f", x_of(t)) << ',' << Fmt("%.1f", y_of(v(x.bins[k]) * per_s)) << ' ';
       }
       o << "\"/>\n";
+    };
+    line(r[i], [](const Bin& b) { return b.sent; }, color, 0.8, " stroke-opacity=\"0.8\"");
+    line(r[i], [](const Bin& b) { return b.accepted; }, color, 1.6, "");
+    if (const Result* rl = Find(real, r[i].strategy)) {
+      line(*rl, [](const Bin& b) { return b.accepted; }, "#000", 1.0, " stroke-opacity=\"0.75\"");
     }
   }
   o << "</svg>\n";
   return o.str();
+}
+
+namespace {
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream in(line);
+  for (std::string f; std::getline(in, f, ',');) fields.push_back(f);
+  return fields;
+}
+
+}  // namespace
+
+Status ReadTimeSeriesCsv(const std::string& path, const Scenario& sc, std::vector<Result>* out) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + ": cannot open");
+  std::string header;
+  std::getline(in, header);
+  const std::vector<std::string> cols = SplitCsv(header);
+  if (cols.empty() || cols[0] != "t_s" || (cols.size() - 1) % 5 != 0) {
+    return Status::InvalidArgument(path + ": not a time series (--csv): its header is \"" + header + "\"");
+  }
+  const size_t first = out->size(), n = (cols.size() - 1) / 5;
+  for (size_t j = 0; j < n; ++j) {
+    const std::string& c = cols[1 + 5 * j];
+    const std::string suffix = "_accepted_per_s";
+    if (c.size() <= suffix.size() || c.compare(c.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      return Status::InvalidArgument(path + ": column \"" + c + "\" is not <strategy>_accepted_per_s");
+    }
+    Result r;
+    r.strategy = c.substr(0, c.size() - suffix.size());
+    out->push_back(std::move(r));
+  }
+  const double bin_s = sc.bin_ms / 1e3;
+  size_t line_no = 1;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    std::vector<double> v;
+    for (const std::string& f : SplitCsv(line)) v.push_back(std::strtod(f.c_str(), nullptr));
+    if (v.size() != cols.size()) {
+      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " + std::to_string(v.size()) +
+                                     " fields, the header has " + std::to_string(cols.size()));
+    }
+    for (size_t j = 0; j < n; ++j) {
+      Bin b;
+      b.accepted = uint32_t(std::llround(v[1 + 5 * j] * bin_s));
+      b.sent = uint32_t(std::llround(v[2 + 5 * j] * bin_s));
+      b.retries = uint32_t(std::llround(v[3 + 5 * j] * bin_s));
+      b.user_fail = uint32_t(std::llround(v[4 + 5 * j] * bin_s));
+      b.pods_up = uint32_t(v[5 + 5 * j]);
+      (*out)[first + j].bins.push_back(b);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadSummaryCsv(const std::string& path, std::vector<Summary>* out) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + ": cannot open");
+  std::string header;
+  std::getline(in, header);
+  const std::vector<std::string> cols = SplitCsv(header);
+  auto index = [&](const char* name) {
+    const auto it = std::find(cols.begin(), cols.end(), name);
+    return it == cols.end() ? -1 : int(it - cols.begin());
+  };
+  const int strategy = index("strategy"), recovered = index("recovered"), recovery = index("recovery_s"),
+            kills = index("pod_kills");
+  if (strategy != 0 || recovered < 0 || recovery < 0 || kills < 0) {
+    return Status::InvalidArgument(path + ": not a summary (--summary_csv): its header is \"" + header + "\"");
+  }
+  for (std::string line; std::getline(in, line);) {
+    const std::vector<std::string> f = SplitCsv(line);
+    if (f.size() != cols.size()) return Status::InvalidArgument(path + ": a row of " + std::to_string(f.size()) + " fields");
+    Summary s;
+    s.strategy = f[0];
+    s.recovered = f[size_t(recovered)] == "1";
+    s.recovery_s = std::strtod(f[size_t(recovery)].c_str(), nullptr);
+    s.pod_kills = std::strtoull(f[size_t(kills)].c_str(), nullptr, 10);
+    if (!Find(*out, s.strategy)) out->push_back(s);  // the first run of a strategy
+  }
+  return Status::Ok();
 }
 
 }  // namespace retryd::stampede

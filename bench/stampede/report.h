@@ -9,6 +9,9 @@
 //    first stall, and user requests succeed at >= min_success_pct.
 //  - recovery: from the end of the last stall to the start of the first window after which
 //    every window is healthy; "not recovered" if the run ends unhealthy.
+//  - outage: from the start of the first stall to the end of the last unavailable window, one
+//    in which fewer than half of the user requests that completed succeeded (what users call
+//    "down"); "not over" if the run ends in one.
 // Thread safety: pure functions.
 #pragma once
 
@@ -30,6 +33,8 @@ struct Summary {
   bool recovered = false;
   double recovery_s = 0;            // from the end of the last stall
   double unhealthy_s = 0;           // total time in unhealthy windows from the first stall on
+  double outage_s = 0;              // from the first stall's start; 0: never unavailable
+  bool outage_over = true;          // false: the run ended unavailable
   uint64_t user_requests = 0;
   uint64_t user_failed = 0;
   double attempts_per_request = 0;  // attempts sent / user requests
@@ -44,6 +49,8 @@ struct Summary {
   uint32_t breakers_per_host = 0;
   uint64_t retries_denied = 0;
   uint64_t rejected_open = 0;
+  uint64_t other_user_requests = 0;  // the scenario's other callers ([[caller]])
+  uint64_t other_user_failed = 0;
 };
 
 Summary Summarize(const Scenario& sc, const Result& r);
@@ -58,8 +65,19 @@ std::string SummaryCsv(const std::vector<Summary>& s);
 // and pods up.
 std::string TimeSeriesCsv(const Scenario& sc, const std::vector<Result>& r);
 
-// Svg plots the requests the pods accepted per second, one line per strategy, with the
-// baseline and the stalls, above the attempts the clients sent.
-std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vector<Summary>& s);
+// Svg draws, for the strategies of `r`: a bar per strategy of how long after the incident users
+// were served normally again (log scale), then one small panel per strategy of the seconds
+// around the incident (requests the pods read and the clients sent, pods down). `real` and
+// `real_s`, if not empty, are the real fleet's runs of the same scenario, matched by strategy
+// name: a second bar, and a second line in each panel.
+std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vector<Summary>& s,
+                const std::vector<Result>& real = {}, const std::vector<Summary>& real_s = {});
+
+// ReadTimeSeriesCsv appends to *out the strategies of a TimeSeriesCsv file (their accepted,
+// sent, retries, user failures and pods up per bin). Errors name the file and line.
+Status ReadTimeSeriesCsv(const std::string& path, const Scenario& sc, std::vector<Result>* out);
+// ReadSummaryCsv appends to *out the rows of a SummaryCsv file (strategy, recovered,
+// recovery_s, pod_kills are read), the first row of each strategy only.
+Status ReadSummaryCsv(const std::string& path, std::vector<Summary>* out);
 
 }  // namespace retryd::stampede

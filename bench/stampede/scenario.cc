@@ -131,6 +131,47 @@ Status ReadPolicy(const toml::table* t, const std::string& path, const std::stri
   return daemon::ReadPolicyTable(*t, source, "[" + path + "]", path + ".", p);
 }
 
+// ReadStrategy reads the keys of a [[strategy]] (or of a [[caller]]'s) into *g, and returns its
+// [policy] table for ReadPolicy (nullptr if none).
+const toml::table* ReadStrategy(Reader& r, Strategy* out) {
+  Strategy& g = *out;
+  r.String("name", &g.name);
+  r.String("label", &g.label);
+  std::string scope = "process", backoff = "immediate", jitter = "full";
+  r.String("scope", &scope);
+  r.String("backoff", &backoff);
+  r.String("jitter", &jitter);
+  r.Uint("max_retries", &g.max_retries, 0, 1'000'000);
+  r.UintList("fixed_ms", &g.fixed_ms);
+  r.Uint("base_ms", &g.base_ms, 0, 86'400'000);
+  r.Uint("cap_ms", &g.cap_ms, 0, 86'400'000);
+  r.Double("deadline_ms", &g.deadline_ms, 0, 86'400'000);
+  if (scope == "process") g.scope = Scope::kProcess;
+  else if (scope == "host") g.scope = Scope::kHost;
+  else r.Fail("scope", "must be \"process\" or \"host\"");
+  if (backoff == "immediate") g.backoff = BackoffKind::kImmediate;
+  else if (backoff == "fixed") g.backoff = BackoffKind::kFixed;
+  else if (backoff == "jitter") g.backoff = BackoffKind::kJitter;
+  else r.Fail("backoff", "must be \"immediate\", \"fixed\" or \"jitter\"");
+  if (jitter == "none") g.jitter = Jitter::kNone;
+  else if (jitter == "full") g.jitter = Jitter::kFull;
+  else if (jitter == "equal") g.jitter = Jitter::kEqual;
+  else if (jitter == "decorrelated") g.jitter = Jitter::kDecorrelated;
+  else r.Fail("jitter", "must be none, full, equal or decorrelated");
+  if (g.name.empty()) r.Fail("name", "must be given");
+  for (char c : g.name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+      r.Fail("name", "must be letters, digits, '-' or '_'");
+      break;
+    }
+  }
+  if (g.backoff == BackoffKind::kFixed && g.fixed_ms.empty()) {
+    r.Fail("fixed_ms", "must list the waits of a fixed backoff");
+  }
+  if (g.label.empty()) g.label = g.name;
+  return r.Table("policy");
+}
+
 // A chain of `extends` deeper than this is refused (it is almost certainly a cycle).
 constexpr int kMaxExtendsDepth = 8;
 
@@ -225,6 +266,12 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
       if (!(*stalls)[i].as_table()) r.Fail("", "must be a table ([[stall]])");
       r.Double("start_s", &stall.start_s, 0, 3'600);
       r.Double("duration_s", &stall.duration_s, 0, 3'600);
+      std::string kind = "stall";
+      r.String("kind", &kind);
+      if (kind == "stall") stall.kind = StallKind::kStall;
+      else if (kind == "errors") stall.kind = StallKind::kErrors;
+      else if (kind == "refused") stall.kind = StallKind::kRefused;
+      else r.Fail("kind", "must be \"stall\", \"errors\" or \"refused\"");
       r.Finish();
       st = Merge(st, r.status());
       s.stalls.push_back(stall);
@@ -242,41 +289,7 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
     Strategy g;
     Reader r(t, path, source);
     if (!t) r.Fail("", "must be a table");
-    r.String("name", &g.name);
-    r.String("label", &g.label);
-    std::string scope = "process", backoff = "immediate", jitter = "full";
-    r.String("scope", &scope);
-    r.String("backoff", &backoff);
-    r.String("jitter", &jitter);
-    r.Uint("max_retries", &g.max_retries, 0, 100);
-    r.UintList("fixed_ms", &g.fixed_ms);
-    r.Uint("base_ms", &g.base_ms, 0, 86'400'000);
-    r.Uint("cap_ms", &g.cap_ms, 0, 86'400'000);
-    r.Double("deadline_ms", &g.deadline_ms, 0, 86'400'000);
-    if (scope == "process") g.scope = Scope::kProcess;
-    else if (scope == "host") g.scope = Scope::kHost;
-    else r.Fail("scope", "must be \"process\" or \"host\"");
-    if (backoff == "immediate") g.backoff = BackoffKind::kImmediate;
-    else if (backoff == "fixed") g.backoff = BackoffKind::kFixed;
-    else if (backoff == "jitter") g.backoff = BackoffKind::kJitter;
-    else r.Fail("backoff", "must be \"immediate\", \"fixed\" or \"jitter\"");
-    if (jitter == "none") g.jitter = Jitter::kNone;
-    else if (jitter == "full") g.jitter = Jitter::kFull;
-    else if (jitter == "equal") g.jitter = Jitter::kEqual;
-    else if (jitter == "decorrelated") g.jitter = Jitter::kDecorrelated;
-    else r.Fail("jitter", "must be none, full, equal or decorrelated");
-    if (g.name.empty()) r.Fail("name", "must be given");
-    for (char c : g.name) {
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
-        r.Fail("name", "must be letters, digits, '-' or '_'");
-        break;
-      }
-    }
-    if (g.backoff == BackoffKind::kFixed && g.fixed_ms.empty()) {
-      r.Fail("fixed_ms", "must list the waits of a fixed backoff");
-    }
-    if (g.label.empty()) g.label = g.name;
-    const toml::table* policy = r.Table("policy");
+    const toml::table* policy = ReadStrategy(r, &g);
     r.Finish();
     st = Merge(st, r.status());
     if (st.ok()) st = ReadPolicy(policy, path + ".policy", source, &g.policy);
@@ -286,6 +299,25 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
       }
     }
     s.strategies.push_back(std::move(g));
+  }
+  if (const toml::array* callers = top.Array("caller")) {
+    s.callers.clear();
+    for (size_t i = 0; i < callers->size() && st.ok(); ++i) {
+      const toml::table* t = (*callers)[i].as_table();
+      const std::string path = "caller[" + std::to_string(i) + "]";
+      Caller c;
+      Reader r(t, path, source);
+      if (!t) r.Fail("", "must be a table ([[caller]])");
+      r.Uint("hosts", &c.hosts, 1, 10'000);
+      r.Uint("workers_per_host", &c.workers_per_host, 1, 1'000);
+      r.Double("baseline_qps", &c.baseline_qps, 1, 10'000'000);
+      if (t && !t->get("baseline_qps")) r.Fail("baseline_qps", "must be given");
+      const toml::table* policy = ReadStrategy(r, &c.strategy);
+      r.Finish();
+      st = Merge(st, r.status());
+      if (st.ok()) st = ReadPolicy(policy, path + ".policy", source, &c.strategy.policy);
+      s.callers.push_back(std::move(c));
+    }
   }
   top.Finish();
   st = Merge(st, top.status());
@@ -305,6 +337,22 @@ Status Load(const std::string& path, int depth, Scenario* out) {
 }  // namespace
 
 const char* ScopeName(Scope s) { return s == Scope::kHost ? "host" : "process"; }
+
+const char* StallKindName(StallKind k) {
+  switch (k) {
+    case StallKind::kStall: return "stall";
+    case StallKind::kErrors: return "errors";
+    case StallKind::kRefused: return "refused";
+  }
+  return "?";
+}
+
+bool InWindow(const std::vector<Stall>& stalls, StallKind kind, double t_s) {
+  for (const Stall& s : stalls) {
+    if (s.kind == kind && s.start_s <= t_s && t_s < s.start_s + s.duration_s) return true;
+  }
+  return false;
+}
 
 Status ParseScenario(const std::string& text, const std::string& source, Scenario* out) {
   return Parse(text, source, 0, out);

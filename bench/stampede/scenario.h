@@ -35,7 +35,7 @@ struct Strategy {
   std::string name;    // short id: CSV columns, flags, the summary
   std::string label;   // the legend of the plot
   Scope scope = Scope::kProcess;
-  uint32_t max_retries = 3;
+  uint32_t max_retries = 3;  // up to 1,000,000: retries without a cap
   BackoffKind backoff = BackoffKind::kImmediate;
   std::vector<uint32_t> fixed_ms;
   Jitter jitter = Jitter::kFull;
@@ -50,9 +50,17 @@ struct Strategy {
   shm::Policy policy;
 };
 
+// An incident window of the downstream: every pod, from start_s for duration_s.
+enum class StallKind {
+  kStall,    // stops reading and serving (a stop-the-world GC pause); what arrives waits
+  kErrors,   // answers every request it reads with a 503 at once (a failover, a bad deploy)
+  kRefused,  // refuses connections: the client fails after one round trip (no listener)
+};
+
 struct Stall {
   double start_s = 5.0;
   double duration_s = 1.4;
+  StallKind kind = StallKind::kStall;
 };
 
 struct Downstream {
@@ -71,7 +79,7 @@ struct Downstream {
   double crash_backoff_ms = 10'000.0;  // plus, from its second kill on, the kubelet's
   double crash_backoff_max_ms = 300'000.0;  // CrashLoopBackOff: 10 s doubling, capped at 5 min
   double warmup_ms = 10'000.0;         // a restarted pod starts this much slower (x factor),
-  double warmup_factor = 2.0;          // linearly back to normal over warmup_ms
+  double warmup_factor = 3.0;          // linearly back to normal over warmup_ms
   bool process_abandoned = true;       // serve requests whose client already gave up
   // Honour a propagated deadline the way a gRPC server or an Envoy-fronted service does: a
   // request already expired when the pod reads it, or when a thread takes it from the queue,
@@ -85,11 +93,20 @@ struct Health {
   double max_p99_factor = 2.0;         // attempt P99 below this x the measured baseline P99
 };
 
+// Another service calling the same downstream with a retry policy of its own, the same in every
+// run: a [[caller]] table holds its fleet and every key of a [[strategy]].
+struct Caller {
+  uint32_t hosts = 1;
+  uint32_t workers_per_host = 1;
+  double baseline_qps = 0;
+  Strategy strategy;  // its name is the caller's
+};
+
 struct Scenario {
   std::string name = "seed000";
   std::string description;
   uint64_t seed = 1;
-  double duration_s = 90.0;
+  double duration_s = 900.0;
   double bin_ms = 100.0;
   uint32_t hosts = 50;
   uint32_t workers_per_host = 8;
@@ -99,6 +116,8 @@ struct Scenario {
   std::vector<Stall> stalls;
   Health health;
   std::vector<Strategy> strategies;
+  // The other callers of the downstream; [fleet] is the one whose strategies are compared.
+  std::vector<Caller> callers;
 };
 
 // LoadScenario parses the TOML file at `path` into *out. Unknown keys are errors (a typo must
@@ -109,5 +128,9 @@ Status LoadScenario(const std::string& path, Scenario* out);
 Status ParseScenario(const std::string& text, const std::string& source, Scenario* out);
 
 const char* ScopeName(Scope s);
+const char* StallKindName(StallKind k);
+
+// InWindow reports whether some window of `kind` in `stalls` covers second `t_s`.
+bool InWindow(const std::vector<Stall>& stalls, StallKind kind, double t_s);
 
 }  // namespace retryd::stampede

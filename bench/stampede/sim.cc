@@ -124,6 +124,9 @@ struct Worker {
   uint32_t host;
   uint32_t segment;
   shm::Caller caller;
+  uint32_t group;         // 0: the [fleet] under study; i > 0: the scenario's caller i - 1
+  const Strategy* st;     // its retry strategy
+  double qps;             // its Poisson arrival rate
 };
 
 class Sim {
@@ -137,10 +140,14 @@ class Sim {
   void Push(int64_t t, Ev type, uint32_t a = 0, uint32_t b = 0) {
     events_.push(Event{t, seq_++, a, b, type});
   }
-  Bin& BinAt(int64_t t) {
+  Bin& BinAt(int64_t t) { return BinOf(result_, t); }
+  Bin& BinOf(Result& r, int64_t t) {
     const size_t i = size_t(std::max<int64_t>(t, 0) / bin_ns_);
-    return result_.bins[std::min(i, result_.bins.size() - 1)];
+    return r.bins[std::min(i, r.bins.size() - 1)];
   }
+  // Where a worker's own figures go: the result for the [fleet] under study, a scratch result
+  // for the other callers (only its totals are kept). The pods' figures always go to result_.
+  Result& Of(const Worker& w) { return w.group == 0 ? result_ : others_; }
   uint64_t ShmNow() const { return kEpochNs + uint64_t(now_); }
   shm::DependencySlot& SlotOf(uint32_t worker) {
     return *segments_[workers_[worker].segment]->dependency(slot_index_);
@@ -168,6 +175,8 @@ class Sim {
   const Downstream& ds_;
   Rng rng_;
   Result result_;
+  Result others_;
+  uint32_t main_segments_ = 0;
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   uint64_t seq_ = 0;
   int64_t now_ = 0;
@@ -177,7 +186,6 @@ class Sim {
   int64_t net_ns_ = 0;
   bool stalled_ = false;
   std::vector<std::pair<int64_t, int64_t>> stalls_;
-  double per_worker_qps_ = 0;
   double sigma_ = 0, mu_ = 0;  // lognormal service time, ln ms
   std::vector<std::unique_ptr<shm::Segment>> segments_;
   uint32_t slot_index_ = 0;
@@ -198,39 +206,63 @@ void Sim::Setup() {
   result_.bins.resize(size_t((horizon_ + bin_ns_ - 1) / bin_ns_));
   result_.latency_buckets = uint32_t(std::ceil(sc_.timeout_ms)) + 2;
   result_.latency_ms.assign(result_.bins.size(), std::vector<uint32_t>(result_.latency_buckets, 0));
+  if (!sc_.callers.empty()) {  // the other callers' scratch figures, of the same shape
+    others_.bins.resize(result_.bins.size());
+    others_.latency_buckets = result_.latency_buckets;
+    others_.latency_ms = result_.latency_ms;
+  }
 
   // Lognormal: median = e^mu, P99 = e^(mu + 2.326 sigma).
   mu_ = std::log(ds_.service_median_ms);
   sigma_ = std::log(ds_.service_p99_ms / ds_.service_median_ms) / 2.3263478740408408;
 
-  const uint32_t n_workers = sc_.hosts * sc_.workers_per_host;
-  const uint32_t n_segments = st_.scope == Scope::kHost ? sc_.hosts : n_workers;
-  for (uint32_t i = 0; i < n_segments; ++i) {
-    segments_.push_back(shm::Segment::CreatePrivate(1, 1, st_.policy));
-    uint32_t index = 0;
-    Status s = segments_.back()->PutDependency(kDependency, st_.policy, &index);
-    if (!s.ok()) std::abort();  // a private segment with one free slot cannot refuse
-    slot_index_ = index;
-    // The slot was stamped with the real clock; restart it in virtual time.
-    shm::Reset(*segments_.back()->dependency(index), kEpochNs);
+  // The [fleet] under study first, then every other caller on hosts of its own: each its
+  // segments (one per host, or one per worker) with its own policy.
+  struct Group {
+    const Strategy* st;
+    uint32_t hosts, workers_per_host;
+    double qps;
+  };
+  std::vector<Group> groups = {{&st_, sc_.hosts, sc_.workers_per_host, sc_.baseline_qps}};
+  for (const Caller& c : sc_.callers) groups.push_back({&c.strategy, c.hosts, c.workers_per_host, c.baseline_qps});
+  uint32_t host_base = 0;
+  for (uint32_t g = 0; g < groups.size(); ++g) {
+    const Group& gr = groups[g];
+    const uint32_t n_workers = gr.hosts * gr.workers_per_host;
+    const uint32_t n_segments = gr.st->scope == Scope::kHost ? gr.hosts : n_workers;
+    const uint32_t segment_base = uint32_t(segments_.size());
+    for (uint32_t i = 0; i < n_segments; ++i) {
+      segments_.push_back(shm::Segment::CreatePrivate(1, 1, gr.st->policy));
+      uint32_t index = 0;
+      Status s = segments_.back()->PutDependency(kDependency, gr.st->policy, &index);
+      if (!s.ok()) std::abort();  // a private segment with one free slot cannot refuse
+      slot_index_ = index;
+      // The slot was stamped with the real clock; restart it in virtual time.
+      shm::Reset(*segments_.back()->dependency(index), kEpochNs);
+    }
+    if (g == 0) main_segments_ = n_segments;
+    for (uint32_t w = 0; w < n_workers; ++w) {
+      Worker wk;
+      wk.host = host_base + w / gr.workers_per_host;
+      wk.segment = segment_base + (gr.st->scope == Scope::kHost ? w / gr.workers_per_host : w);
+      wk.caller = shm::Caller{shm::kUnknownOwner, 0, uint32_t(rng_.Next() | 1)};
+      wk.group = g;
+      wk.st = gr.st;
+      wk.qps = gr.qps / n_workers;
+      workers_.push_back(wk);
+    }
+    host_base += gr.hosts;
   }
   result_.breakers_per_host = st_.scope == Scope::kHost ? 1 : sc_.workers_per_host;
-  for (uint32_t w = 0; w < n_workers; ++w) {
-    Worker wk;
-    wk.host = w / sc_.workers_per_host;
-    wk.segment = st_.scope == Scope::kHost ? wk.host : w;
-    wk.caller = shm::Caller{shm::kUnknownOwner, 0, uint32_t(rng_.Next() | 1)};
-    workers_.push_back(wk);
-  }
-  host_probes_.assign(sc_.hosts, 0);
+  host_probes_.assign(host_base, 0);
   pods_.resize(ds_.pods);
   for (uint32_t p = 0; p < ds_.pods; ++p) ready_.push_back(p);
 
-  per_worker_qps_ = sc_.baseline_qps / n_workers;
-  for (uint32_t w = 0; w < n_workers; ++w) {
-    Push(int64_t(rng_.Exponential(per_worker_qps_) * 1e9), Ev::kArrival, w);
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    Push(int64_t(rng_.Exponential(workers_[w].qps) * 1e9), Ev::kArrival, w);
   }
   for (const Stall& s : sc_.stalls) {
+    if (s.kind != StallKind::kStall) continue;  // the others are looked up as they happen
     const int64_t a = MsToNs(s.start_s * 1e3), b = a + MsToNs(s.duration_s * 1e3);
     if (b <= a) continue;
     stalls_.emplace_back(a, b);
@@ -275,24 +307,27 @@ Result Sim::Run() {
       case Ev::kBinEnd: result_.bins[e.a].pods_up = uint32_t(ready_.size()); break;
     }
   }
-  // The breakers' own counters, summed over every segment.
-  for (const auto& seg : segments_) {
-    const shm::DependencySlot& slot = *seg->dependency(slot_index_);
+  // The breakers' own counters, summed over the segments of the [fleet] under study.
+  for (uint32_t i = 0; i < main_segments_; ++i) {
+    const shm::DependencySlot& slot = *segments_[i]->dependency(slot_index_);
     auto c = [&](shm::Counter k) { return shm::ReadCounter(slot, k); };
     result_.breaker_opened += c(shm::kOpened);
     result_.half_opened += c(shm::kHalfOpened);
     result_.retries_denied += c(shm::kRetriesDenied);
     result_.rejected_open += c(shm::kRejectedOpen) + c(shm::kRejectedHalfOpenBusy);
   }
+  result_.other_user_requests = others_.user_requests;
+  result_.other_user_failed = others_.user_failed;
+  result_.other_attempts_sent = others_.attempts_sent;
   return std::move(result_);
 }
 
 void Sim::OnArrival(uint32_t worker) {
-  Push(now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(per_worker_qps_) * 1e9)),
-       Ev::kArrival, worker);
-  const int64_t deadline = st_.deadline_ms > 0 ? now_ + MsToNs(st_.deadline_ms) : INT64_MAX;
+  const Worker& wk = workers_[worker];
+  Push(now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(wk.qps) * 1e9)), Ev::kArrival, worker);
+  const int64_t deadline = wk.st->deadline_ms > 0 ? now_ + MsToNs(wk.st->deadline_ms) : INT64_MAX;
   calls_.push_back(Call{now_, worker, 0, deadline});
-  ++result_.user_requests;
+  ++Of(wk).user_requests;
   OnAttempt(uint32_t(calls_.size() - 1), 0);
 }
 
@@ -304,10 +339,10 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
   const shm::Decision d = shm::Admit(slot, slot_index_, number, ShmNow(), wk.caller, &permit);
   if (!shm::IsAdmitted(d)) {
     shm::Complete(slot, &permit, shm::Outcome::kFailure, 0, ShmNow(), wk.caller);  // a no-op
-    Bin& bin = BinAt(now_);
+    Bin& bin = BinOf(Of(wk), now_);
     ++bin.rejected;
     ++bin.user_fail;
-    ++result_.user_failed;
+    ++Of(wk).user_failed;
     return;
   }
   // The attempt's timeout is what is left of the call's budget, at most timeout_ms, and the
@@ -318,15 +353,16 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
                               d == shm::Decision::kAdmittedProbe, permit});
   const uint32_t id = uint32_t(attempts_.size() - 1);
   Attempt& a = attempts_.back();
-  ++BinAt(now_).sent;
-  ++result_.attempts_sent;
-  if (number == 0) ++result_.first_attempts_sent;
-  else ++BinAt(now_).retries;
+  Result& mine = Of(wk);
+  ++BinOf(mine, now_).sent;
+  ++mine.attempts_sent;
+  if (number == 0) ++mine.first_attempts_sent;
+  else ++BinOf(mine, now_).retries;
   if (a.probe) {
-    ++result_.probes;
-    ++BinAt(now_).probes;
+    ++mine.probes;
+    ++BinOf(mine, now_).probes;
     const uint32_t in_flight = ++host_probes_[wk.host];
-    result_.max_probes_in_flight_per_host = std::max(result_.max_probes_in_flight_per_host, in_flight);
+    mine.max_probes_in_flight_per_host = std::max(mine.max_probes_in_flight_per_host, in_flight);
   }
   if (ready_.empty()) {
     Push(now_ + MsToNs(ds_.lb_reject_ms), Ev::kFastFail, id);
@@ -342,6 +378,10 @@ void Sim::OnPodReceive(uint32_t id) {
   Pod& p = pods_[a.pod];
   if (!p.up) {  // killed while the request was on the wire: connection refused
     Finish(id, false);
+    return;
+  }
+  if (InWindow(sc_.stalls, StallKind::kRefused, double(now_) / 1e9)) {
+    Push(now_ + net_ns_, Ev::kFastFail, id);  // nothing listens: the reset comes back at once
     return;
   }
   if (stalled_) {
@@ -360,6 +400,10 @@ void Sim::Accept(uint32_t pod, uint32_t id) {
     return;
   }
   ++BinAt(now_).accepted;
+  if (InWindow(sc_.stalls, StallKind::kErrors, double(now_) / 1e9)) {
+    Push(now_ + net_ns_, Ev::kFastFail, id);  // a 503 at once, nothing served
+    return;
+  }
   if (!ds_.process_abandoned && attempts_[id].done) return;
   // A relative deadline starts when the application reads the request, as gRPC's does: a
   // request that waited in the kernel's backlog through a stall gets its whole budget again.
@@ -508,33 +552,35 @@ void Sim::Finish(uint32_t id, bool ok) {
                 uint64_t(latency), ShmNow(), wk.caller);
   if (a.probe) --host_probes_[wk.host];
 
-  Bin& bin = BinAt(now_);
-  const uint32_t last = result_.latency_buckets - 1;
-  const size_t bin_index = size_t(&bin - result_.bins.data());
+  Result& mine = Of(wk);
+  const Strategy& st = *wk.st;
+  Bin& bin = BinOf(mine, now_);
+  const uint32_t last = mine.latency_buckets - 1;
+  const size_t bin_index = size_t(&bin - mine.bins.data());
   if (ok) {
     ++bin.attempt_ok;
-    ++result_.latency_ms[bin_index][std::min<uint32_t>(uint32_t(latency / kMs), last - 1)];
+    ++mine.latency_ms[bin_index][std::min<uint32_t>(uint32_t(latency / kMs), last - 1)];
     ++bin.user_ok;
     return;
   }
   ++bin.attempt_fail;
-  ++result_.latency_ms[bin_index][last];
-  if (a.number >= st_.max_retries) {
+  ++mine.latency_ms[bin_index][last];
+  if (a.number >= st.max_retries) {
     ++bin.user_fail;
-    ++result_.user_failed;
+    ++mine.user_failed;
     return;
   }
   // Schedule the retry; the breaker and the budget decide at that time whether it goes out.
   Call& c = calls_[a.call];
   int64_t wait = 0;
-  switch (st_.backoff) {
+  switch (st.backoff) {
     case BackoffKind::kImmediate: break;
     case BackoffKind::kFixed:
-      wait = MsToNs(st_.fixed_ms[std::min<size_t>(a.number, st_.fixed_ms.size() - 1)]);
+      wait = MsToNs(st.fixed_ms[std::min<size_t>(a.number, st.fixed_ms.size() - 1)]);
       break;
     case BackoffKind::kJitter: {
-      const auto w = BackoffWait(st_.jitter, std::chrono::milliseconds(st_.base_ms),
-                                 std::chrono::milliseconds(st_.cap_ms), a.number,
+      const auto w = BackoffWait(st.jitter, std::chrono::milliseconds(st.base_ms),
+                                 std::chrono::milliseconds(st.cap_ms), a.number,
                                  std::chrono::nanoseconds(c.prev_wait_ns), rng_.Next());
       wait = int64_t(w.count());
       c.prev_wait_ns = wait;
@@ -545,7 +591,7 @@ void Sim::Finish(uint32_t id, bool ok) {
   // attempt of this call so far must fit in what is left (retryd::RetryLoop's rule).
   if (c.deadline != INT64_MAX && now_ + wait + std::max<int64_t>(c.slowest_ns, 1) > c.deadline) {
     ++bin.user_fail;
-    ++result_.user_failed;
+    ++mine.user_failed;
     return;
   }
   Push(now_ + wait, Ev::kAttempt, a.call, a.number + 1);

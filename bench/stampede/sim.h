@@ -53,6 +53,10 @@ struct Result {
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t breakers_per_host = 0;  // 1 for a host scope, workers_per_host for a process scope
   uint64_t events = 0;
+  // The scenario's other callers (every figure above is the [fleet]'s, but for the pods'):
+  uint64_t other_user_requests = 0;
+  uint64_t other_user_failed = 0;
+  uint64_t other_attempts_sent = 0;
 };
 
 // Run simulates `strategy` in `scenario` with generator seed `seed`.

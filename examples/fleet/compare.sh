@@ -5,7 +5,8 @@
 # retryd_downstream) RUNS times, starting for a host-scope strategy a retryd of its own on a
 # fresh segment with the strategy's policy (retryd_fleet --print_config), and the simulator on
 # the same file over seeds 1..SIM_RUNS; then prints, per strategy, the real runs' median and
-# worst beside the simulator's, and how many runs killed a pod.
+# worst beside the simulator's, and how many runs killed a pod, and draws both in
+# OUTDIR/compare.svg (the simulator's seed 1 and the first real run).
 #
 # Usage: compare.sh BUILD_DIR SCENARIO OUTDIR [STRATEGY...]   (default: every strategy)
 # Environment: RUNS (real runs per strategy, default 5), SIM_RUNS (default 10).
@@ -48,7 +49,7 @@ trap stop_daemon EXIT
 for run in $(seq "$runs"); do
   for st in "${strategies[@]}"; do
     args=(--scenario="$scenario" --strategy="$st" --workdir="$out" --summary_csv="$real_csv"
-          --seed="$run")
+          --seed="$run" --csv="$out/$st.$run.csv")
     if [ "${scope[$st]}" = host ]; then
       segment=retryd-compare-$$-$run
       "$fleet" "${args[@]}" --print_config >"$out/$st.toml"
@@ -63,6 +64,12 @@ for run in $(seq "$runs"); do
     stop_daemon
   done
 done
-"$stampede" --scenario="$scenario" --strategies="$(IFS=,; echo "${strategies[*]}")" \
-  --runs="$sim_runs" --runs_csv="$sim_csv" >"$out/sim.txt"
+list=$(IFS=,; echo "${strategies[*]}")
+"$stampede" --scenario="$scenario" --strategies="$list" --runs="$sim_runs" --runs_csv="$sim_csv" \
+  >"$out/sim.txt"
+# The picture: the simulation of seed 1 beside the real fleet's first run.
+first=$(for st in "${strategies[@]}"; do printf '%s,' "$out/$st.1.csv"; done)
+"$stampede" --scenario="$scenario" --strategies="$list" --svg="$out/compare.svg" \
+  --real_csv="${first%,}" --real_summary_csv="$real_csv" >/dev/null
+echo "picture: $out/compare.svg" >&2
 python3 "$here/compare.py" "$real_csv" "$sim_csv" "$runs" "$sim_runs"

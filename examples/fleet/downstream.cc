@@ -6,7 +6,9 @@
 // at once with a lognormal service time (a timer: the pods wait, they do not burn CPU) and
 // queues the rest. During a `[[stall]]` the whole process stops reading and serving: requests
 // pile up in the kernel's socket buffers, work in service is frozen, and when the stall ends it
-// reads everything at once. A pod whose queue holds `overload_queue` requests for `overload_ms`
+// reads everything at once. In a `kind = "errors"` window every request read is answered 503 at
+// once; in a `kind = "refused"` window every connection is reset (what arrives on an open one,
+// and every new one) without a request being read. A pod whose queue holds `overload_queue` requests for `overload_ms`
 // (or `oom_queue` at once) is killed: what it held is answered 503 at once, and it is back after
 // `restart_ms` + U[0, `restart_jitter_ms`] (+ the crash-loop back-off from its second kill),
 // `warmup_factor` slower at first. With no pod up, a request is answered 503 after
@@ -17,6 +19,9 @@
 //
 // A single-threaded epoll loop: its own capacity is far above what the scenarios ask
 // (docs/STAMPEDE.md measures it), so the modelled pods, not the program, set the limits.
+//
+// `GET /_status` answers "read R in_service S queued Q pods_up P" at once, and is not counted: a
+// test waits on it instead of on the clock.
 //
 // Output: the port and the start time (unix seconds) in --port_file once listening; at the end
 // (after the scenario's duration + --drain_s, or on SIGTERM) one line per bin to --bins:
@@ -125,7 +130,9 @@ class Server {
     for (uint32_t p = 0; p < ds_.pods; ++p) ready_.push_back(p);
     bins_.resize(size_t(std::ceil((sc.duration_s + FLAGS_drain_s) * 1e3 / sc.bin_ms)) + 1);
     for (const auto& s : sc.stalls) {
-      if (s.duration_s > 0) stalls_.emplace_back(s.start_s, s.start_s + s.duration_s);
+      if (s.kind == retryd::stampede::StallKind::kStall && s.duration_s > 0) {
+        stalls_.emplace_back(s.start_s, s.start_s + s.duration_s);
+      }
     }
     std::sort(stalls_.begin(), stalls_.end());
     t0_ = Clock::now();
@@ -157,6 +164,11 @@ class Server {
   void Send(uint32_t conn, std::string_view bytes);
   void Flush(uint32_t conn);
   void Close(uint32_t conn);
+  void Reset(uint32_t conn);
+  void SendStatus(uint32_t conn);
+  bool Refusing() const {
+    return retryd::stampede::InWindow(sc_.stalls, retryd::stampede::StallKind::kRefused, now_);
+  }
   void StartService(uint32_t pod, uint32_t request);
   void FillThreads(uint32_t pod);
   void CheckQueue(uint32_t pod);
@@ -248,6 +260,12 @@ void Server::Accept() {
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a connection that went away before we got to it
+    if (Refusing()) {  // nothing listens: the client's connect is reset
+      const linger reset{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+      close(fd);
+      continue;
+    }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     uint32_t id;
@@ -320,6 +338,7 @@ void Server::ParseNext(uint32_t conn) {
   size_t body = 0;
   size_t pos = head.find("\r\n");
   const std::string_view request_line = head.substr(0, pos);
+  const bool status_request = request_line.rfind("GET /_status ", 0) == 0;
   if (request_line.find(' ') == std::string_view::npos) bad = true;
   while (pos != std::string_view::npos && !bad) {
     const size_t next = head.find("\r\n", pos + 2);
@@ -345,6 +364,8 @@ void Server::ParseNext(uint32_t conn) {
     Send(conn, kBadRequest);
     return Close(conn);
   }
+  if (status_request) return SendStatus(conn);
+  if (Refusing()) return Reset(conn);
   c.busy = true;
   OnRequest(conn, probe, budget_s);
 }
@@ -361,6 +382,9 @@ void Server::OnRequest(uint32_t conn, bool probe, double budget_s) {
   if (ready_.empty()) {
     Push(now_ + ds_.lb_reject_ms / 1e3, Timer::kReject, id);
     return;
+  }
+  if (retryd::stampede::InWindow(sc_.stalls, retryd::stampede::StallKind::kErrors, now_)) {
+    return Reply(id, kUnavailable);  // a failing deploy: 503 at once, nothing served
   }
   if (DropExpired(id)) return;
   const uint32_t pod = ready_[std::uniform_int_distribution<size_t>(0, ready_.size() - 1)(rng_)];
@@ -516,6 +540,28 @@ void Server::Close(uint32_t conn) {
   c.in.clear();
   c.out.clear();
   free_conns_.push_back(conn);
+}
+
+void Server::SendStatus(uint32_t conn) {
+  uint64_t read = 0, in_service = 0, queued = 0;
+  for (const BinCounts& b : bins_) read += b.accepted;
+  for (const Pod& p : pods_) {
+    in_service += p.in_service.size();
+    queued += p.queue.size();
+  }
+  const std::string body = "read " + std::to_string(read) + " in_service " + std::to_string(in_service) +
+                           " queued " + std::to_string(queued) + " pods_up " + std::to_string(ready_.size()) + "\n";
+  Send(conn, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  ParseNext(conn);
+}
+
+// Reset closes the connection with a TCP reset: the client sees "connection reset", at once.
+void Server::Reset(uint32_t conn) {
+  Connection& c = conns_[conn];
+  if (c.fd < 0) return;
+  const linger reset{1, 0};
+  setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  Close(conn);
 }
 
 void Server::WriteBins(const std::string& path) const {

@@ -20,8 +20,9 @@
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
 // A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
 //
-// Output: the simulator's summary table for this one run, the downstream's own counts, and
-// with --summary_csv one row in the simulator's --summary_csv format (appended).
+// Output: the simulator's summary table for this one run, the downstream's own counts, with
+// --summary_csv one row in the simulator's --summary_csv format (appended), and with --csv the
+// time series in the simulator's --csv format (retryd_stampede --real_csv draws it).
 #include <curl/curl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -32,9 +33,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -59,10 +63,12 @@ DEFINE_string(strategy, "", "the scenario's strategy to run (its name)");
 DEFINE_string(downstream, "", "the retryd_downstream binary (default: next to this one)");
 DEFINE_string(segment, "retryd", "the host's retryd segment, for a host-scope strategy");
 DEFINE_string(dependency, "fleet-downstream", "dependency name, for a host-scope strategy");
-DEFINE_int32(threads, 128, "threads per worker: calls in flight per worker at most");
+DEFINE_int32(threads, 128, "threads per worker: calls in flight per worker at most (a call that "
+                           "finds none free waits, and is counted late)");
 DEFINE_string(label, "", "name of this run in the summary (default: the strategy's)");
 DEFINE_string(workdir, "/tmp", "where the workers and the downstream leave their counts");
 DEFINE_string(summary_csv, "", "append the figures as one CSV row (the simulator's columns)");
+DEFINE_string(csv, "", "write the time series (the simulator's --csv columns) to this file");
 DEFINE_string(status_cmd, "", "a command run every second during the run (its output follows "
                               "the seconds since the start)");
 DEFINE_uint64(seed, 1, "seed of the downstream's randomness");
@@ -177,6 +183,17 @@ BreakerCounts ReadBreaker(const retryd::shm::DependencySlot& slot) {
 // scenario's duration and are left out of the figures, as the simulator ends at its horizon.
 constexpr double kDrainS = 6;
 
+// OpenHostClient opens a client on the host's retryd (never falling back to private state) and
+// resolves the dependency.
+retryd::Status OpenHostClient(std::unique_ptr<retryd::Client>* client, retryd::Dependency* dep) {
+  retryd::ClientOptions options;
+  options.segment = FLAGS_segment;
+  options.fallback_to_local = false;
+  retryd::Status s = retryd::Client::Open(options, client);
+  if (s.ok()) s = (*client)->Resolve(FLAGS_dependency, dep);
+  return s;
+}
+
 struct RunContext {
   const Scenario* sc;
   const Strategy* st;
@@ -195,13 +212,8 @@ int RunWorker(const RunContext& ctx, int index) {
   std::unique_ptr<Admission> admission;
   PrivateAdmission* private_admission = nullptr;
   if (st.scope == Scope::kHost) {
-    retryd::ClientOptions options;
-    options.segment = FLAGS_segment;
-    options.fallback_to_local = false;
     retryd::Dependency dep;
-    retryd::Status s = retryd::Client::Open(options, &client);
-    if (s.ok()) s = client->Resolve(FLAGS_dependency, &dep);
-    if (!s.ok()) {
+    if (retryd::Status s = OpenHostClient(&client, &dep); !s.ok()) {
       std::fprintf(stderr, "worker %d: segment %s: %s\n", index, FLAGS_segment.c_str(), s.ToString().c_str());
       return 1;
     }
@@ -217,26 +229,36 @@ int RunWorker(const RunContext& ctx, int index) {
     return std::min(ctx.bins - 1, size_t(std::max(0.0, (t - ctx.t0) * 1e3 / sc.bin_ms)));
   };
   const std::string url = "http://127.0.0.1:" + std::to_string(ctx.port) + "/work";
-  const double per_thread_qps = sc.baseline_qps / sc.workers_per_host / FLAGS_threads;
   const double end = ctx.t0 + sc.duration_s;
   const auto timeout = std::chrono::nanoseconds(int64_t(sc.timeout_ms * 1e6));
 
+  // The arrivals are open-loop: this thread draws the worker's Poisson schedule and hands each
+  // call to whichever of the --threads callers is free, so that a slow call never delays the
+  // next arrival (a thread that ran its own schedule would, and thin the load while calls are
+  // slow, which is exactly when it matters).
+  std::mutex mu;
+  std::condition_variable ready;
+  std::deque<double> due;  // arrival times (unix s) not yet taken
+  bool done = false;
   std::vector<std::thread> threads;
   for (int th = 0; th < FLAGS_threads; ++th) {
     threads.emplace_back([&, th] {
       std::mt19937_64 rng(uint64_t(getpid()) * 1000003u + uint64_t(th) * 7919u + uint64_t(ctx.t0 * 1000));
-      std::exponential_distribution<double> gap(per_thread_qps);
       CURL* curl = curl_easy_init();
       curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
       curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
       curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteDiscard);
-      double next = ctx.t0 + gap(rng);
-      while (next < end) {
-        const double wait = next - NowUnix();
-        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-        if (wait < -kLateS && next > ctx.t0 + 1) ++counts.late;
+      for (;;) {
+        double next;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          ready.wait(lock, [&] { return done || !due.empty(); });
+          if (due.empty()) break;
+          next = due.front();
+          due.pop_front();
+        }
+        if (NowUnix() - next > kLateS && next > ctx.t0 + 1) ++counts.late;
         ++counts.calls;
-        next += gap(rng);
         const retryd::Deadline deadline =
             st.deadline_ms > 0 ? retryd::Deadline(std::chrono::nanoseconds(int64_t(st.deadline_ms * 1e6)))
                                : retryd::Deadline::Infinite();
@@ -310,6 +332,22 @@ int RunWorker(const RunContext& ctx, int index) {
       curl_easy_cleanup(curl);
     });
   }
+  {
+    std::mt19937_64 rng(uint64_t(getpid()) * 2654435761u + uint64_t(ctx.t0 * 1000));
+    std::exponential_distribution<double> gap(sc.baseline_qps / sc.workers_per_host);
+    for (double next = ctx.t0 + gap(rng); next < end; next += gap(rng)) {
+      const double wait = next - NowUnix();
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        due.push_back(next);
+      }
+      ready.notify_one();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  ready.notify_all();
   for (auto& t : threads) t.join();
 
   std::ofstream out(FLAGS_workdir + "/fleet-worker-" + std::to_string(index) + ".txt");
@@ -356,13 +394,8 @@ bool CheckHostPolicy(const Strategy& st) {
   namespace shm = retryd::shm;
   {
     std::unique_ptr<retryd::Client> client;
-    retryd::ClientOptions options;
-    options.segment = FLAGS_segment;
-    options.fallback_to_local = false;
     retryd::Dependency dep;
-    retryd::Status s = retryd::Client::Open(options, &client);
-    if (s.ok()) s = client->Resolve(FLAGS_dependency, &dep);
-    if (!s.ok()) {
+    if (retryd::Status s = OpenHostClient(&client, &dep); !s.ok()) {
       std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", FLAGS_segment.c_str(),
                    s.ToString().c_str());
       return false;
@@ -411,6 +444,11 @@ int main(int argc, char** argv) {
   if (sc.hosts != 1) {
     std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; the real fleet is this one host (hosts = 1)\n",
                  FLAGS_scenario.c_str(), sc.hosts);
+    return 2;
+  }
+  if (!sc.callers.empty()) {
+    std::fprintf(stderr, "retryd_fleet: %s: [[caller]] is simulated only; the real fleet is one caller\n",
+                 FLAGS_scenario.c_str());
     return 2;
   }
   const Strategy* st = nullptr;
@@ -596,9 +634,17 @@ int main(int argc, char** argv) {
   const retryd::stampede::Summary s = retryd::stampede::Summarize(sc, r);
   std::printf("%s", retryd::stampede::SummaryTable(sc, {s}).c_str());
   std::printf("downstream: %llu requests read, %llu probes among them, at most %llu probes at once; "
-              "%llu of %llu calls started over %.0f ms late (threads short)\n",
+              "%llu of %llu calls started over %.0f ms late (the workers were short of threads or CPU)\n",
               (unsigned long long)ds_read, (unsigned long long)ds_probes, (unsigned long long)ds_max_probes,
               (unsigned long long)late, (unsigned long long)calls, kLateS * 1e3);
+  if (!FLAGS_csv.empty()) {
+    std::ofstream csv(FLAGS_csv, std::ios::trunc);
+    csv << retryd::stampede::TimeSeriesCsv(sc, {r});
+    if (!csv) {
+      std::fprintf(stderr, "retryd_fleet: cannot write %s\n", FLAGS_csv.c_str());
+      return 1;
+    }
+  }
   if (!FLAGS_summary_csv.empty()) {
     std::ifstream existing(FLAGS_summary_csv);
     const bool has_header = existing.peek() != std::ifstream::traits_type::eof();

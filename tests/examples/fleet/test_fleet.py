@@ -75,6 +75,27 @@ class Downstream:
         conn.close()
         return r.status, body
 
+    def status(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        conn.request("GET", "/_status")
+        fields = conn.getresponse().read().decode().split()
+        conn.close()
+        return {fields[i]: int(fields[i + 1]) for i in range(0, len(fields), 2)}
+
+    def wait_until(self, what, predicate, timeout=10):
+        end = time.time() + timeout
+        while time.time() < end:
+            st = self.status()
+            if predicate(st):
+                return st
+            time.sleep(0.005)
+        raise AssertionError(f"the downstream never got to: {what} (last: {self.status()})")
+
+    def wait_for_time(self, t_s):
+        """Waits until t_s seconds after the downstream's start."""
+        while time.time() < self.start + t_s:
+            time.sleep(0.005)
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         _, err = self.proc.communicate(timeout=10)
@@ -103,7 +124,7 @@ def test_downstream_drops_what_expired_and_counts_probes(tmp_path):
     results = {}
     a = threading.Thread(target=lambda: results.setdefault("a", ds.get()))
     a.start()
-    time.sleep(0.01)
+    ds.wait_until("A in service", lambda st: st["in_service"] == 1)
     results["b"] = ds.get({"grpc-timeout": "1m"})
     a.join()
     assert results["a"][0] == 200
@@ -119,34 +140,74 @@ def test_downstream_drops_what_expired_and_counts_probes(tmp_path):
 
 
 def test_downstream_stall_holds_what_arrives_until_it_ends(tmp_path):
-    path = scenario(tmp_path, stall="[[stall]]\nstart_s = 0.3\nduration_s = 0.6\n")
+    path = scenario(tmp_path, stall="[[stall]]\nstart_s = 0.3\nduration_s = 2.0\n")
     ds = Downstream(tmp_path, path)
-    while time.time() < ds.start + 0.45:
-        time.sleep(0.01)
+    ds.wait_for_time(0.5)
+    sent = time.time() - ds.start
+    assert sent < 2.3, f"the test itself ran late: sent at {sent:.3f} s, after the stall"
     status, _ = ds.get()
     answered = time.time() - ds.start
     assert status == 200
-    assert answered >= 0.9, f"answered at {answered:.3f} s, inside the stall (0.3-0.9 s)"
+    assert answered >= 2.3, f"answered at {answered:.3f} s, inside the stall (0.3-2.3 s)"
     got = ds.stop()
     assert got["accepted"] == 1
 
 
+def test_downstream_errors_window_answers_503_at_once(tmp_path):
+    # A service time of 1 s: an answer within it was not served.
+    path = scenario(tmp_path, stall='[[stall]]\nstart_s = 0.2\nduration_s = 2.0\nkind = "errors"\n',
+                    downstream={"service_median_ms": "1000", "service_p99_ms": "1100"})
+    ds = Downstream(tmp_path, path, drain_s=2)
+    ds.wait_for_time(0.3)
+    sent = time.time()
+    status, _ = ds.get()
+    assert status == 503
+    assert time.time() - sent < 0.9, "a 503 of a failover comes at once, not after a service time"
+    assert time.time() - ds.start < 2.2, "the test itself ran late, past the window"
+    ds.wait_for_time(2.3)
+    assert ds.get()[0] == 200
+    got = ds.stop()
+    assert got["accepted"] == 2 and got["kills"] == 0
+
+
+def test_downstream_refused_window_resets_connections(tmp_path):
+    path = scenario(tmp_path, stall='[[stall]]\nstart_s = 0.3\nduration_s = 2.0\nkind = "refused"\n')
+    ds = Downstream(tmp_path, path, drain_s=2)
+    kept = http.client.HTTPConnection("127.0.0.1", ds.port, timeout=5)
+    kept.request("GET", "/work")
+    assert kept.getresponse().read() == b"ok\n"  # an open keep-alive connection, before
+    ds.wait_for_time(0.4)
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        ds.get()  # a new connection
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        kept.request("GET", "/work")  # the open one
+        kept.getresponse().read()
+    assert time.time() - ds.start < 2.3, "the test itself ran late, past the window"
+    ds.wait_for_time(2.4)
+    assert ds.get()[0] == 200
+    got = ds.stop()
+    assert got["accepted"] == 2  # the refused ones were never read
+
+
 def test_downstream_overload_kills_the_pod_which_comes_back(tmp_path):
-    path = scenario(tmp_path, downstream={"overload_queue": "2", "overload_ms": "100", "restart_ms": "700",
-                                         "service_median_ms": "200", "service_p99_ms": "210"})
-    ds = Downstream(tmp_path, path, drain_s=1)
+    path = scenario(tmp_path, downstream={"overload_queue": "2", "overload_ms": "100", "restart_ms": "1500",
+                                         "service_median_ms": "5000", "service_p99_ms": "5100"})
+    ds = Downstream(tmp_path, path, drain_s=5)
     statuses = []
-    threads = [threading.Thread(target=lambda: statuses.append(ds.get()[0])) for _ in range(5)]
+    threads = [threading.Thread(target=lambda: statuses.append(ds.get(timeout=10)[0])) for _ in range(3)]
     for t in threads:
         t.start()
+    # One in service (for 5 s) and two queued: the queue held >= 2 for 100 ms, so the pod died
+    # and every request it held was answered 503 at once.
+    ds.wait_until("the pod killed", lambda st: st["pods_up"] == 0)
+    killed = time.time()
     for t in threads:
         t.join()
-    # One in service and four queued: the queue held >= 2 for 100 ms, so the pod died and
-    # every request it held was answered 503 at once.
-    assert sorted(statuses) == [503] * 5, statuses
+    assert sorted(statuses) == [503] * 3, statuses
+    assert time.time() - killed < 1.0, "what the pod held was answered at once"
     assert ds.get()[0] == 503  # no pod up: the balancer answers
-    time.sleep(0.8)
-    assert ds.get()[0] == 200  # back after restart_ms
+    ds.wait_until("the pod back", lambda st: st["pods_up"] == 1)
+    assert time.time() - killed >= 1.4  # restart_ms, from the kill
     got = ds.stop()
     assert got["kills"] == 1
     assert 0 in got["pods_up"] and got["pods_up"][-1] == 1
@@ -167,7 +228,7 @@ deadline_ms = 2000
 [strategy.policy]
 {POLICY_SEED000}
 """
-    path = scenario(tmp_path, strategies=strategies, stall="[[stall]]\nstart_s = 1.5\nduration_s = 0.5\n",
+    path = scenario(tmp_path, strategies=strategies, stall="[[stall]]\nstart_s = 1.2\nduration_s = 1.0\n",
                     downstream={"threads_per_pod": "4", "service_median_ms": "10", "service_p99_ms": "30"})
     real = tmp_path / "real.csv"
     out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=fixed", f"--workdir={tmp_path}",
@@ -186,7 +247,7 @@ deadline_ms = 2000
     assert 65 <= int(row["user_requests"]) <= 175, row
     assert int(row["user_failed"]) <= int(row["user_requests"])
     assert float(row["baseline_p99_ms"]) > 0
-    # The stall (0.5 s, the whole of a 500 ms timeout) fails attempts: retries were sent.
+    # The stall (1 s, twice the 500 ms timeout) fails attempts: retries were sent.
     assert float(row["attempts_per_request"]) > 1.0, row
 
 
@@ -294,3 +355,44 @@ def test_scenario_extends_another(tmp_path):
     (tmp_path / "loop.toml").write_text('extends = "loop.toml"\n')
     out = subprocess.run([STAMPEDE, f"--scenario={tmp_path / 'loop.toml'}"], capture_output=True, text=True)
     assert out.returncode == 2 and "deep (a cycle?)" in out.stderr, out.stderr
+
+
+def test_scenario_other_callers(tmp_path):
+    caller = '[[caller]]\nname = "batch"\nhosts = 2\nworkers_per_host = 2\nbaseline_qps = 20\nmax_retries = 1\n'
+    path = scenario(tmp_path, strategies='[[strategy]]\nname = "a"\n' + caller)
+    out = subprocess.run([STAMPEDE, f"--scenario={path}", f"--summary_csv={tmp_path / 's.csv'}"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "other callers: failed requests" in out.stdout
+    (row,) = read_csv(tmp_path / "s.csv")
+    # 20 QPS for 3 s from the batch caller: 60 expected; Poisson, 5 sigma either way.
+    assert 22 <= int(row["other_user_requests"]) <= 100, row
+    # The [fleet]'s own figures are its own: 40 QPS for 3 s.
+    assert 65 <= int(row["user_requests"]) <= 175, row
+    # A caller needs its rate, and its keys are checked like a strategy's.
+    bad = scenario(tmp_path, name="bad.toml", strategies='[[strategy]]\nname = "a"\n[[caller]]\nname = "b"\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={bad}"], capture_output=True, text=True)
+    assert out.returncode == 2 and "caller[0].baseline_qps must be given" in out.stderr, out.stderr
+    typo = scenario(tmp_path, name="typo.toml",
+                    strategies='[[strategy]]\nname = "a"\n[[caller]]\nname = "b"\nbaseline_qps = 1\nretries = 2\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={typo}"], capture_output=True, text=True)
+    assert out.returncode == 2 and "caller[0].retries is not a known key" in out.stderr, out.stderr
+    # The real fleet is one caller: it says so rather than run half the scenario.
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=a"], capture_output=True, text=True)
+    assert out.returncode == 2 and "[[caller]] is simulated only" in out.stderr, out.stderr
+
+
+def test_scenario_incident_kinds(tmp_path):
+    for kind, read in (("errors", True), ("refused", False)):
+        path = scenario(tmp_path, name=f"{kind}.toml",
+                        stall=f'[[stall]]\nstart_s = 1\nduration_s = 1\nkind = "{kind}"\n')
+        csv_path = tmp_path / f"{kind}.csv"
+        subprocess.run([STAMPEDE, f"--scenario={path}", f"--csv={csv_path}"], check=True, capture_output=True)
+        rows = read_csv(csv_path)
+        during = [r for r in rows if 1.1 <= float(r["t_s"]) < 1.9]
+        assert all(r["plain_user_failed_per_s"] != "0" for r in during[2:]), kind  # every call fails
+        accepted = sum(float(r["plain_accepted_per_s"]) for r in during)
+        assert (accepted > 0) == read, (kind, accepted)  # a refused connection is never read
+    bad = scenario(tmp_path, name="bad.toml", stall='[[stall]]\nkind = "flood"\n')
+    out = subprocess.run([STAMPEDE, f"--scenario={bad}"], capture_output=True, text=True)
+    assert out.returncode == 2 and 'stall[0].kind must be "stall", "errors" or "refused"' in out.stderr
