@@ -399,9 +399,8 @@ std::string Svg(const Scenario& sc, const std::vector<Result>& r, const std::vec
     o << "<text x=\"" << bx(t) << "\" y=\"" << bars_top + bars_h + 14 << "\" text-anchor=\"middle\" font-size=\"10\">"
       << (t >= 60 ? Fmt("%g min", t / 60) : Fmt("%g s", t)) << "</text>\n";
   }
-  o << "<line x1=\"" << bx(2) << "\" y1=\"" << bars_top - 8 << "\" x2=\"" << bx(2) << "\" y2=\""
+  o << "<line x1=\"" << bx(2) << "\" y1=\"" << bars_top - 4 << "\" x2=\"" << bx(2) << "\" y2=\""
     << bars_top + bars_h << "\" stroke=\"#2ca02c\" stroke-dasharray=\"4 3\"/>\n";
-  o << "<text x=\"" << bx(2) + 3 << "\" y=\"" << bars_top - 8 << "\" fill=\"#2ca02c\" font-size=\"10\">2 s</text>\n";
   for (size_t i = 0; i < r.size(); ++i) {
     const double y = bars_top + double(i) * row_h;
     const char* color = kColors[i % kNumColors];
