@@ -55,7 +55,9 @@ T* SharedPage() {
 // Interrupter sends a no-op signal to `threads` in a loop until each has counted itself in
 // `finished`: a signal delivered in the middle of a restartable sequence aborts it, so the tests
 // below meet aborts by the thousand rather than relying on the scheduler's rare preemption at
-// that instruction. Join it (Wait) before the threads.
+// that instruction. Each thread blocks the signal before it counts itself, so a signal sent after
+// the interrupter's last check stays pending on a thread that discards it when it exits. Join the
+// interrupter (Wait), then the threads, then Restore the old handler.
 class Interrupter {
  public:
   Interrupter(std::vector<std::thread>& threads, const std::atomic<int>& finished) {
@@ -74,8 +76,18 @@ class Interrupter {
   // Wait returns the rounds of signals sent.
   uint64_t Wait() {
     thread_.join();
-    sigaction(SIGUSR1, &old_, nullptr);
     return sent_;
+  }
+  // Restore puts the old handler back: call it once the signalled threads have been joined.
+  void Restore() { sigaction(SIGUSR1, &old_, nullptr); }
+
+  // BlockInThisThread blocks the signal in the calling thread: call it before counting the
+  // thread in `finished`.
+  static void BlockInThisThread() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
   }
 
  private:
@@ -113,6 +125,7 @@ uint64_t Hammer(Op op, std::atomic<uint64_t>& aborts) {
           }
         }
         calls.fetch_add(n);
+        Interrupter::BlockInThisThread();
         finished.fetch_add(1);
       });
     }
@@ -122,6 +135,7 @@ uint64_t Hammer(Op op, std::atomic<uint64_t>& aborts) {
   stop = true;
   interrupter.Wait();
   for (auto& t : threads) t.join();
+  interrupter.Restore();
   return calls.load();
 }
 
