@@ -66,6 +66,7 @@ class Table {
     const char* style = nullptr;
   };
   void AddRow(std::vector<Cell> row) { rows_.push_back(std::move(row)); }
+  void AddToLastRow(Cell cell) { rows_.back().push_back(std::move(cell)); }
   std::string Render(bool color) const {
     std::vector<size_t> width;
     for (const auto& row : rows_) {
@@ -148,6 +149,38 @@ std::string RejectionsText(const shm::DependencyStatus& d) {
 
 json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
+// FleetLine: "fleet joined: 8 hosts, synced 0.4s ago; 3 trips on the fleet's window, 1 fleet
+// probe lease won, 1 fallback to local decisions".
+std::string FleetLine(const shm::FleetStatus& f, bool color) {
+  const bool local = f.state == shm::FleetState::kLocal;
+  std::string out = Paint("fleet", kBold, color) + " " +
+                    Paint(shm::FleetStateName(f.state), local ? kRed : kGreen, color);
+  if (local) out += " (the store does not answer: this host decides alone)";
+  out += ": " + std::to_string(f.hosts) + (f.hosts == 1 ? " host" : " hosts");
+  if (f.synced_unix_ms != 0) {
+    const uint64_t now = NowUnixMs();
+    out += ", synced " +
+           FormatHumanDuration(now > f.synced_unix_ms ? now - f.synced_unix_ms : 0) + " ago";
+  } else {
+    out += ", never synced";
+  }
+  out += "; " + std::to_string(f.trips) + " trips on the fleet's window, " +
+         std::to_string(f.leases) + " fleet probe leases won, " + std::to_string(f.fallbacks) +
+         " fallbacks to local";
+  return out;
+}
+
+// FleetText: what the daemon does about this dependency in the fleet.
+std::string FleetText(const shm::DependencyStatus& d) {
+  switch (d.fleet_role) {
+    case shm::FleetRole::kNone: return "-";
+    case shm::FleetRole::kMember: return "member of " + std::to_string(d.fleet_hosts);
+    case shm::FleetRole::kHolding: return "held: waits for the fleet's probe";
+    case shm::FleetRole::kProbing: return "probes for " + std::to_string(d.fleet_hosts);
+  }
+  return "-";
+}
+
 }  // namespace
 
 std::string FormatHumanDuration(uint64_t ms) {
@@ -201,6 +234,7 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
         "    limits still hold in the segment; leases of dead workers are freed only when "
         "they expire\n";
   }
+  if (s.fleet.state != shm::FleetState::kOff) out += FleetLine(s.fleet, color) + "\n";
   if (s.table_full_events + s.registry_full_events > 0) {
     out += Paint("warning:", kRed, color) + " dependency table full " +
            std::to_string(s.table_full_events) + " times, process registry full " +
@@ -227,6 +261,8 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
             {"RETRY RATIO " + span, hs},
             {"BULKHEAD", hs},
             {"REJECTED " + span, hs}});
+  const bool fleet = s.fleet.state != shm::FleetState::kOff;
+  if (fleet) t.AddToLastRow({"FLEET", hs});
   for (const shm::DependencyStatus& dep : s.dependencies) {
     std::string window = "-";
     if (const auto rate = dep.FailureRate()) {
@@ -260,6 +296,10 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
              : nullptr},
         {RejectionsText(dep), nullptr},
     });
+    if (fleet) {
+      t.AddToLastRow({FleetText(dep), dep.fleet_role == shm::FleetRole::kHolding ? kYellow
+                                                                                  : nullptr});
+    }
   }
   out += t.Render(color);
   out += "\n";
@@ -303,6 +343,14 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
       {"stale_after_ms", opt.stale_after_ms},
   };
   doc["processes"] = {{"live", s.processes_live}, {"dead", s.processes_dead}};
+  doc["fleet"] = {
+      {"state", shm::FleetStateName(s.fleet.state)},
+      {"hosts", s.fleet.hosts},
+      {"synced_unix_ms", s.fleet.synced_unix_ms == 0 ? json(nullptr) : json(s.fleet.synced_unix_ms)},
+      {"fallbacks", s.fleet.fallbacks},
+      {"trips", s.fleet.trips},
+      {"leases", s.fleet.leases},
+  };
   doc["any_open"] = s.AnyOpen();
   json deps = json::array();
   for (const shm::DependencyStatus& dep : s.dependencies) {
@@ -371,6 +419,7 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
           {"bulkhead_full", dep.counter(shm::kRejectedBulkheadFull)},
           {"budget_empty", dep.counter(shm::kRetriesDenied)},
           {"shadow_would_reject", dep.counter(shm::kShadowWouldReject)}}},
+        {"fleet", {{"role", shm::FleetRoleName(dep.fleet_role)}, {"hosts", dep.fleet_hosts}}},
         {"counters", counters},
         {"policy", policy},
     });

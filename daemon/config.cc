@@ -230,13 +230,136 @@ class Reader {
 
 // --- The policy keys: "mode" and the rows of shm::kKnobs ----------------------------------
 
-const std::vector<std::string>& PolicyKeyNames() {
+const std::vector<std::string> kFleetPolicyKeys = {
+    "fleet", "fleet_half_open_probes", "fleet_min_hosts", "fleet_min_retries_per_sec",
+    "fleet_retry_burst"};
+
+// PolicyKeyNames: the keys of a policy table, with the fleet's where the table takes them.
+const std::vector<std::string>& PolicyKeyNames(bool with_fleet) {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v = {"mode"};
     for (const shm::KnobSpec& k : shm::kKnobs) v.push_back(k.key);
     return v;
   }();
-  return names;
+  static const std::vector<std::string> with = [] {
+    std::vector<std::string> v = names;
+    v.insert(v.end(), kFleetPolicyKeys.begin(), kFleetPolicyKeys.end());
+    return v;
+  }();
+  return with_fleet ? with : names;
+}
+
+const std::vector<std::string> kFleetKeys = {"redis",   "sentinels", "master_name",
+                                             "password_file", "host_id", "sync",
+                                             "timeout", "key_prefix"};
+
+// ApplyFleetPolicyKey applies one fleet key of a policy table; false if `key` is none.
+bool ApplyFleetPolicyKey(const Reader& r, const std::string& key, const toml::node& v,
+                         const std::string& path, FleetPolicy* f, Status* st) {
+  if (key == "fleet") {
+    *st = r.Bool(v, path, &f->fleet);
+  } else if (key == "fleet_half_open_probes") {
+    *st = r.Uint32(v, path, 1, 1'000, &f->half_open_probes);
+  } else if (key == "fleet_min_hosts") {
+    *st = r.Uint32(v, path, 1, 100'000, &f->min_hosts);
+  } else if (key == "fleet_min_retries_per_sec") {
+    *st = r.Uint32(v, path, 0, 1'000'000, &f->min_retries_per_sec);
+  } else if (key == "fleet_retry_burst") {
+    *st = r.Uint32(v, path, 0, 1'000'000, &f->retry_burst);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool ValidHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  const std::string port = s.substr(colon + 1);
+  if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit)) return false;
+  const unsigned long p = std::stoul(port);
+  return p >= 1 && p <= 65535;
+}
+
+Status ApplyFleetTable(const Reader& r, const std::string& source, const toml::table& tbl,
+                       FleetSettings* f) {
+  for (auto&& [k, v] : tbl) {
+    const std::string key(k.str());
+    const std::string path = "fleet." + key;
+    Status st;
+    if (key == "redis") {
+      st = r.String(v, path, &f->redis);
+      const bool unix_path = f->redis.rfind("unix:/", 0) == 0 && f->redis.size() <= 5 + 107;
+      if (st.ok() && !f->redis.empty() && !unix_path && !ValidHostPort(f->redis)) {
+        st = r.Error(v, path, "bad address " + Render(v) +
+                                  " (HOST:PORT, e.g. \"10.0.0.5:6379\", or unix:/PATH)");
+      }
+    } else if (key == "sentinels") {
+      st = r.StringList(v, path, &f->sentinels);
+      for (const std::string& a : f->sentinels) {
+        if (st.ok() && !ValidHostPort(a)) {
+          st = r.Error(v, path, "bad Sentinel address \"" + a + "\" (HOST:PORT, e.g. "
+                                "\"10.0.0.5:26379\")");
+        }
+      }
+    } else if (key == "master_name") {
+      st = r.String(v, path, &f->master_name);
+    } else if (key == "password_file") {
+      st = r.String(v, path, &f->password_file);
+      if (st.ok() && !f->password_file.empty() && f->password_file[0] != '/') {
+        st = r.Error(v, path, "bad path " + Render(v) + " (an absolute path)");
+      }
+    } else if (key == "host_id") {
+      st = r.String(v, path, &f->host_id);
+      const bool ok = f->host_id.size() <= 200 &&
+                      std::all_of(f->host_id.begin(), f->host_id.end(), [](char c) {
+                        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                               c == '_' || c == '.';
+                      });
+      if (st.ok() && !ok) {
+        st = r.Error(v, path, "bad host id " + Render(v) +
+                                  " (up to 200 characters of A-Z a-z 0-9 _ - .)");
+      }
+    } else if (key == "sync") {
+      st = r.RangedDuration(v, path, kMinFleetSyncMs, kMaxFleetSyncMs, &f->sync_ms);
+    } else if (key == "timeout") {
+      st = r.RangedDuration(v, path, 1, 10'000, &f->timeout_ms);
+    } else if (key == "key_prefix") {
+      st = r.String(v, path, &f->key_prefix);
+      const bool ok = !f->key_prefix.empty() && f->key_prefix.size() <= 64 &&
+                      std::all_of(f->key_prefix.begin(), f->key_prefix.end(), [](char c) {
+                        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                               c == '_' || c == '.' || c == ':';
+                      });
+      if (st.ok() && !ok) {
+        st = r.Error(v, path, "bad key prefix " + Render(v) +
+                                  " (1..64 characters of A-Z a-z 0-9 _ - . :)");
+      }
+    } else {
+      return Status::InvalidArgument(Where(source, k.source()) + ": " +
+                                     UnknownKey(key, "[fleet]", kFleetKeys));
+    }
+    if (!st.ok()) return st;
+  }
+  const std::string where = Where(source, tbl.source()) + ": [fleet]: ";
+  if (!f->redis.empty() && !f->sentinels.empty()) {
+    return Status::InvalidArgument(where + "set redis or sentinels, not both");
+  }
+  if (f->redis.empty() && f->sentinels.empty()) {
+    return Status::InvalidArgument(
+        where + "no store: set redis = \"HOST:PORT\" (or unix:/PATH), or sentinels and "
+                "master_name");
+  }
+  if (!f->sentinels.empty() && f->master_name.empty()) {
+    return Status::InvalidArgument(where + "sentinels need master_name (the name the "
+                                           "Sentinels monitor, e.g. \"mymaster\")");
+  }
+  if (f->timeout_ms >= f->sync_ms) {
+    return Status::InvalidArgument(where + "timeout (" + shm::FormatConfigDuration(f->timeout_ms) +
+                                   ") must be shorter than sync (" +
+                                   shm::FormatConfigDuration(f->sync_ms) + ")");
+  }
+  return Status::Ok();
 }
 
 const std::vector<std::string> kDaemonKeys = {
@@ -248,17 +371,22 @@ const std::vector<std::string> kDaemonKeys = {
 // Ranges are checked afterwards, by ValidatePolicy, on the complete policy.
 Status ApplyPolicyTable(const Reader& r, const std::string& source, const toml::table& tbl,
                         const std::string& section, const std::string& prefix,
-                        shm::Policy* p) {
+                        shm::Policy* p, FleetPolicy* fleet = nullptr) {
   for (auto&& [k, v] : tbl) {
     const std::string path = prefix + std::string(k.str());
     if (k.str() == "mode") {
       if (Status st = r.Mode(v, path, &p->mode); !st.ok()) return st;
       continue;
     }
+    if (Status st; fleet != nullptr &&
+                   ApplyFleetPolicyKey(r, std::string(k.str()), v, path, fleet, &st)) {
+      if (!st.ok()) return st;
+      continue;
+    }
     const shm::KnobSpec* knob = shm::FindKnob(k.str());
     if (knob == nullptr) {
       return Status::InvalidArgument(Where(source, k.source()) + ": " +
-                                     UnknownKey(k.str(), section, PolicyKeyNames()));
+                                     UnknownKey(k.str(), section, PolicyKeyNames(fleet != nullptr)));
     }
     uint32_t* field = &(p->*knob->field);
     Status st;
@@ -371,11 +499,14 @@ Status ParseTable(const toml::table& root, const std::string& source, Config* cf
     if (key == "daemon") {
       const toml::table* t = SectionTable(r, v, key, &st);
       if (t != nullptr) st = ApplyDaemonTable(r, source, *t, &cfg->daemon);
+    } else if (key == "fleet") {
+      const toml::table* t = SectionTable(r, v, key, &st);
+      if (t != nullptr) st = ApplyFleetTable(r, source, *t, &cfg->fleet);
     } else if (key == "defaults") {
       defaults_tbl = SectionTable(r, v, key, &st);
       if (defaults_tbl != nullptr) {
         st = ApplyPolicyTable(r, source, *defaults_tbl, "[defaults]", "defaults.",
-                              &cfg->defaults);
+                              &cfg->defaults, &cfg->fleet_defaults);
       }
     } else if (key == "dependency") {
       deps_tbl = SectionTable(r, v, key, &st);
@@ -383,7 +514,7 @@ Status ParseTable(const toml::table& root, const std::string& source, Config* cf
       return Status::InvalidArgument(
           Where(source, k.source()) + ": unknown " + (v.is_table() ? "section [" : "key '") +
           key + (v.is_table() ? "]" : "'") +
-          " at top level; valid sections: [daemon], [defaults], [dependency.NAME]");
+          " at top level; valid sections: [daemon], [fleet], [defaults], [dependency.NAME]");
     }
     if (!st.ok()) return st;
   }
@@ -406,10 +537,21 @@ Status ParseTable(const toml::table& root, const std::string& source, Config* cf
           " characters of A-Z a-z 0-9 _ . : -; quote it if needed: [dependency.\"a:b\"])");
     }
     shm::Policy p = cfg->defaults;
+    FleetPolicy f = cfg->fleet_defaults;
     const std::string prefix = "dependency." + name + ".";
-    if (Status st = ApplyPolicyTable(r, source, *t, section, prefix, &p); !st.ok()) return st;
+    if (Status st = ApplyPolicyTable(r, source, *t, section, prefix, &p, &f); !st.ok()) {
+      return st;
+    }
     if (Status st = ValidatePolicy(source, t, section, prefix, p); !st.ok()) return st;
+    if (f.fleet && !cfg->fleet.enabled()) {
+      const toml::node* n = t->get("fleet");
+      return Status::InvalidArgument(
+          Where(source, (n != nullptr ? n : t)->source()) + ": key '" + prefix +
+          "fleet': true, but the config has no [fleet] section to join (add [fleet] with redis "
+          "or sentinels, or set fleet = false)");
+    }
     cfg->dependencies[name] = p;
+    cfg->fleet_policies[name] = f;
   }
   if (cfg->dependencies.size() > cfg->daemon.max_dependencies) {
     return Status::InvalidArgument(Where(source, deps_tbl->source()) + ": " +
@@ -424,6 +566,10 @@ Status ParseTable(const toml::table& root, const std::string& source, Config* cf
 
 bool SameSettings(const Config& a, const Config& b) {
   if (!(a.daemon == b.daemon) || !(a.defaults == b.defaults)) return false;
+  if (!(a.fleet == b.fleet) || !(a.fleet_defaults == b.fleet_defaults) ||
+      a.fleet_policies != b.fleet_policies) {
+    return false;
+  }
   if (a.dependencies.size() != b.dependencies.size()) return false;
   for (auto ia = a.dependencies.begin(), ib = b.dependencies.begin(); ia != a.dependencies.end();
        ++ia, ++ib) {

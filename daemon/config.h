@@ -3,6 +3,8 @@
 // A config file has three kinds of sections (systemd/retryd.toml documents every key):
 //
 //   [daemon]            segment name, ownership, capacities, tick, metrics textfile
+//   [fleet]             optional: the Redis (or Sentinel) this host's daemon joins a fleet
+//                       through (daemon/fleet.h)
 //   [defaults]          the policy of every dependency (and of those workers create on the fly)
 //   [dependency.NAME]   any [defaults] key, overridden for dependency NAME
 //
@@ -53,8 +55,45 @@ inline constexpr uint32_t kMaxTickMs = 1'000;
 inline constexpr uint32_t kMinMetricsIntervalMs = 100;
 inline constexpr uint32_t kMaxMetricsIntervalMs = 3'600'000;
 
+// The [fleet] section (docs/FLEET.md). No `redis` and no `sentinels`: no fleet, every decision
+// is the host's. A change needs a restart.
+struct FleetSettings {
+  std::string redis;                   // "HOST:PORT", or "unix:/PATH" for a Unix socket
+  std::vector<std::string> sentinels;  // "HOST:PORT" of each Redis Sentinel (instead of redis)
+  std::string master_name;             // the master the Sentinels watch (with sentinels)
+  std::string password_file;           // a file whose first line is the password; "" = none
+  std::string host_id;                 // this host's name in the fleet; "" = the hostname
+  uint32_t sync_ms = 1'000;            // how often the host publishes and reads the fleet
+  uint32_t timeout_ms = 250;           // a store command slower than this fails (store down)
+  std::string key_prefix = "retryd";   // every key the fleet writes starts with "PREFIX:"
+
+  bool enabled() const { return !redis.empty() || !sentinels.empty(); }
+  bool operator==(const FleetSettings&) const = default;
+};
+inline constexpr uint32_t kMinFleetSyncMs = 100;
+inline constexpr uint32_t kMaxFleetSyncMs = 60'000;
+
+// A dependency's fleet keys, in [defaults] (inherited by every [dependency.NAME]) or in its own
+// section. Dependencies workers create on the fly are never fleet dependencies.
+struct FleetPolicy {
+  bool fleet = false;             // `fleet`: coordinate this dependency through the fleet
+  uint32_t half_open_probes = 1;  // `fleet_half_open_probes`: hosts that probe a reopening
+  uint32_t min_hosts = 2;         // `fleet_min_hosts`: hosts with failures for a fleet trip
+  // `fleet_min_retries_per_sec`, `fleet_retry_burst`: the budget's floor and cap for the whole
+  // fleet, divided among its live hosts; 0 keeps the host's own (min_retries_per_sec,
+  // retry_burst), which also applies whenever the store is unreachable.
+  uint32_t min_retries_per_sec = 0;
+  uint32_t retry_burst = 0;
+
+  bool operator==(const FleetPolicy&) const = default;
+};
+
 struct Config {
   DaemonSettings daemon;
+  FleetSettings fleet;
+  FleetPolicy fleet_defaults;
+  // The fleet keys of every [dependency.NAME], defaults applied (one entry per dependency).
+  std::map<std::string, FleetPolicy> fleet_policies;
   shm::Policy defaults;
   // [dependency.NAME] sections, each the defaults with the section's overrides applied.
   std::map<std::string, shm::Policy> dependencies;

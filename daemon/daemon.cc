@@ -54,6 +54,7 @@ void BlockDaemonSignals() {
 }
 
 Daemon::~Daemon() {
+  if (fleet_) fleet_->Stop();
   if (signal_fd_ >= 0) close(signal_fd_);
   if (timer_fd_ >= 0) close(timer_fd_);
 }
@@ -187,6 +188,7 @@ int Daemon::Run() {
     LOG(INFO) << "daemon: systemd watchdog every " << watchdog_usec / 2000 << "ms";
   }
   ArmTimer();
+  if (fleet_) fleet_->Start();
   Tick(shm::PreciseNowNs());
   last_status_ = StatusLine();
   Notify("READY=1\nSTATUS=" + last_status_);
@@ -237,6 +239,8 @@ int Daemon::Run() {
                                 : "segment '" + segment_->name() +
                                       "' stays for the workers and the next daemon");
           Notify("STOPPING=1");
+          // Holds given back and leases freed before the pid goes: the workers then decide alone.
+          if (fleet_) fleet_->Stop();
           segment_->header().daemon_pid.store(0, kRelaxed);
           // The textfile would otherwise go on saying this pid and a fresh heartbeat age.
           if (!config_.daemon.metrics_textfile.empty()) WriteMetrics(shm::PreciseNowNs());

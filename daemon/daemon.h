@@ -45,6 +45,7 @@
 
 #include "daemon/attach_server.h"
 #include "daemon/config.h"
+#include "daemon/fleet.h"
 #include "retryd/status.h"
 #include "shm/admission.h"
 #include "shm/registry.h"
@@ -180,6 +181,8 @@ class Daemon {
   // The socket workers attach through ([daemon] socket), or null when the segment keeps its
   // /dev/shm name.
   std::unique_ptr<AttachServer> attach_;
+  // The fleet ([fleet]), or null. Declared after segment_: it stops before the segment goes.
+  std::unique_ptr<Fleet> fleet_;
   FdStore fd_store_;  // the service manager's, to keep the sealed segment across restarts
   std::vector<SlotView> seen_;
   shm::Caller caller_{};

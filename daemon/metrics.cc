@@ -143,10 +143,35 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
            "Times a worker named an unconfigured dependency while auto_create is off.");
   w.Sample("retryd_unknown_dependency_events_total", "", view.unknown_dependency_events);
 
+  // --- The fleet (daemon/fleet.h) -------------------------------------------------------
+  const shm::FleetStatus& fleet = view.fleet;
+  w.Family("retryd_fleet_state", "gauge",
+           "The daemon's fleet: 0 off (no [fleet]), 1 joined, 2 local (the store does not answer: "
+           "the host decides alone).");
+  w.Sample("retryd_fleet_state", "", uint64_t(fleet.state));
+  w.Family("retryd_fleet_hosts", "gauge", "Hosts live in the fleet at the daemon's last sync.");
+  w.Sample("retryd_fleet_hosts", "", uint64_t{fleet.hosts});
+  w.Family("retryd_fleet_sync_timestamp_seconds", "gauge",
+           "Unix time of the last sync that reached the fleet's store (0: never).");
+  w.Sample("retryd_fleet_sync_timestamp_seconds", "", double(fleet.synced_unix_ms) / 1e3);
+  w.Family("retryd_fleet_fallbacks_total", "counter",
+           "Times the host fell back to local decisions (the store stopped answering).");
+  w.Sample("retryd_fleet_fallbacks_total", "", fleet.fallbacks);
+  w.Family("retryd_fleet_trips_total", "counter",
+           "Breakers this host opened on the fleet's window.");
+  w.Sample("retryd_fleet_trips_total", "", fleet.trips);
+  w.Family("retryd_fleet_probe_leases_total", "counter",
+           "Fleet probe leases this host won (its workers probed for the fleet).");
+  w.Sample("retryd_fleet_probe_leases_total", "", fleet.leases);
+
   // --- Per dependency: state -------------------------------------------------------------
   w.Family("retryd_breaker_state", "gauge",
            "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
   for (const Dep& d : deps) w.Sample("retryd_breaker_state", d.label, uint64_t(d.view->breaker));
+  w.Family("retryd_fleet_role", "gauge",
+           "This host in the fleet for the dependency: 0 none, 1 member, 2 held open until the "
+           "fleet's probe reports, 3 probing for the fleet.");
+  for (const Dep& d : deps) w.Sample("retryd_fleet_role", d.label, uint64_t(d.view->fleet_role));
   w.Family("retryd_mode", "gauge",
            "Operating mode of the dependency (1 for the current mode: enforce, shadow, disabled, "
            "forced-open).");

@@ -320,6 +320,11 @@ Status Daemon::Reload() {
   keep("socket", n.socket, o.socket, str);
   keep("allow_users", n.allow_users, o.allow_users, list);
   keep("allow_groups", n.allow_groups, o.allow_groups, list);
+  if (!(next.fleet == config_.fleet)) {
+    LOG(WARNING) << "reload: [fleet] changed: takes effect at the next restart; keeping the "
+                 << "running [fleet]";
+    next.fleet = config_.fleet;
+  }
 
   const bool tick_changed = n.tick_ms != o.tick_ms;
   const bool metrics_changed =
@@ -327,6 +332,7 @@ Status Daemon::Reload() {
   const PublishCounts wrote = Publish(next, &config_);
   // config_ is the file as loaded; pending_ is what of it the segment does not hold yet.
   config_ = std::move(next);
+  if (fleet_) fleet_->SetDependencies(FleetDependencies(config_));
   if (tick_changed && timer_fd_ >= 0) ArmTimer();
   if (metrics_changed) next_metrics_ns_ = 0;
   last_reload_error_.clear();

@@ -213,6 +213,25 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   d->caller_ = shm::Caller{0, 0, uint32_t(getpid()) * 2654435761u | 1u};
   d->ObserveAll(false);
   d->Publish(cfg, nullptr);
+  if (cfg.fleet.enabled()) {
+    if (!cfg.fleet.password_file.empty() && access(cfg.fleet.password_file.c_str(), R_OK) != 0) {
+      const int err = errno;
+      return Status::PermissionDenied(cfg.source + ": key 'fleet.password_file': cannot read " +
+                                      cfg.fleet.password_file + ": " + std::strerror(err));
+    }
+    d->fleet_ = std::make_unique<Fleet>(*d->segment_, cfg.fleet);
+    d->fleet_->SetDependencies(FleetDependencies(cfg));
+    LOG(INFO) << "fleet: host " << d->fleet_->host_id() << ", "
+              << FleetDependencies(cfg).size() << " fleet dependencies, store "
+              << (cfg.fleet.sentinels.empty() ? cfg.fleet.redis
+                                              : "master " + cfg.fleet.master_name +
+                                                    " of " +
+                                                    std::to_string(cfg.fleet.sentinels.size()) +
+                                                    " Sentinels");
+  } else {
+    h.fleet_state.store(uint32_t(shm::FleetState::kOff), kRelaxed);
+    h.fleet_hosts.store(0, kRelaxed);
+  }
   d->config_ = std::move(cfg);
   h.daemon_pid.store(uint32_t(getpid()), kRelaxed);
   LOG(INFO) << "config: " << d->config_.source << ": " << d->config_.dependencies.size()

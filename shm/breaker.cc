@@ -351,6 +351,25 @@ const char* ProbeOutcomeName(ProbeOutcome o) {
   return "none";
 }
 
+const char* FleetStateName(FleetState s) {
+  switch (s) {
+    case FleetState::kOff: return "off";
+    case FleetState::kJoined: return "joined";
+    case FleetState::kLocal: return "local";
+  }
+  return "off";
+}
+
+const char* FleetRoleName(FleetRole r) {
+  switch (r) {
+    case FleetRole::kNone: return "none";
+    case FleetRole::kMember: return "member";
+    case FleetRole::kHolding: return "holding";
+    case FleetRole::kProbing: return "probing";
+  }
+  return "none";
+}
+
 const char* BreakerStateName(BreakerState s) {
   switch (s) {
     case BreakerState::kClosed: return "closed";
@@ -388,6 +407,12 @@ std::optional<uint64_t> NextBreakerWord(const PolicyWords& policy, uint64_t curr
       if (!half_open || b.seq != probe_seq) return std::nullopt;
       return Reopened(policy, b, now_ms, random).Encode();
     case BreakerEvent::kReset: return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
+    case BreakerEvent::kFleetClosed:
+      if (b.state != BreakerState::kOpen) return std::nullopt;
+      return Transition(b, BreakerState::kClosed, 0, now_ms).Encode();
+    case BreakerEvent::kFleetReopened:
+      if (b.state != BreakerState::kOpen) return std::nullopt;
+      return Reopened(policy, b, now_ms, random).Encode();
   }
   return std::nullopt;
 }
@@ -396,7 +421,7 @@ bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns
                        uint16_t probe_seq, uint32_t& rng) {
   const uint32_t now_ms = NsToMs32(now_ns);
   const bool opens = event == BreakerEvent::kTrip || event == BreakerEvent::kProbeFailed ||
-                     event == BreakerEvent::kProbeExpired;
+                     event == BreakerEvent::kProbeExpired || event == BreakerEvent::kFleetReopened;
   for (int round = 0; round < kMaxEventRounds; ++round) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
     if (event == BreakerEvent::kOpenPeriodOver &&
@@ -409,6 +434,25 @@ bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns
     if (Commit(slot, word, *next, now_ns)) return true;
   }
   return false;
+}
+
+bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_t now_ns) {
+  const uint64_t now_ms = now_ns / 1'000'000u;
+  if (until_ms > now_ms + kMaxDeadlineAheadMs) return false;
+  uint64_t word = slot.breaker.load(std::memory_order_acquire);
+  BreakerWord b = BreakerWord::Decode(word);
+  if (b.state != BreakerState::kOpen || b.seq != seq || b.time_ms == uint32_t(until_ms)) {
+    return false;
+  }
+  BreakerWord next = b;
+  next.time_ms = uint32_t(until_ms);
+  if (!slot.breaker.compare_exchange_strong(word, next.Encode(), std::memory_order_acq_rel,
+                                            kRelaxed)) {
+    return false;
+  }
+  // Until this store, readers find the time word not matching and use the 32-bit time.
+  slot.breaker_time.store(BreakerTime::Make(seq, until_ms), std::memory_order_release);
+  return true;
 }
 
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {

@@ -21,6 +21,12 @@
 //   HalfOpen  | kProbeExpired: a probe lease of this      | Open (reopens + 1)
 //             | half-open timed out                       |
 //   any       | kReset: an operator's reset               | Closed
+//   Open      | kFleetClosed: the fleet's probe succeeded | Closed (window restarts)
+//   Open      | kFleetReopened: the fleet's probe failed  | Open (reopens + 1)
+//
+// The two fleet rows are the daemon's, in fleet mode (daemon/fleet.h), and so is the one change
+// of an open word that is not a transition: SetOpenUntil moves an open period's end (same seq,
+// same reopens), to hold a host open while another host probes for the fleet.
 //
 // The probe events apply only to the half-open the probe was granted in (its seq, which its
 // lease word carries as its tag: leases.h); an event that does not apply to the state it finds
@@ -161,6 +167,8 @@ enum class BreakerEvent : uint32_t {
   kProbeFailed,
   kProbeExpired,
   kReset,
+  kFleetClosed,
+  kFleetReopened,
 };
 
 // NextBreakerWord is the table above as a pure function: the word after `event` at `now_ms`
@@ -190,6 +198,12 @@ inline uint32_t NextRandom(uint32_t& state) {
 // if this call changed the word. Thread-safe; `rng` is the calling thread's.
 bool ApplyBreakerEvent(DependencySlot& slot, BreakerEvent event, uint64_t now_ns,
                        uint16_t probe_seq, uint32_t& rng);
+
+// SetOpenUntil moves the end of the open period of the breaker of `slot` to `until_ms` (full ms
+// of the clock, within kMaxDeadlineAheadMs of `now_ns`), if the breaker is still the open word
+// of seq `seq`: one CAS, then the breaker time word. Not a transition: seq, reopens and the
+// counters stay. Returns true if it moved the end. Daemon only (fleet mode). Thread-safe.
+bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_t now_ns);
 
 struct WindowStats {
   uint64_t calls = 0;

@@ -114,6 +114,10 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint64_t> state_since;
   std::atomic<uint64_t> last_probe;
   std::atomic<uint64_t> mode_setter;
+  // What the host's daemon does about this dependency in the fleet (a FleetWord, written by the
+  // daemon's fleet thread: daemon/fleet.h); 0 when it is not a fleet dependency. For the
+  // operator only, like the words above.
+  std::atomic<uint64_t> fleet;
   // Lines 4-5: breaker window buckets (see breaker.h).
   alignas(kCacheLine) std::atomic<uint64_t> buckets[kMaxBuckets];
   // Lines 6-8: counters.
@@ -172,6 +176,41 @@ struct alignas(kCacheLine) SegmentHeader {
   // Line 4: the policy given to dependencies created on the fly.
   alignas(kCacheLine) PolicyWords defaults;
   std::atomic<uint32_t> default_mode;
+  // After the defaults, in what was padding: the daemon's fleet (daemon/fleet.h), written by its
+  // fleet thread, for retryctl and the metrics; all 0 when the daemon runs no fleet (or
+  // predates it). Never read by admit or complete.
+  std::atomic<uint32_t> fleet_state;           // FleetState
+  std::atomic<uint32_t> fleet_hosts;           // hosts live in the fleet at the last sync
+  std::atomic<uint64_t> fleet_synced_unix_ms;  // the last sync that reached the store
+  std::atomic<uint64_t> fleet_fallbacks;       // times the host fell back to local decisions
+  std::atomic<uint64_t> fleet_trips;           // breakers this host opened on the fleet's window
+  std::atomic<uint64_t> fleet_leases;          // fleet probe leases this host won
+};
+
+// SegmentHeader::fleet_state.
+enum class FleetState : uint32_t {
+  kOff = 0,     // no [fleet] in the config: every decision is the host's
+  kJoined = 1,  // the last sync reached the store: fleet trips, probes and floors apply
+  kLocal = 2,   // the store is unreachable: the host decides alone until it rejoins
+};
+const char* FleetStateName(FleetState s);  // "off", "joined", "local"
+
+// DependencySlot::fleet: bits 0..7 the FleetRole, bits 32..63 the hosts live in the fleet for
+// this dependency at the last sync.
+enum class FleetRole : uint32_t {
+  kNone = 0,     // not a fleet dependency, or the store is unreachable
+  kMember = 1,   // publishes its window; its breaker follows the fleet's
+  kHolding = 2,  // open, held open by the daemon until the fleet's probe reports
+  kProbing = 3,  // open or half-open, holding a fleet probe lease: its probes speak for all
+};
+const char* FleetRoleName(FleetRole r);  // "none", "member", "holding", "probing"
+struct FleetWord {
+  static uint64_t Make(FleetRole r, uint32_t hosts) { return uint64_t(r) | uint64_t(hosts) << 32; }
+  static FleetRole Role(uint64_t w) {
+    const uint32_t r = uint32_t(w & 0xff);
+    return r > 3 ? FleetRole::kNone : FleetRole(r);
+  }
+  static uint32_t Hosts(uint64_t w) { return uint32_t(w >> 32); }
 };
 
 // --- The layout is an ABI: pin it. -------------------------------------------------------
@@ -190,6 +229,7 @@ static_assert(offsetof(SegmentHeader, retired) == 1 * kCacheLine);
 static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);
 static_assert(offsetof(SegmentHeader, create_lock) == 3 * kCacheLine);
 static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
+static_assert(offsetof(SegmentHeader, fleet_leases) + 8 <= 6 * kCacheLine);
 static_assert(sizeof(Stripe) == kCacheLine);
 static_assert(sizeof(DependencySlot) == (26 + kMaxStripes) * kCacheLine);
 static_assert(offsetof(DependencySlot, stripe_count) + 4 <= 3 * kCacheLine);
@@ -199,7 +239,7 @@ static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);
 static_assert(offsetof(DependencySlot, budget) == 3 * kCacheLine + 8);
 static_assert(offsetof(DependencySlot, window_head) == 3 * kCacheLine + 16);
-static_assert(offsetof(DependencySlot, mode_setter) + 8 <= 4 * kCacheLine);
+static_assert(offsetof(DependencySlot, fleet) + 8 <= 4 * kCacheLine);
 static_assert(offsetof(DependencySlot, buckets) == 4 * kCacheLine);
 static_assert(offsetof(DependencySlot, counters) == 6 * kCacheLine);
 static_assert(offsetof(DependencySlot, probe_leases) == 9 * kCacheLine);

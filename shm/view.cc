@@ -81,6 +81,9 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
                              d.policy.retry_burst) +
           PendingDeposits(slot));
   d.bulkhead_in_use = CountTaken(slot.bulkhead_leases, kMaxBulkhead);
+  const uint64_t fleet = slot.fleet.load(kRelaxed);
+  d.fleet_role = FleetWord::Role(fleet);
+  d.fleet_hosts = FleetWord::Hosts(fleet);
   for (uint32_t c = 0; c < kCounterCount; ++c) d.counters[c] = ReadCounter(slot, Counter(c));
   return d;
 }
@@ -155,6 +158,13 @@ Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* o
   s.table_full_events = h.table_full_events.load(kRelaxed);
   s.registry_full_events = h.registry_full_events.load(kRelaxed);
   s.unknown_dependency_events = h.unknown_dependency_events.load(kRelaxed);
+  const uint32_t fleet_state = h.fleet_state.load(kRelaxed);
+  s.fleet.state = fleet_state <= 2 ? FleetState(fleet_state) : FleetState::kOff;
+  s.fleet.hosts = h.fleet_hosts.load(kRelaxed);
+  s.fleet.synced_unix_ms = h.fleet_synced_unix_ms.load(kRelaxed);
+  s.fleet.fallbacks = h.fleet_fallbacks.load(kRelaxed);
+  s.fleet.trips = h.fleet_trips.load(kRelaxed);
+  s.fleet.leases = h.fleet_leases.load(kRelaxed);
 
   DaemonStatus& d = s.daemon;
   d.pid = h.daemon_pid.load(kAcquire);

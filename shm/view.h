@@ -85,6 +85,9 @@ struct DependencyStatus {
   uint64_t tokens_available_milli = 0;  // thousandths of a token, RetryBudget::Available
   // Bulkhead.
   uint32_t bulkhead_in_use = 0;  // bulkhead lease words taken
+  // The fleet (DependencySlot::fleet): kNone unless a fleet daemon follows this dependency.
+  FleetRole fleet_role = FleetRole::kNone;
+  uint32_t fleet_hosts = 0;  // hosts live in the fleet for it at the daemon's last sync
   // Cumulative counters, indexed by Counter.
   std::array<uint64_t, kCounterCount> counters{};
 
@@ -96,6 +99,16 @@ struct DependencyStatus {
   std::optional<double> FailureRate() const;
   // RetryRatio: retries granted / first attempts, nullopt with no first attempt.
   std::optional<double> RetryRatio() const;
+};
+
+// The daemon's fleet (SegmentHeader::fleet_*, daemon/fleet.h).
+struct FleetStatus {
+  FleetState state = FleetState::kOff;
+  uint32_t hosts = 0;
+  uint64_t synced_unix_ms = 0;  // 0: never synced
+  uint64_t fallbacks = 0;
+  uint64_t trips = 0;
+  uint64_t leases = 0;
 };
 
 struct SegmentStatus {
@@ -110,6 +123,7 @@ struct SegmentStatus {
   uint64_t registry_full_events = 0;
   uint64_t unknown_dependency_events = 0;
   DaemonStatus daemon;
+  FleetStatus fleet;
   // Process slots below the high-water mark whose owner word is live: what the segment says,
   // with no check that the processes still run (cheap enough for every daemon tick).
   uint32_t processes_attached = 0;

@@ -121,6 +121,56 @@ TEST_F(BreakerTableTest, ResetClosesFromEveryState) {
   }
 }
 
+// The fleet's two rows apply to an open breaker only: the fleet's probe succeeding closes it,
+// failing reopens it with the backed-off period, as its own probe would.
+TEST_F(BreakerTableTest, TheFleetClosesOrReopensAnOpenBreakerOnly) {
+  const auto closed = Next(Word(BreakerState::kOpen, 3, 0, 7, kNow + 500), BreakerEvent::kFleetClosed);
+  ASSERT_TRUE(closed);
+  EXPECT_EQ(closed->state, BreakerState::kClosed);
+  EXPECT_EQ(closed->reopens, 0u);
+  EXPECT_EQ(closed->seq, 8);
+  EXPECT_EQ(closed->time_ms, kNow);
+  const auto reopened =
+      Next(Word(BreakerState::kOpen, 2, 0, 7, kNow), BreakerEvent::kFleetReopened);
+  ASSERT_TRUE(reopened);
+  EXPECT_EQ(reopened->state, BreakerState::kOpen);
+  EXPECT_EQ(reopened->reopens, 3u);
+  EXPECT_EQ(reopened->seq, 8);
+  EXPECT_EQ(reopened->time_ms, kNow + 8'000);  // 1 s x 2^3, at open_for_max
+  for (const BreakerState s : {BreakerState::kClosed, BreakerState::kHalfOpen}) {
+    EXPECT_FALSE(Next(Word(s, 1, 0, 7, kNow), BreakerEvent::kFleetClosed));
+    EXPECT_FALSE(Next(Word(s, 1, 0, 7, kNow), BreakerEvent::kFleetReopened));
+  }
+}
+
+// SetOpenUntil moves the end of one open period and nothing else: not another seq's, not a
+// half-open's, and the full time reads back right.
+TEST(BreakerHoldTest, SetOpenUntilMovesOnlyThatOpenPeriodsEnd) {
+  Policy p;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, p);
+  DependencySlot& slot = *seg->dependency(0);
+  StorePolicy(p, slot.policy);
+  const uint64_t now_ns = uint64_t{kNow} * 1'000'000u;
+  uint32_t rng = 1;
+  ASSERT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kTrip, now_ns, 0, rng));
+  const BreakerWord open = BreakerWord::Decode(slot.breaker.load());
+  const uint64_t opened = slot.counters[kOpened].load();
+  EXPECT_FALSE(SetOpenUntil(slot, uint16_t(open.seq + 1), kNow + 60'000, now_ns));
+  ASSERT_TRUE(SetOpenUntil(slot, open.seq, kNow + 60'000, now_ns));
+  const BreakerWord held = BreakerWord::Decode(slot.breaker.load());
+  EXPECT_EQ(held.state, BreakerState::kOpen);
+  EXPECT_EQ(held.seq, open.seq);
+  EXPECT_EQ(held.reopens, open.reopens);
+  EXPECT_EQ(FullTimeMs(slot, held), uint64_t{kNow} + 60'000);
+  EXPECT_FALSE(OpenPeriodOver(slot, held, now_ns + 59'999'000'000ull));
+  EXPECT_TRUE(OpenPeriodOver(slot, held, now_ns + 60'000'000'000ull));
+  EXPECT_EQ(slot.counters[kOpened].load(), opened);  // not a transition
+  // Back to the past: the next admit takes it half-open.
+  ASSERT_TRUE(SetOpenUntil(slot, open.seq, kNow - 1, now_ns));
+  EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kOpenPeriodOver, now_ns, 0, rng));
+  EXPECT_FALSE(SetOpenUntil(slot, open.seq, kNow + 60'000, now_ns));  // half-open now
+}
+
 // ApplyBreakerEvent counts each transition once, and closing restarts the window.
 TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
   DependencySlot slot{};
@@ -189,7 +239,7 @@ TEST(BreakerConcurrencyTest, EveryTransitionIsOneCasFromTheWordTheDeciderRead) {
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < kRounds; ++r) EXPECT_EQ(wins[r].load(), 1) << "round " << r;
-  EXPECT_EQ(ReadCounter(slot, kOpened), uint64_t{kRounds});
+  EXPECT_EQ(slot.counters[kOpened].load(), uint64_t{kRounds});
 }
 
 // ApplyBreakerEvent draws the open period's jitter from the caller's state only for an event

@@ -1,0 +1,504 @@
+#include "daemon/fleet.h"
+
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <sstream>
+
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/policy.h"
+
+namespace retryd::daemon {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+constexpr uint64_t kMsNs = 1'000'000;
+// The step: how often an open breaker's hold, lease and the fleet's outcome are looked at.
+constexpr uint64_t kMaxStepMs = 100;
+constexpr uint64_t kMinBackoffMs = 250;
+constexpr uint64_t kMaxBackoffMs = 30'000;
+// A host's report counts for this many syncs; its lease lives as long unless renewed.
+constexpr uint32_t kFreshSyncs = 3;
+
+// Every script reads the store's own clock (TIME), so hosts' clocks need not agree.
+constexpr const char* kPublishWindow = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local ms = tonumber(string.match(all[i + 1], '(%d+)$')) or 0
+  if now - ms > tonumber(ARGV[4]) then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    table.insert(out, all[i + 1])
+  end
+end
+return out
+)lua";
+
+constexpr const char* kJoinHosts = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return redis.call('ZCARD', KEYS[1])
+)lua";
+
+// KEYS[1] the outcome, KEYS[2..] the leases; ARGV: the outcome count the host last read, its
+// token, the lease's expiry. Returns the lease taken, -1 if an outcome came since, -2 if every
+// lease is taken.
+constexpr const char* kAcquireLease = R"lua(
+local n = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+if n ~= tonumber(ARGV[1]) then return -1 end
+for i = 2, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[2], 'NX', 'PX', ARGV[3]) then return i - 2 end
+end
+return -2
+)lua";
+
+constexpr const char* kRenewLease = R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+)lua";
+
+// KEYS[1] the outcome, KEYS[2] the lease; ARGV: result, host, token. Publishes only while the
+// lease is this host's: a prober whose lease expired speaks for itself alone. Returns the new
+// outcome count, or -1.
+constexpr const char* kPublishOutcome = R"lua(
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+redis.call('DEL', KEYS[2])
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('HSET', KEYS[1], 'result', ARGV[1], 'host', ARGV[2])
+return n
+)lua";
+
+constexpr const char* kReleaseLease = R"lua(
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+)lua";
+
+uint64_t FullUntilMs(const shm::DependencySlot& slot, const shm::BreakerWord& b,
+                     uint64_t now_ns) {
+  if (const std::optional<uint64_t> t = shm::FullTimeMs(slot, b)) return *t;
+  const uint64_t now_ms = now_ns / kMsNs;
+  return now_ms + int64_t(int32_t(b.time_ms - uint32_t(now_ms)));
+}
+
+std::string MakeToken(const std::string& host) {
+  std::random_device rd;
+  std::ostringstream s;
+  s << host << ":" << getpid() << ":" << std::hex << ((uint64_t(rd()) << 32) | rd());
+  return s.str();
+}
+
+}  // namespace
+
+struct Fleet::Run {
+  FleetDependency cfg;
+  int32_t index = -1;
+  uint32_t generation = 0;
+  bool seen = false;                // the word below was read once
+  uint16_t seq = 0;                 // the breaker seq last followed
+  shm::BreakerState state = shm::BreakerState::kClosed;
+  uint64_t due_ms = 0;              // the open period's own end, before any hold
+  bool held = false;                // its end moved by this daemon
+  int32_t lease = -1;               // the fleet probe lease held, or -1
+  uint64_t next_renew_ns = 0;
+  int64_t outcome_n = 0;            // the fleet's outcome count when this open began
+  uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
+  uint32_t hosts = 0;               // live hosts at the last sync
+};
+
+std::map<std::string, FleetDependency> FleetDependencies(const Config& cfg) {
+  std::map<std::string, FleetDependency> out;
+  if (!cfg.fleet.enabled()) return out;
+  for (const auto& [name, f] : cfg.fleet_policies) {
+    if (!f.fleet) continue;
+    const shm::Policy& p = cfg.dependencies.at(name);
+    out[name] = {f, p.min_retries_per_sec, p.retry_burst};
+  }
+  return out;
+}
+
+std::string FleetHostId(const FleetSettings& s) {
+  if (!s.host_id.empty()) return s.host_id;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+Fleet::Fleet(shm::Segment& segment, FleetSettings settings)
+    : segment_(segment),
+      settings_(std::move(settings)),
+      host_id_(FleetHostId(settings_)),
+      token_(MakeToken(host_id_)),
+      store_(settings_) {
+  rng_ = uint32_t(std::random_device()()) | 1;
+  shm::SegmentHeader& h = segment_.header();
+  h.fleet_state.store(uint32_t(shm::FleetState::kLocal), kRelaxed);
+  h.fleet_hosts.store(0, kRelaxed);
+}
+
+Fleet::~Fleet() { Stop(); }
+
+void Fleet::Start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Fleet::SetDependencies(std::map<std::string, FleetDependency> deps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_ = std::make_unique<std::map<std::string, FleetDependency>>(std::move(deps));
+  cv_.notify_all();
+}
+
+std::string Fleet::Key(const std::string& dep, const std::string& what) const {
+  return settings_.key_prefix + ":dep:" + dep + ":" + what;
+}
+
+shm::DependencySlot* Fleet::SlotOf(const std::string& name, Run& run) {
+  if (run.index >= 0) {
+    shm::DependencySlot* slot = segment_.dependency(uint32_t(run.index));
+    if (slot != nullptr && slot->generation.load(std::memory_order_acquire) == run.generation &&
+        shm::SlotState(slot->state.load(std::memory_order_acquire)) == shm::SlotState::kActive) {
+      return slot;
+    }
+  }
+  run.index = segment_.Find(name);
+  if (run.index < 0) return nullptr;
+  shm::DependencySlot* slot = segment_.dependency(uint32_t(run.index));
+  run.generation = slot->generation.load(std::memory_order_acquire);
+  run.seen = false;
+  return slot;
+}
+
+void Fleet::Release(Run& run, uint64_t now_ns) {
+  shm::DependencySlot* slot = run.index >= 0 ? segment_.dependency(uint32_t(run.index)) : nullptr;
+  if (slot != nullptr && slot->generation.load(std::memory_order_acquire) == run.generation) {
+    // The open period as the breaker drew it: over already, the next admit takes it half-open.
+    if (run.held) shm::SetOpenUntil(*slot, run.seq, std::max(run.due_ms, now_ns / kMsNs), now_ns);
+    slot->policy.min_retries_per_sec.store(run.cfg.local_min_retries_per_sec, kRelaxed);
+    slot->policy.retry_burst.store(run.cfg.local_retry_burst, kRelaxed);
+    slot->fleet.store(shm::FleetWord::Make(shm::FleetRole::kNone, 0), kRelaxed);
+  }
+  run.held = false;
+  run.lease = -1;
+  run.close_at_ms = 0;
+  run.seen = false;
+}
+
+void Fleet::GoLocal(const std::string& why) {
+  const uint64_t now_ns = shm::PreciseNowNs();
+  for (auto& [name, run] : runs_) Release(run, now_ns);
+  store_.Disconnect();
+  shm::SegmentHeader& h = segment_.header();
+  h.fleet_state.store(uint32_t(shm::FleetState::kLocal), kRelaxed);
+  if (joined_) h.fleet_fallbacks.fetch_add(1, kRelaxed);
+  if (!outage_logged_) {
+    LOG(WARNING) << "fleet: " << why << ": deciding locally (every breaker, probe and floor is "
+                 << "this host's) until the store answers; trying again with backoff (up to "
+                 << kMaxBackoffMs / 1000 << "s)";
+    outage_logged_ = true;
+  }
+  joined_ = false;
+}
+
+void Fleet::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  const uint64_t now_ns = shm::PreciseNowNs();
+  for (auto& [name, run] : runs_) {
+    if (run.lease >= 0 && store_.connected()) {
+      (void)store_.Command({"EVAL", kReleaseLease, "1",
+                            Key(name, "lease:" + std::to_string(run.lease)), token_},
+                           nullptr);
+    }
+    Release(run, now_ns);
+  }
+  store_.Disconnect();
+  segment_.header().fleet_state.store(uint32_t(shm::FleetState::kLocal), kRelaxed);
+}
+
+void Fleet::Loop() {
+  const uint64_t step_ms = std::min<uint64_t>(kMaxStepMs, settings_.sync_ms / 4);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      if (pending_) {
+        const uint64_t now_ns = shm::PreciseNowNs();
+        for (auto it = runs_.begin(); it != runs_.end();) {
+          if (pending_->count(it->first)) {
+            ++it;
+          } else {
+            Release(it->second, now_ns);
+            it = runs_.erase(it);
+          }
+        }
+        for (const auto& [name, dep] : *pending_) runs_[name].cfg = dep;
+        pending_.reset();
+      }
+    }
+    const uint64_t now_ns = shm::PreciseNowNs();
+    if (!store_.connected() && now_ns >= next_connect_ns_) {
+      if (Status st = store_.Connect(); st.ok()) {
+        LOG(INFO) << "fleet: host " << host_id_ << " joined through " << store_.address()
+                  << " (sync every " << settings_.sync_ms << "ms, " << runs_.size()
+                  << " fleet dependencies)";
+        joined_ = true;
+        outage_logged_ = false;
+        backoff_ms_ = 0;
+        next_sync_ns_ = now_ns;
+        segment_.header().fleet_state.store(uint32_t(shm::FleetState::kJoined), kRelaxed);
+      } else {
+        backoff_ms_ = std::clamp<uint64_t>(backoff_ms_ * 2, kMinBackoffMs, kMaxBackoffMs);
+        // Jitter, so that hosts that lost the store together do not come back together.
+        const uint64_t wait_ms = backoff_ms_ / 2 + shm::NextRandom(rng_) % (backoff_ms_ / 2 + 1);
+        next_connect_ns_ = now_ns + wait_ms * kMsNs;
+        GoLocal("cannot reach the store: " + st.message());
+      }
+    }
+    if (store_.connected() && !Step(shm::PreciseNowNs())) {
+      // Step named what failed; next_connect_ns_ is now, so the next pass reconnects (at once
+      // to a failed-over master), then backs off.
+      next_connect_ns_ = shm::PreciseNowNs();
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(step_ms), [this] { return stop_ || pending_; });
+  }
+}
+
+bool Fleet::Step(uint64_t now_ns) {
+  if (now_ns >= next_sync_ns_) {
+    next_sync_ns_ = now_ns + uint64_t{settings_.sync_ms} * kMsNs;
+    if (!Sync(now_ns)) return false;
+  }
+  for (auto& [name, run] : runs_) {
+    if (!Follow(name, run, shm::PreciseNowNs())) return false;
+  }
+  return true;
+}
+
+bool Fleet::Sync(uint64_t now_ns) {
+  shm::SegmentHeader& h = segment_.header();
+  const std::string fresh_ms = std::to_string(uint64_t{settings_.sync_ms} * kFreshSyncs);
+  const std::string keep_ms = std::to_string(uint64_t{settings_.sync_ms} * 10);
+  StoreReply reply;
+  if (Status st = store_.Command({"EVAL", kJoinHosts, "1", settings_.key_prefix + ":hosts",
+                                  host_id_, fresh_ms, keep_ms},
+                                 &reply);
+      !st.ok()) {
+    GoLocal(st.message());
+    return false;
+  }
+  h.fleet_hosts.store(uint32_t(std::max<int64_t>(reply.integer, 0)), kRelaxed);
+  for (auto& [name, run] : runs_) {
+    shm::DependencySlot* slot = SlotOf(name, run);
+    if (slot == nullptr) continue;  // not in the segment yet (pending), or retired
+    const shm::BreakerWord b =
+        shm::BreakerWord::Decode(slot->breaker.load(std::memory_order_acquire));
+    // An open host's window is its past: it reports nothing until it closes again.
+    shm::WindowStats w;
+    if (b.state == shm::BreakerState::kClosed) w = shm::ReadWindow(*slot, now_ns);
+    const std::string mine = std::to_string(w.calls) + " " + std::to_string(w.failures) + " " +
+                             std::to_string(w.slow);
+    if (Status st = store_.Command(
+            {"EVAL", kPublishWindow, "1", Key(name, "window"), host_id_, mine, keep_ms, fresh_ms},
+            &reply);
+        !st.ok()) {
+      GoLocal(st.message());
+      return false;
+    }
+    shm::WindowStats fleet;
+    uint32_t hosts = 0, failing = 0;
+    for (const StoreReply& e : reply.elements) {
+      std::istringstream in(e.str);
+      uint64_t calls = 0, failures = 0, slow = 0;
+      if (!(in >> calls >> failures >> slow)) continue;
+      ++hosts;
+      fleet.calls += calls;
+      fleet.failures += failures;
+      fleet.slow += slow;
+      if (failures > 0 || slow > 0) ++failing;
+    }
+    run.hosts = hosts;
+    if (b.state == shm::BreakerState::kClosed && failing >= run.cfg.fleet.min_hosts &&
+        shm::ShouldTrip(*slot, fleet) &&
+        shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kTrip, now_ns, 0, rng_)) {
+      h.fleet_trips.fetch_add(1, kRelaxed);
+      LOG(INFO) << "fleet: dependency " << name << ": opened on the fleet's window: "
+                << fleet.failures << " failures, " << fleet.slow << " slow of " << fleet.calls
+                << " calls from " << hosts << " hosts (" << failing << " failing)";
+    }
+    // The fleet's floor and cap, divided among its live hosts (this one included).
+    const uint32_t n = std::max<uint32_t>(hosts, 1);
+    const FleetPolicy& f = run.cfg.fleet;
+    const uint32_t floor = f.min_retries_per_sec > 0 ? (f.min_retries_per_sec + n - 1) / n
+                                                     : run.cfg.local_min_retries_per_sec;
+    const uint32_t burst = f.retry_burst > 0 ? std::max<uint32_t>((f.retry_burst + n - 1) / n, 1)
+                                             : run.cfg.local_retry_burst;
+    slot->policy.min_retries_per_sec.store(floor, kRelaxed);
+    slot->policy.retry_burst.store(burst, kRelaxed);
+  }
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs(), kRelaxed);
+  return true;
+}
+
+bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
+  shm::DependencySlot* slot = SlotOf(name, run);
+  if (slot == nullptr) return true;
+  const uint64_t now_ms = now_ns / kMsNs;
+  const uint64_t sync_ms = settings_.sync_ms;
+  const shm::BreakerWord b =
+      shm::BreakerWord::Decode(slot->breaker.load(std::memory_order_acquire));
+  const std::string outcome_key = Key(name, "outcome");
+  StoreReply reply;
+  auto fail = [&](const Status& st) {
+    GoLocal(st.message());
+    return false;
+  };
+  auto read_outcome = [&](int64_t* n, std::string* result) {
+    StoreReply r;
+    Status st = store_.Command({"HMGET", outcome_key, "n", "result"}, &r);
+    if (st.ok()) {
+      *n = r.elements.size() == 2 && !r.elements[0].str.empty() ? std::stoll(r.elements[0].str)
+                                                                 : 0;
+      *result = r.elements.size() == 2 ? r.elements[1].str : "";
+    }
+    return st;
+  };
+
+  if (!run.seen || b.seq != run.seq) {
+    // The breaker moved. A prober's own half-open ending is the fleet's outcome: the lease was
+    // taken while open, and only its half-open (seen or not: it may begin and end between two
+    // steps) moves an open word of a lease holder on to another open or to closed.
+    if (run.lease >= 0 && run.seen && b.state != shm::BreakerState::kHalfOpen) {
+      const char* result = b.state == shm::BreakerState::kClosed ? "success" : "failure";
+      if (Status st = store_.Command({"EVAL", kPublishOutcome, "2", outcome_key,
+                                      Key(name, "lease:" + std::to_string(run.lease)), result,
+                                      host_id_, token_},
+                                     &reply);
+          !st.ok()) {
+        return fail(st);
+      }
+      LOG(INFO) << "fleet: dependency " << name << ": this host's fleet probe: " << result
+                << (reply.integer < 0 ? " (its lease had expired: not published)" : "");
+      run.lease = -1;
+    } else if (run.lease >= 0 && !run.seen) {
+      // The slot was looked up again (reassigned): the lease is given back.
+      if (Status st = store_.Command({"EVAL", kReleaseLease, "1",
+                                      Key(name, "lease:" + std::to_string(run.lease)), token_},
+                                     nullptr);
+          !st.ok()) {
+        return fail(st);
+      }
+      run.lease = -1;
+    }
+    run.seen = true;
+    run.seq = b.seq;
+    run.state = b.state;
+    run.held = false;
+    run.close_at_ms = 0;
+    if (b.state == shm::BreakerState::kOpen) {
+      run.due_ms = FullUntilMs(*slot, b, now_ns);
+      std::string result;
+      if (Status st = read_outcome(&run.outcome_n, &result); !st.ok()) return fail(st);
+    }
+  }
+
+  shm::FleetRole role = shm::FleetRole::kMember;
+  if (run.lease >= 0) {
+    role = shm::FleetRole::kProbing;
+    if (now_ns >= run.next_renew_ns) {
+      run.next_renew_ns = now_ns + sync_ms * kMsNs;
+      if (Status st = store_.Command({"EVAL", kRenewLease, "1",
+                                      Key(name, "lease:" + std::to_string(run.lease)), token_,
+                                      std::to_string(sync_ms * kFreshSyncs)},
+                                     &reply);
+          !st.ok()) {
+        return fail(st);
+      }
+      if (reply.integer == 0) {
+        LOG(WARNING) << "fleet: dependency " << name
+                     << ": this host's fleet probe lease expired before its probe reported";
+        run.lease = -1;
+        role = shm::FleetRole::kMember;
+      }
+    }
+  } else if (b.state == shm::BreakerState::kOpen) {
+    role = shm::FleetRole::kHolding;
+    int64_t n = 0;
+    std::string result;
+    if (Status st = read_outcome(&n, &result); !st.ok()) return fail(st);
+    if (n != run.outcome_n && run.close_at_ms == 0) {
+      run.outcome_n = n;
+      if (result == "success") {
+        const uint32_t jitter = shm::LoadKnob<shm::Knob::open_jitter_ms>(slot->policy);
+        run.close_at_ms = now_ms + (jitter > 0 ? shm::NextRandom(rng_) % (jitter + 1) : 0);
+      } else if (result == "failure") {
+        if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetReopened, now_ns, 0, rng_)) {
+          LOG(INFO) << "fleet: dependency " << name
+                    << ": reopened: the fleet's probe failed";
+        }
+        return true;  // the next step follows the new open period
+      }
+    }
+    if (run.close_at_ms != 0 && now_ms >= run.close_at_ms) {
+      if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetClosed, now_ns, 0, rng_)) {
+        LOG(INFO) << "fleet: dependency " << name << ": closed: the fleet's probe succeeded";
+      }
+      return true;
+    }
+    if (run.close_at_ms == 0 && now_ms >= run.due_ms) {
+      std::vector<std::string> argv = {"EVAL", kAcquireLease,
+                                       std::to_string(1 + run.cfg.fleet.half_open_probes),
+                                       outcome_key};
+      for (uint32_t k = 0; k < run.cfg.fleet.half_open_probes; ++k) {
+        argv.push_back(Key(name, "lease:" + std::to_string(k)));
+      }
+      argv.push_back(std::to_string(run.outcome_n));
+      argv.push_back(token_);
+      argv.push_back(std::to_string(sync_ms * kFreshSyncs));
+      if (Status st = store_.Command(argv, &reply); !st.ok()) return fail(st);
+      if (reply.integer >= 0) {
+        run.lease = int32_t(reply.integer);
+        run.next_renew_ns = now_ns + sync_ms * kMsNs;
+        segment_.header().fleet_leases.fetch_add(1, kRelaxed);
+        LOG(INFO) << "fleet: dependency " << name << ": this host probes for the fleet (lease "
+                  << run.lease << " of " << run.cfg.fleet.half_open_probes << ")";
+        // The open period as drawn is over: the next admit takes the breaker half-open.
+        if (run.held) shm::SetOpenUntil(*slot, run.seq, run.due_ms, now_ns);
+        run.held = false;
+        slot->fleet.store(shm::FleetWord::Make(shm::FleetRole::kProbing, run.hosts), kRelaxed);
+        return true;
+      }
+    }
+    // Held: never more than one sync past this step, so that a store that stops answering
+    // hands the breaker back to its own rules within one sync period.
+    const uint64_t until_ms = FullUntilMs(*slot, b, now_ns);
+    const uint64_t want_ms = std::max(run.due_ms, now_ms) + sync_ms;
+    if (until_ms < want_ms - sync_ms / 2 &&
+        shm::SetOpenUntil(*slot, run.seq, want_ms, now_ns)) {
+      run.held = true;
+    }
+  }
+  slot->fleet.store(shm::FleetWord::Make(role, run.hosts), kRelaxed);
+  return true;
+}
+
+}  // namespace retryd::daemon

@@ -1,0 +1,471 @@
+// The fleet (daemon/fleet.h) on real processes: real `redis-server` (and `redis-sentinel`), one
+// real `retryd` per host, each with its own segment, and forked worker processes calling a
+// downstream that counts what reaches it (a shared page). Each test stands in for a fleet of
+// hosts on one machine.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/fleet_store.h"
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/registry.h"
+#include "shm/segment.h"
+#include "tests/daemon/daemon_harness.h"
+
+namespace retryd::daemon {
+namespace {
+
+using testing::DaemonProcess;
+using testing::NotifySocket;
+using testing::TempPath;
+using testing::UniqueName;
+using testing::WaitUntil;
+using testing::WriteFile;
+
+constexpr uint32_t kSyncMs = 300;
+constexpr int kMaxHosts = 8;
+
+#define SKIP_WITHOUT_REDIS()                                                            \
+  if (access(RETRYD_REDIS_SERVER, X_OK) != 0)                                           \
+  GTEST_SKIP() << "no redis-server (Debian: redis-server) at " RETRYD_REDIS_SERVER
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A redis-server (or, with `sentinel_of`, a redis-sentinel watching it) on a port of its own.
+class Redis {
+ public:
+  explicit Redis(int port, const std::string& replica_of = "", int sentinel_of = 0)
+      : port_(port) {
+    conf_ = TempPath(".conf");
+    std::string text = "port " + std::to_string(port) + "\nbind 127.0.0.1\nsave \"\"\n" +
+                       "appendonly no\nlogfile \"" + TempPath(".log") + "\"\n";
+    if (!replica_of.empty()) {
+      text += "replicaof " + replica_of.substr(0, replica_of.rfind(':')) + " " +
+              replica_of.substr(replica_of.rfind(':') + 1) + "\n";
+    }
+    if (sentinel_of != 0) {
+      text += "sentinel monitor fleet 127.0.0.1 " + std::to_string(sentinel_of) + " 1\n" +
+              "sentinel down-after-milliseconds fleet 500\nsentinel failover-timeout fleet 3000\n";
+    }
+    WriteFile(conf_, text);
+    Start(sentinel_of != 0);
+  }
+  ~Redis() { Kill(); }
+
+  void Start(bool sentinel = false) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (sentinel) {
+        execl(RETRYD_REDIS_SERVER, RETRYD_REDIS_SERVER, conf_.c_str(), "--sentinel", nullptr);
+      } else {
+        execl(RETRYD_REDIS_SERVER, RETRYD_REDIS_SERVER, conf_.c_str(), nullptr);
+      }
+      _exit(127);
+    }
+    EXPECT_TRUE(WaitUntil([&] { return Ping(); }, 10'000)) << "redis on " << port_;
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool Ping() {
+    FleetSettings s;
+    s.redis = address();
+    s.timeout_ms = 200;
+    FleetStore store(s);
+    StoreReply r;
+    return store.Connect().ok() && store.Command({"PING"}, &r).ok();
+  }
+  // Command runs one command on this server.
+  StoreReply Command(const std::vector<std::string>& argv) {
+    FleetSettings s;
+    s.redis = address();
+    s.timeout_ms = 1'000;
+    FleetStore store(s);
+    StoreReply r;
+    EXPECT_TRUE(store.Connect().ok());
+    const Status st = store.Command(argv, &r);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return r;
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+  std::string conf_;
+};
+
+// The downstream every host's workers call, in a page shared with them: it fails while
+// `failing`, and counts what reaches it.
+struct Downstream {
+  std::atomic<uint32_t> failing;
+  std::atomic<uint32_t> stop;
+  std::atomic<uint64_t> calls;
+  std::atomic<uint64_t> failed;                 // calls answered while failing
+  std::atomic<uint64_t> probes[kMaxHosts];      // admitted as probes, per host
+  std::atomic<uint64_t> slowest_admit_ns[kMaxHosts];
+  std::atomic<uint64_t> retries_granted[kMaxHosts];
+};
+
+struct Host {
+  std::string segment;
+  std::string config;
+  std::unique_ptr<NotifySocket> notify;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::unique_ptr<shm::Segment> seg;
+  std::vector<pid_t> workers;
+};
+
+// What a worker does: calls per second of first attempts, or retries only (the floor test).
+struct WorkerPlan {
+  int calls_per_sec = 20;
+  bool retries_only = false;
+};
+
+class FleetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = UniqueName();
+    void* p = mmap(nullptr, sizeof(Downstream), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ds_ = new (p) Downstream();
+  }
+  void TearDown() override {
+    ds_->stop = 1;
+    for (Host& h : hosts_) {
+      for (pid_t w : h.workers) waitpid(w, nullptr, 0);
+      if (h.daemon) {
+        h.daemon->Signal(SIGTERM);
+        h.daemon->Wait(10'000);
+      }
+      h.seg.reset();
+      shm::Segment::Remove(h.segment);
+      unlink(h.config.c_str());
+    }
+    munmap(ds_, sizeof(Downstream));
+  }
+
+  // StartHosts starts `n` daemons, each with `fleet` as its [fleet] store lines and
+  // `dependency` as the keys of [dependency.orders].
+  void StartHosts(int n, const std::string& store, const std::string& dependency) {
+    for (int i = 0; i < n; ++i) {
+      Host& h = hosts_.emplace_back();
+      h.segment = UniqueName();
+      h.config = TempPath(".toml");
+      WriteFile(h.config, "[daemon]\nsegment = \"" + h.segment +
+                              "\"\nmax_dependencies = 8\nmax_processes = 16\ntick = \"50ms\"\n" +
+                              "[fleet]\n" + store + "host_id = \"host-" + std::to_string(i) +
+                              "\"\nsync = \"" + std::to_string(kSyncMs) + "ms\"\n" +
+                              "key_prefix = \"" + prefix_ + "\"\n" +
+                              "[dependency.orders]\n" + dependency);
+      h.notify = std::make_unique<NotifySocket>();
+      h.daemon = std::make_unique<DaemonProcess>(
+          std::vector<std::string>{"--config=" + h.config}, h.notify->path());
+      ASSERT_NE(h.notify->WaitFor("READY=1", 10'000), "") << h.daemon->Log();
+      ASSERT_TRUE(shm::Segment::Attach(h.segment, shm::Access::kReadWrite, &h.seg).ok());
+    }
+  }
+
+  // StartWorker forks a worker of host `i` calling `orders` as `plan` says until stop.
+  void StartWorker(int i, WorkerPlan plan) {
+    Host& h = hosts_[size_t(i)];
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::unique_ptr<shm::Segment> seg;
+      if (!shm::Segment::Attach(h.segment, shm::Access::kReadWrite, &seg).ok()) _exit(2);
+      const int32_t index = seg->Find("orders");
+      if (index < 0) _exit(3);
+      shm::DependencySlot& slot = *seg->dependency(uint32_t(index));
+      shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, uint32_t(getpid()) | 1};
+      const auto period = std::chrono::microseconds(1'000'000 / plan.calls_per_sec);
+      auto next = std::chrono::steady_clock::now();
+      while (!ds_->stop.load()) {
+        next += period;
+        std::this_thread::sleep_until(next);
+        shm::Permit permit;
+        const uint64_t t0 = shm::PreciseNowNs();
+        const shm::Decision d =
+            shm::Admit(slot, uint32_t(index), plan.retries_only ? 1 : 0, t0, caller, &permit);
+        const uint64_t took = shm::PreciseNowNs() - t0;
+        uint64_t was = ds_->slowest_admit_ns[i].load();
+        while (took > was && !ds_->slowest_admit_ns[i].compare_exchange_weak(was, took)) {
+        }
+        if (!shm::IsAdmitted(d)) continue;
+        if (plan.retries_only) ds_->retries_granted[i].fetch_add(1);
+        if (d == shm::Decision::kAdmittedProbe) ds_->probes[i].fetch_add(1);
+        ds_->calls.fetch_add(1);
+        const bool fail = ds_->failing.load() != 0;
+        if (fail) ds_->failed.fetch_add(1);
+        shm::Complete(slot, &permit, fail ? shm::Outcome::kFailure : shm::Outcome::kSuccess,
+                      1'000'000, shm::PreciseNowNs(), caller);
+      }
+      _exit(0);
+    }
+    h.workers.push_back(pid);
+  }
+
+  shm::DependencySlot& Orders(int i) {
+    shm::Segment& seg = *hosts_[size_t(i)].seg;
+    return *seg.dependency(uint32_t(seg.Find("orders")));
+  }
+  shm::BreakerState State(int i) {
+    return shm::BreakerWord::Decode(Orders(i).breaker.load()).state;
+  }
+  shm::FleetState FleetStateOf(int i) {
+    return shm::FleetState(hosts_[size_t(i)].seg->header().fleet_state.load());
+  }
+  uint64_t ProbesSoFar() {
+    uint64_t n = 0;
+    for (auto& p : ds_->probes) n += p.load();
+    return n;
+  }
+  bool All(const std::function<bool(int)>& f) {
+    for (int i = 0; i < int(hosts_.size()); ++i) {
+      if (!f(i)) return false;
+    }
+    return true;
+  }
+
+  std::string prefix_;
+  Downstream* ds_ = nullptr;
+  std::vector<Host> hosts_;
+};
+
+// Each host's share of the failing calls stays under min_calls, so no host trips on its own:
+// every breaker opens on the fleet's window, within two syncs of the moment the fleet's calls
+// reached min_calls. While the downstream fails, every reopening sends exactly
+// fleet_half_open_probes probes (counted at the downstream); once it recovers the fleet's probe
+// closes every host.
+TEST_F(FleetTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEverywhere) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 4;
+  // 4 hosts x 10 calls/s: the fleet reaches 100 calls in 2.5 s; a host alone, in 10 s.
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 100\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+             "open_for = \"1s\"\nopen_for_max = \"2s\"\nopen_jitter = \"200ms\"\n"
+             "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
+             "fleet = true\nfleet_half_open_probes = 1\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {10, false});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ds_->failing = 1;
+  uint64_t crossed_ns = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    // The fleet's window holds every call of the test (60 s): it crosses at 100 calls, half
+    // of them failed.
+    const uint64_t calls = ds_->calls.load(), failed = ds_->failed.load();
+    if (crossed_ns == 0 && calls >= 100 && 2 * failed >= calls) crossed_ns = shm::PreciseNowNs();
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 30'000));
+  const uint64_t all_open_ns = shm::PreciseNowNs();
+  ASSERT_NE(crossed_ns, 0u);
+  const double took_ms = double(all_open_ns - crossed_ns) / 1e6;
+  std::printf("every host open %.0f ms after the fleet's window reached min_calls (sync %u ms)\n",
+              took_ms, kSyncMs);
+  // Two syncs (one to publish, one to read), and the scripts' round trips on a loaded machine.
+  EXPECT_LE(took_ms, 2 * kSyncMs + 200);
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_LT(shm::ReadWindow(Orders(i), shm::PreciseNowNs()).calls, 100u) << "host " << i;
+    EXPECT_GE(hosts_[size_t(i)].seg->header().fleet_trips.load(), 1u)
+        << "host " << i << " tripped on its own\n" << hosts_[size_t(i)].daemon->Log();
+  }
+
+  // The reopenings: every probe reports an outcome, so probes per reopening = probes / outcomes.
+  const uint64_t probes_before = ProbesSoFar();
+  const std::string outcome_key = prefix_ + ":dep:orders:outcome";
+  auto outcomes = [&] {
+    const StoreReply r = redis.Command({"HGET", outcome_key, "n"});
+    return r.str.empty() ? int64_t{0} : std::stoll(r.str);
+  };
+  const int64_t outcomes_before = outcomes();
+  ASSERT_TRUE(WaitUntil([&] { return outcomes() >= outcomes_before + 3; }, 30'000))
+      << hosts_[0].daemon->Log() << hosts_[1].daemon->Log();
+  // The probe of the next reopening may be in flight: count only whole rounds.
+  const int64_t rounds = outcomes() - outcomes_before;
+  const uint64_t probes = ProbesSoFar() - probes_before;
+  std::printf("%lld reopenings, %llu probes at the downstream from %d hosts\n",
+              static_cast<long long>(rounds), static_cast<unsigned long long>(probes), kHosts);
+  EXPECT_GE(probes, uint64_t(rounds));
+  EXPECT_LE(probes, uint64_t(rounds) + 1);
+
+  ds_->failing = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 30'000)) << hosts_[0].daemon->Log();
+  const uint64_t closing_probes = ProbesSoFar() - probes_before - probes;
+  std::printf("closed everywhere after %llu more probes\n",
+              static_cast<unsigned long long>(closing_probes));
+  EXPECT_LE(closing_probes, 2u);
+}
+
+// One host's dependency failing alone opens that host's breaker and no other's.
+TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 4;
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\n"
+             "open_for = \"1s\"\nfleet = true\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  for (int i = 1; i < kHosts; ++i) StartWorker(i, {20, false});
+  // Host 0 fails every call, in a worker of its own: the downstream stays healthy for the rest.
+  Host& h0 = hosts_[0];
+  const pid_t bad = fork();
+  if (bad == 0) {
+    std::unique_ptr<shm::Segment> seg;
+    if (!shm::Segment::Attach(h0.segment, shm::Access::kReadWrite, &seg).ok()) _exit(2);
+    const int32_t index = seg->Find("orders");
+    shm::DependencySlot& slot = *seg->dependency(uint32_t(index));
+    shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, 7};
+    while (!ds_->stop.load()) {
+      shm::Permit p;
+      if (shm::IsAdmitted(shm::Admit(slot, uint32_t(index), 0, shm::PreciseNowNs(), caller, &p))) {
+        shm::Complete(slot, &p, shm::Outcome::kFailure, 1'000'000, shm::PreciseNowNs(), caller);
+      }
+      usleep(20'000);
+    }
+    _exit(0);
+  }
+  h0.workers.push_back(bad);
+  ASSERT_TRUE(WaitUntil([&] { return State(0) != shm::BreakerState::kClosed; }, 10'000));
+  // Ten syncs with host 0's failures in the fleet's window: the others stay closed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(10 * kSyncMs));
+  for (int i = 1; i < kHosts; ++i) {
+    EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
+    EXPECT_EQ(hosts_[size_t(i)].seg->header().fleet_trips.load(), 0u) << "host " << i;
+  }
+}
+
+// Redis killed mid-run: every host decides alone within a sync, no admit waits on the store,
+// and the hosts rejoin when it is back.
+TEST_F(FleetTest, ARedisKilledMidRunLeavesAdmitsAloneAndTheHostsRejoin) {
+  SKIP_WITHOUT_REDIS();
+  const int port = FreePort();
+  auto redis = std::make_unique<Redis>(port);
+  constexpr int kHosts = 4;
+  // A timeout of 250 ms: an admit that waited on the store would take at least that.
+  StartHosts(kHosts, "redis = \"" + redis->address() + "\"\ntimeout = \"250ms\"\n",
+             "fleet = true\nfleet_min_retries_per_sec = 100\nfleet_retry_burst = 100\n");
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, false});
+  // The fleet's 100/s among 4 hosts.
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return Orders(i).policy.min_retries_per_sec.load() == 25; }); }, 10'000));
+  redis->Kill();
+  const uint64_t killed_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kLocal; }); }, 10'000));
+  const double local_ms = double(shm::PreciseNowNs() - killed_ns) / 1e6;
+  // Each host's own floor and burst are back (the built-in defaults here).
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_EQ(Orders(i).policy.min_retries_per_sec.load(), shm::Policy().min_retries_per_sec);
+    EXPECT_EQ(Orders(i).policy.retry_burst.load(), shm::Policy().retry_burst);
+  }
+  std::printf("every host local %.0f ms after the store died (sync %u ms)\n", local_ms, kSyncMs);
+  EXPECT_LE(local_ms, kSyncMs + 250 + 100);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  redis = std::make_unique<Redis>(port);
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 40'000));
+  uint64_t slowest = 0;
+  for (int i = 0; i < kHosts; ++i) {
+    slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
+    EXPECT_GE(hosts_[size_t(i)].seg->header().fleet_fallbacks.load(), 1u);
+  }
+  std::printf("slowest admit of %d hosts x 200 calls/s: %.3f ms\n", kHosts, double(slowest) / 1e6);
+  EXPECT_LT(slowest, 250'000'000u);
+}
+
+// A Sentinel failover (a master, its replica, one Sentinel): the hosts follow the new master
+// within seconds, and no admit waits meanwhile.
+TEST_F(FleetTest, ASentinelFailoverIsFollowedAndAdmitsNeverWait) {
+  SKIP_WITHOUT_REDIS();
+  auto master = std::make_unique<Redis>(FreePort());
+  Redis replica(FreePort(), master->address());
+  Redis sentinel(FreePort(), "", master->port());
+  constexpr int kHosts = 4;
+  StartHosts(kHosts,
+             "sentinels = [\"127.0.0.1:" + std::to_string(sentinel.port()) +
+                 "\"]\nmaster_name = \"fleet\"\ntimeout = \"250ms\"\n",
+             "fleet = true\n");
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, false});
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t synced_before = hosts_[0].seg->header().fleet_synced_unix_ms.load();
+  master->Kill();
+  const uint64_t killed_ms = shm::UnixNowMs();
+  // Joined again, to the replica: syncs after the kill.
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) {
+      return FleetStateOf(i) == shm::FleetState::kJoined &&
+             hosts_[size_t(i)].seg->header().fleet_synced_unix_ms.load() > killed_ms;
+    });
+  }, 40'000)) << hosts_[0].daemon->Log();
+  EXPECT_GT(hosts_[0].seg->header().fleet_synced_unix_ms.load(), synced_before);
+  std::printf("every host synced with the new master %.1f s after the old one died\n",
+              double(shm::UnixNowMs() - killed_ms) / 1e3);
+  EXPECT_NE(hosts_[0].daemon->Log().find("127.0.0.1:" + std::to_string(replica.port())),
+            std::string::npos);
+  uint64_t slowest = 0;
+  for (int i = 0; i < kHosts; ++i) slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
+  std::printf("slowest admit across the failover: %.3f ms\n", double(slowest) / 1e6);
+  EXPECT_LT(slowest, 250'000'000u);
+}
+
+// The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which
+// would give 320/s) grant about 40 retries/s together.
+TEST_F(FleetTest, EightHostsShareAFleetFloorOfFortyRetriesPerSecond) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 8;
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "retry_ratio = 0\nmin_retries_per_sec = 40\nretry_burst = 40\n"
+             "fleet = true\nfleet_min_retries_per_sec = 40\nfleet_retry_burst = 40\n");
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return shm::FleetWord::Hosts(Orders(i).fleet.load()) == kHosts; });
+  }, 20'000));
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, true});
+  // The bursts drain first; then only the floor refills.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  uint64_t before = 0;
+  for (int i = 0; i < kHosts; ++i) before += ds_->retries_granted[i].load();
+  const uint64_t t0 = shm::PreciseNowNs();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  uint64_t after = 0;
+  for (int i = 0; i < kHosts; ++i) after += ds_->retries_granted[i].load();
+  const double per_sec = double(after - before) / (double(shm::PreciseNowNs() - t0) / 1e9);
+  std::printf("%d hosts granted %.1f retries/s together (fleet floor 40/s; alone each 40/s)\n",
+              kHosts, per_sec);
+  EXPECT_GT(per_sec, 30.0);
+  EXPECT_LT(per_sec, 50.0);
+}
+
+}  // namespace
+}  // namespace retryd::daemon
