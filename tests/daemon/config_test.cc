@@ -169,6 +169,51 @@ mode = "shadow"
   EXPECT_EQ(cfg.defaults.retry_ratio_milli, 200u);
 }
 
+TEST(ConfigTest, FleetSectionAndFleetKeysParse) {
+  Config cfg = MustParse(R"(
+[fleet]
+sentinels = ["10.0.0.5:26379", "10.0.0.6:26379"]
+master_name = "retryd"
+password_file = "/etc/retryd/redis.password"
+host_id = "gw-17"
+sync = "500ms"
+timeout = "100ms"
+key_prefix = "prod:retryd"
+
+[defaults]
+fleet_min_hosts = 3
+
+[dependency.payments]
+fleet = true
+fleet_half_open_probes = 2
+fleet_min_retries_per_sec = 500
+fleet_retry_burst = 400
+
+[dependency.local-cache]
+)");
+  EXPECT_TRUE(cfg.fleet.enabled());
+  EXPECT_EQ(cfg.fleet.sentinels.size(), 2u);
+  EXPECT_EQ(cfg.fleet.master_name, "retryd");
+  EXPECT_EQ(cfg.fleet.host_id, "gw-17");
+  EXPECT_EQ(cfg.fleet.sync_ms, 500u);
+  EXPECT_EQ(cfg.fleet.timeout_ms, 100u);
+  EXPECT_EQ(cfg.fleet.key_prefix, "prod:retryd");
+  const FleetPolicy& p = cfg.fleet_policies.at("payments");
+  EXPECT_TRUE(p.fleet);
+  EXPECT_EQ(p.half_open_probes, 2u);
+  EXPECT_EQ(p.min_hosts, 3u);  // from [defaults]
+  EXPECT_EQ(p.min_retries_per_sec, 500u);
+  EXPECT_EQ(p.retry_burst, 400u);
+  EXPECT_FALSE(cfg.fleet_policies.at("local-cache").fleet);
+  // The fleet keys are the daemon's: the segment's policy is untouched by them.
+  EXPECT_EQ(cfg.dependencies.at("payments"), cfg.dependencies.at("local-cache"));
+  // No [fleet]: no fleet, and the defaults.
+  const Config plain = MustParse("[dependency.db]\n");
+  EXPECT_FALSE(plain.fleet.enabled());
+  EXPECT_EQ(plain.fleet.sync_ms, 1'000u);
+  EXPECT_EQ(plain.fleet_policies.at("db"), FleetPolicy());
+}
+
 TEST(ConfigTest, IntegerRetryRatioIsAccepted) {
   EXPECT_EQ(MustParse("[defaults]\nretry_ratio = 1\n").defaults.retry_ratio_milli, 1000u);
 }
@@ -226,7 +271,40 @@ const BadCase kBadCases[] = {
     {"unknown_dependency_key", "[dependency.db]\nburst = 3\n",
      {"bad.toml:2:1: unknown key 'burst' in [dependency.db]", "valid keys:"}},
     {"unknown_section", "[deamon]\nsegment = \"x\"\n",
-     {"bad.toml:1:", "unknown section [deamon]", "valid sections: [daemon], [defaults], [dependency.NAME]"}},
+     {"bad.toml:1:", "unknown section [deamon]", "valid sections: [daemon], [fleet], [defaults], [dependency.NAME]"}},
+    {"fleet_unknown_key", "[fleet]\nredis = \"127.0.0.1:6379\"\nsycn = \"1s\"\n",
+     {"bad.toml:3:1: unknown key 'sycn' in [fleet]", "did you mean 'sync'?"}},
+    {"fleet_bad_address", "[fleet]\nredis = \"redis.local\"\n",
+     {"bad.toml:2:", "key 'fleet.redis': bad address \"redis.local\"", "HOST:PORT"}},
+    {"fleet_bad_port", "[fleet]\nredis = \"10.0.0.5:70000\"\n",
+     {"key 'fleet.redis': bad address \"10.0.0.5:70000\""}},
+    {"fleet_bad_sentinel", "[fleet]\nsentinels = [\"10.0.0.5\"]\nmaster_name = \"m\"\n",
+     {"key 'fleet.sentinels': bad Sentinel address \"10.0.0.5\""}},
+    {"fleet_no_store", "[fleet]\nsync = \"1s\"\n",
+     {"bad.toml:1:", "[fleet]: no store: set redis"}},
+    {"fleet_both_stores",
+     "[fleet]\nredis = \"127.0.0.1:6379\"\nsentinels = [\"127.0.0.1:26379\"]\nmaster_name = \"m\"\n",
+     {"[fleet]: set redis or sentinels, not both"}},
+    {"fleet_sentinels_without_master", "[fleet]\nsentinels = [\"127.0.0.1:26379\"]\n",
+     {"[fleet]: sentinels need master_name"}},
+    {"fleet_sync_too_short", "[fleet]\nredis = \"127.0.0.1:6379\"\nsync = \"10ms\"\n",
+     {"key 'fleet.sync'", "out of range (valid: 100ms to 1m)"}},
+    {"fleet_timeout_not_under_sync",
+     "[fleet]\nredis = \"127.0.0.1:6379\"\nsync = \"1s\"\ntimeout = \"1s\"\n",
+     {"[fleet]: timeout (1s) must be shorter than sync (1s)"}},
+    {"fleet_bad_host_id", "[fleet]\nredis = \"127.0.0.1:6379\"\nhost_id = \"a b\"\n",
+     {"key 'fleet.host_id': bad host id \"a b\""}},
+    {"fleet_relative_password_file",
+     "[fleet]\nredis = \"127.0.0.1:6379\"\npassword_file = \"secret\"\n",
+     {"key 'fleet.password_file': bad path \"secret\" (an absolute path)"}},
+    {"fleet_dependency_without_fleet", "[dependency.db]\nfleet = true\n",
+     {"bad.toml:2:", "key 'dependency.db.fleet': true, but the config has no [fleet] section"}},
+    {"fleet_probes_zero",
+     "[fleet]\nredis = \"127.0.0.1:6379\"\n[dependency.db]\nfleet = true\nfleet_half_open_probes = 0\n",
+     {"bad.toml:5:", "key 'dependency.db.fleet_half_open_probes': value 0 out of range (valid: 1..1000)"}},
+    {"fleet_min_hosts_not_integer",
+     "[fleet]\nredis = \"127.0.0.1:6379\"\n[defaults]\nfleet_min_hosts = \"two\"\n",
+     {"key 'defaults.fleet_min_hosts': expected an integer, got a string \"two\""}},
     {"unknown_top_level_key", "segment = \"x\"\n",
      {"bad.toml:1:1: unknown key 'segment' at top level"}},
     {"section_not_a_table", "daemon = 3\n", {"bad.toml:1:", "key 'daemon'", "expected a table", "3"}},

@@ -133,6 +133,7 @@ for bin in usr/sbin/retryd usr/bin/retryctl; do
   done
 done
 grep -q "libtomlplusplus3" <<<"$depends" || fail "retryd: Depends lacks libtomlplusplus3"
+grep -q "libhiredis" <<<"$depends" || fail "retryd: Depends lacks libhiredis (the fleet's Redis client)"
 # Enabled on install, started where systemd runs, restarted (not stopped) on upgrade, stopped
 # on removal, enable link removed on purge.
 expect_in retryd postinst "systemd-sysusers" "retryd.conf" "systemd-tmpfiles" \
