@@ -71,14 +71,14 @@ end
 return 0
 )lua";
 
-// KEYS[1] the outcome, KEYS[2] the lease; ARGV: result, host, token. Publishes only while the
-// lease is this host's: a prober whose lease expired speaks for itself alone. Returns the new
-// outcome count, or -1.
+// KEYS[1] the outcome, KEYS[2] the lease; ARGV: result, host, token, and the round: the outcome
+// count the lease was taken at. Publishes only while the lease is this host's: a prober whose
+// lease expired speaks for itself alone. Returns the new outcome count, or -1.
 constexpr const char* kPublishOutcome = R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
 redis.call('DEL', KEYS[2])
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
-redis.call('HSET', KEYS[1], 'result', ARGV[1], 'host', ARGV[2])
+redis.call('HSET', KEYS[1], 'result', ARGV[1], 'host', ARGV[2], 'round', ARGV[4])
 return n
 )lua";
 
@@ -113,6 +113,7 @@ struct Fleet::Run {
   uint64_t due_ms = 0;              // the open period's own end, before any hold
   bool held = false;                // its end moved by this daemon
   int32_t lease = -1;               // the fleet probe lease held, or -1
+  int64_t lease_round = 0;          // the outcome count it was taken at: its round
   uint64_t next_renew_ns = 0;
   int64_t outcome_n = 0;            // the fleet's outcome count when this open began
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
@@ -372,13 +373,19 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     GoLocal(st.message());
     return false;
   };
-  auto read_outcome = [&](int64_t* n, std::string* result) {
+  // The fleet's last outcome: its count, "success" or "failure", and its round.
+  auto read_outcome = [&](int64_t* n, std::string* result, int64_t* round) {
     StoreReply r;
-    Status st = store_.Command({"HMGET", outcome_key, "n", "result"}, &r);
+    Status st = store_.Command({"HMGET", outcome_key, "n", "result", "round"}, &r);
     if (st.ok()) {
-      *n = r.elements.size() == 2 && !r.elements[0].str.empty() ? std::stoll(r.elements[0].str)
-                                                                 : 0;
-      *result = r.elements.size() == 2 ? r.elements[1].str : "";
+      auto number = [&](size_t i) {
+        return r.elements.size() == 3 && !r.elements[i].str.empty()
+                   ? std::strtoll(r.elements[i].str.c_str(), nullptr, 10)
+                   : int64_t{0};
+      };
+      *n = number(0);
+      *result = r.elements.size() == 3 ? r.elements[1].str : "";
+      *round = number(2);
     }
     return st;
   };
@@ -391,7 +398,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       const char* result = b.state == shm::BreakerState::kClosed ? "success" : "failure";
       if (Status st = store_.Command({"EVAL", kPublishOutcome, "2", outcome_key,
                                       Key(name, "lease:" + std::to_string(run.lease)), result,
-                                      host_id_, token_},
+                                      host_id_, token_, std::to_string(run.lease_round)},
                                      &reply);
           !st.ok()) {
         return fail(st);
@@ -417,7 +424,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     if (b.state == shm::BreakerState::kOpen) {
       run.due_ms = FullUntilMs(*slot, b, now_ns);
       std::string result;
-      if (Status st = read_outcome(&run.outcome_n, &result); !st.ok()) return fail(st);
+      int64_t round = 0;
+      if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
     }
   }
 
@@ -442,15 +450,18 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
   } else if (b.state == shm::BreakerState::kOpen) {
     role = shm::FleetRole::kHolding;
-    int64_t n = 0;
+    int64_t n = 0, round = 0;
     std::string result;
-    if (Status st = read_outcome(&n, &result); !st.ok()) return fail(st);
+    if (Status st = read_outcome(&n, &result, &round); !st.ok()) return fail(st);
     if (n != run.outcome_n && run.close_at_ms == 0) {
+      // An outcome of a round that began before this open period (another prober of a round
+      // this host already followed) is not news.
+      const bool news = round >= run.outcome_n;
       run.outcome_n = n;
-      if (result == "success") {
+      if (news && result == "success") {
         const uint32_t jitter = shm::LoadKnob<shm::Knob::open_jitter_ms>(slot->policy);
         run.close_at_ms = now_ms + (jitter > 0 ? shm::NextRandom(rng_) % (jitter + 1) : 0);
-      } else if (result == "failure") {
+      } else if (news && result == "failure") {
         if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetReopened, now_ns, 0, rng_)) {
           LOG(INFO) << "fleet: dependency " << name
                     << ": reopened: the fleet's probe failed";
@@ -477,6 +488,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       if (Status st = store_.Command(argv, &reply); !st.ok()) return fail(st);
       if (reply.integer >= 0) {
         run.lease = int32_t(reply.integer);
+        run.lease_round = run.outcome_n;
         run.next_renew_ns = now_ns + sync_ms * kMsNs;
         segment_.header().fleet_leases.fetch_add(1, kRelaxed);
         LOG(INFO) << "fleet: dependency " << name << ": this host probes for the fleet (lease "

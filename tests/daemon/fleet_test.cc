@@ -263,10 +263,13 @@ class FleetTest : public ::testing::Test {
 // Each host's share of the failing calls stays under min_calls, so no host trips on its own:
 // every breaker opens on the fleet's window, within two syncs of the moment the fleet's calls
 // reached min_calls. While the downstream fails, every reopening sends exactly
-// fleet_half_open_probes probes (counted at the downstream); once it recovers the fleet's probe
-// closes every host.
-TEST_F(FleetTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEverywhere) {
+// fleet_half_open_probes probes (counted at the downstream; host-wide it would be one per host);
+// once it recovers the fleet's probe closes every host.
+class FleetProbeTest : public FleetTest, public ::testing::WithParamInterface<uint32_t> {};
+
+TEST_P(FleetProbeTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEverywhere) {
   SKIP_WITHOUT_REDIS();
+  const uint32_t fleet_probes = GetParam();
   Redis redis(FreePort());
   constexpr int kHosts = 4;
   // 4 hosts x 10 calls/s: the fleet reaches 100 calls in 2.5 s; a host alone, in 10 s.
@@ -274,7 +277,8 @@ TEST_F(FleetTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEverywhere
              "min_calls = 100\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
              "open_for = \"1s\"\nopen_for_max = \"2s\"\nopen_jitter = \"200ms\"\n"
              "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
-             "fleet = true\nfleet_half_open_probes = 1\nfleet_min_hosts = 2\n");
+             "fleet = true\nfleet_min_hosts = 2\nfleet_half_open_probes = " +
+                 std::to_string(fleet_probes) + "\n");
   ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
   for (int i = 0; i < kHosts; ++i) StartWorker(i, {10, false});
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -300,33 +304,34 @@ TEST_F(FleetTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEverywhere
         << "host " << i << " tripped on its own\n" << hosts_[size_t(i)].daemon->Log();
   }
 
-  // The reopenings: every probe reports an outcome, so probes per reopening = probes / outcomes.
+  // The reopenings: each host reopens once per round, by its own probe failing or by the
+  // fleet's news of one; the probes of a round in flight at either end make the slack.
+  auto opened = [&] { return shm::ReadCounter(Orders(0), shm::kOpened); };
+  const uint64_t opened_before = opened();
   const uint64_t probes_before = ProbesSoFar();
-  const std::string outcome_key = prefix_ + ":dep:orders:outcome";
-  auto outcomes = [&] {
-    const StoreReply r = redis.Command({"HGET", outcome_key, "n"});
-    return r.str.empty() ? int64_t{0} : std::stoll(r.str);
-  };
-  const int64_t outcomes_before = outcomes();
-  ASSERT_TRUE(WaitUntil([&] { return outcomes() >= outcomes_before + 3; }, 30'000))
+  ASSERT_TRUE(WaitUntil([&] { return opened() >= opened_before + 4; }, 40'000))
       << hosts_[0].daemon->Log() << hosts_[1].daemon->Log();
-  // The probe of the next reopening may be in flight: count only whole rounds.
-  const int64_t rounds = outcomes() - outcomes_before;
+  const uint64_t rounds = opened() - opened_before;
   const uint64_t probes = ProbesSoFar() - probes_before;
-  std::printf("%lld reopenings, %llu probes at the downstream from %d hosts\n",
-              static_cast<long long>(rounds), static_cast<unsigned long long>(probes), kHosts);
-  EXPECT_GE(probes, uint64_t(rounds));
-  EXPECT_LE(probes, uint64_t(rounds) + 1);
+  std::printf("fleet_half_open_probes = %u: %llu reopenings, %llu probes at the downstream from "
+              "%d hosts\n",
+              fleet_probes, static_cast<unsigned long long>(rounds),
+              static_cast<unsigned long long>(probes), kHosts);
+  EXPECT_GE(probes, fleet_probes * (rounds - 1));
+  EXPECT_LE(probes, fleet_probes * (rounds + 1));
 
   ds_->failing = 0;
+  const uint64_t probes_at_recovery = ProbesSoFar();
   ASSERT_TRUE(WaitUntil([&] {
     return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
   }, 30'000)) << hosts_[0].daemon->Log();
-  const uint64_t closing_probes = ProbesSoFar() - probes_before - probes;
+  const uint64_t closing_probes = ProbesSoFar() - probes_at_recovery;
   std::printf("closed everywhere after %llu more probes\n",
               static_cast<unsigned long long>(closing_probes));
-  EXPECT_LE(closing_probes, 2u);
+  EXPECT_LE(closing_probes, 2u * fleet_probes);
 }
+
+INSTANTIATE_TEST_SUITE_P(Probes, FleetProbeTest, ::testing::Values(1u, 2u));
 
 // One host's dependency failing alone opens that host's breaker and no other's.
 TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
