@@ -233,6 +233,20 @@ class FleetTest : public ::testing::Test {
     h.workers.push_back(pid);
   }
 
+  // WaitJoined waits for every host to say it joined; on failure, the first one's log.
+  ::testing::AssertionResult WaitJoined() {
+    if (WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000)) {
+      return ::testing::AssertionSuccess();
+    }
+    for (int i = 0; i < int(hosts_.size()); ++i) {
+      if (FleetStateOf(i) != shm::FleetState::kJoined) {
+        return ::testing::AssertionFailure() << "host " << i << " did not join; its log:\n"
+                                             << hosts_[size_t(i)].daemon->Log();
+      }
+    }
+    return ::testing::AssertionFailure();
+  }
+
   shm::DependencySlot& Orders(int i) {
     shm::Segment& seg = *hosts_[size_t(i)].seg;
     return *seg.dependency(uint32_t(seg.Find("orders")));
@@ -279,7 +293,7 @@ TEST_P(FleetProbeTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEvery
              "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
              "fleet = true\nfleet_min_hosts = 2\nfleet_half_open_probes = " +
                  std::to_string(fleet_probes) + "\n");
-  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  ASSERT_TRUE(WaitJoined());
   for (int i = 0; i < kHosts; ++i) StartWorker(i, {10, false});
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ds_->failing = 1;
@@ -341,7 +355,7 @@ TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
   StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
              "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\n"
              "open_for = \"1s\"\nfleet = true\nfleet_min_hosts = 2\n");
-  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  ASSERT_TRUE(WaitJoined());
   for (int i = 1; i < kHosts; ++i) StartWorker(i, {20, false});
   // Host 0 fails every call, in a worker of its own: the downstream stays healthy for the rest.
   Host& h0 = hosts_[0];
@@ -381,7 +395,7 @@ TEST_F(FleetTest, ARedisKilledMidRunLeavesAdmitsAloneAndTheHostsRejoin) {
   // A timeout of 250 ms: an admit that waited on the store would take at least that.
   StartHosts(kHosts, "redis = \"" + redis->address() + "\"\ntimeout = \"250ms\"\n",
              "fleet = true\nfleet_min_retries_per_sec = 100\nfleet_retry_burst = 100\n");
-  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  ASSERT_TRUE(WaitJoined());
   for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, false});
   // The fleet's 100/s among 4 hosts.
   ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return Orders(i).policy.min_retries_per_sec.load() == 25; }); }, 10'000));
@@ -420,7 +434,7 @@ TEST_F(FleetTest, ASentinelFailoverIsFollowedAndAdmitsNeverWait) {
              "sentinels = [\"127.0.0.1:" + std::to_string(sentinel.port()) +
                  "\"]\nmaster_name = \"fleet\"\ntimeout = \"250ms\"\n",
              "fleet = true\n");
-  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kJoined; }); }, 10'000));
+  ASSERT_TRUE(WaitJoined());
   for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, false});
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const uint64_t synced_before = hosts_[0].seg->header().fleet_synced_unix_ms.load();
