@@ -17,6 +17,7 @@
 
 #include "cli/render.h"
 #include "shm/breaker.h"
+#include "shm/clock.h"
 #include "shm/registry.h"
 #include "tests/cli/cli_test_util.h"
 
@@ -150,6 +151,52 @@ TEST(RetryctlStatus, ClosedDependencyShowsWindowBudgetAndRetries) {
     EXPECT_EQ(d["counters"][shm::CounterName(shm::Counter(c))], shm::ReadCounter(seg.slot(i), shm::Counter(c)))
         << shm::CounterName(shm::Counter(c));
   }
+}
+
+// The fleet as a fleet daemon writes it (daemon/fleet.h): the line under the segment's, the
+// FLEET column, and the JSON. Without a fleet, neither line nor column.
+TEST(RetryctlStatus, TheFleetLineAndColumn) {
+  TestSegment seg;
+  const uint32_t i = seg.AddDependency("payments", TestPolicy(/*min_calls=*/100));
+  const uint32_t j = seg.AddDependency("search", TestPolicy(/*min_calls=*/100));
+  {
+    const RunResult r = Retryctl({"status", "--segment", seg.name()});
+    EXPECT_THAT(r.out, Not(HasSubstr("fleet")));
+    EXPECT_THAT(r.out, Not(HasSubstr("FLEET")));
+    const json doc = StatusJson(seg, {}, 0);
+    EXPECT_EQ(doc["fleet"]["state"], "off");
+    EXPECT_EQ(Dependency(doc, "payments")["fleet"]["role"], "none");
+  }
+  shm::SegmentHeader& h = seg.segment().header();
+  h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_hosts.store(8);
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs());
+  h.fleet_trips.store(3);
+  h.fleet_leases.store(1);
+  h.fleet_fallbacks.store(2);
+  seg.slot(i).fleet.store(shm::FleetWord::Make(shm::FleetRole::kHolding, 8));
+  seg.slot(j).fleet.store(shm::FleetWord::Make(shm::FleetRole::kMember, 8));
+  const RunResult r = Retryctl({"status", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string line = Line(r.out, "fleet");
+  EXPECT_THAT(line, HasSubstr("fleet joined: 8 hosts, synced "));
+  EXPECT_THAT(line, HasSubstr("3 trips on the fleet's window, 1 fleet probe leases won, "
+                              "2 fallbacks to local"));
+  EXPECT_THAT(r.out, HasSubstr("FLEET"));
+  EXPECT_THAT(Line(r.out, "payments"), HasSubstr("held: waits for the fleet's probe"));
+  EXPECT_THAT(Line(r.out, "search"), HasSubstr("member of 8"));
+  const json doc = StatusJson(seg, {}, 0);
+  EXPECT_EQ(doc["fleet"]["state"], "joined");
+  EXPECT_EQ(doc["fleet"]["hosts"], 8);
+  EXPECT_EQ(doc["fleet"]["trips"], 3);
+  EXPECT_EQ(doc["fleet"]["leases"], 1);
+  EXPECT_EQ(doc["fleet"]["fallbacks"], 2);
+  EXPECT_EQ(Dependency(doc, "payments")["fleet"]["role"], "holding");
+  EXPECT_EQ(Dependency(doc, "search")["fleet"]["hosts"], 8);
+
+  h.fleet_state.store(uint32_t(shm::FleetState::kLocal));
+  EXPECT_THAT(Line(Retryctl({"status", "--segment", seg.name()}).out, "fleet"),
+              HasSubstr("fleet local (the store does not answer: this host decides alone)"));
 }
 
 TEST(RetryctlStatus, OpenBreakerShowsTimeToHalfOpenAndExitsOne) {
