@@ -62,8 +62,11 @@ class Redis {
   explicit Redis(int port, const std::string& replica_of = "", int sentinel_of = 0)
       : port_(port) {
     conf_ = TempPath(".conf");
+    // Its files (a replica's sync writes one) go to the temp dir, not the test's directory.
     std::string text = "port " + std::to_string(port) + "\nbind 127.0.0.1\nsave \"\"\n" +
-                       "appendonly no\nlogfile \"" + TempPath(".log") + "\"\n";
+                       "appendonly no\nlogfile \"" + TempPath(".log") + "\"\ndir \"" +
+                       ::testing::TempDir() + "\"\ndbfilename \"redis-" + std::to_string(port) +
+                       ".rdb\"\n";
     if (!replica_of.empty()) {
       text += "replicaof " + replica_of.substr(0, replica_of.rfind(':')) + " " +
               replica_of.substr(replica_of.rfind(':') + 1) + "\n";
@@ -75,7 +78,11 @@ class Redis {
     WriteFile(conf_, text);
     Start(sentinel_of != 0);
   }
-  ~Redis() { Kill(); }
+  ~Redis() {
+    Kill();
+    unlink((::testing::TempDir() + "/redis-" + std::to_string(port_) + ".rdb").c_str());
+    unlink(conf_.c_str());
+  }
 
   void Start(bool sentinel = false) {
     pid_ = fork();
@@ -331,8 +338,14 @@ TEST_P(FleetProbeTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEvery
               "%d hosts\n",
               fleet_probes, static_cast<unsigned long long>(rounds),
               static_cast<unsigned long long>(probes), kHosts);
-  EXPECT_GE(probes, fleet_probes * (rounds - 1));
+  // Every reopening sends at least one probe and at most fleet_half_open_probes: fewer when the
+  // first prober's outcome is back before another host's open period is over (that host then
+  // follows the outcome instead of taking a lease).
+  EXPECT_GE(probes, rounds - 1);
   EXPECT_LE(probes, fleet_probes * (rounds + 1));
+  if (fleet_probes == 1) {
+    EXPECT_LE(probes, rounds + 1);
+  }
 
   ds_->failing = 0;
   const uint64_t probes_at_recovery = ProbesSoFar();
