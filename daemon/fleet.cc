@@ -262,6 +262,7 @@ void Fleet::Loop() {
                   << " (sync every " << settings_.sync_ms << "ms, " << runs_.size()
                   << " fleet dependencies)";
         joined_ = true;
+        syncs_since_join_ = 0;
         outage_logged_ = false;
         backoff_ms_ = 0;
         next_sync_ns_ = now_ns;
@@ -346,17 +347,25 @@ bool Fleet::Sync(uint64_t now_ns) {
                 << fleet.failures << " failures, " << fleet.slow << " slow of " << fleet.calls
                 << " calls from " << hosts << " hosts (" << failing << " failing)";
     }
-    // The fleet's floor and cap, divided among its live hosts (this one included).
+    // The fleet's floor and cap, divided among its live hosts (this one included). At the first
+    // sync after joining, the hosts it sees are only those that published since the store came
+    // back: a share counted on them could be the whole fleet's, so it is at most the host's own
+    // until the next sync, when every host that joined meanwhile has published.
     const uint32_t n = std::max<uint32_t>(hosts, 1);
     const FleetPolicy& f = run.cfg.fleet;
-    const uint32_t floor = f.min_retries_per_sec > 0 ? (f.min_retries_per_sec + n - 1) / n
-                                                     : run.cfg.local_min_retries_per_sec;
-    const uint32_t burst = f.retry_burst > 0 ? std::max<uint32_t>((f.retry_burst + n - 1) / n, 1)
-                                             : run.cfg.local_retry_burst;
+    uint32_t floor = f.min_retries_per_sec > 0 ? (f.min_retries_per_sec + n - 1) / n
+                                               : run.cfg.local_min_retries_per_sec;
+    uint32_t burst = f.retry_burst > 0 ? std::max<uint32_t>((f.retry_burst + n - 1) / n, 1)
+                                       : run.cfg.local_retry_burst;
+    if (syncs_since_join_ == 0) {
+      floor = std::min(floor, run.cfg.local_min_retries_per_sec);
+      burst = std::max<uint32_t>(std::min(burst, run.cfg.local_retry_burst), 1);
+    }
     slot->policy.min_retries_per_sec.store(floor, kRelaxed);
     slot->policy.retry_burst.store(burst, kRelaxed);
   }
   h.fleet_synced_unix_ms.store(shm::UnixNowMs(), kRelaxed);
+  ++syncs_since_join_;
   return true;
 }
 

@@ -21,7 +21,9 @@
 //            (kFleetReopened). A lease is taken only if no outcome came since the host read
 //            the last one (one script), so an outcome and a new lease never cross
 //   floor    fleet_min_retries_per_sec and fleet_retry_burst, when set, are divided among the
-//            hosts that published this dependency within three syncs (rounded up)
+//            hosts that published this dependency within three syncs (rounded up); at the
+//            first sync after (re)joining, a share is at most the host's own floor and burst
+//            (the hosts seen then are only those that published since the store came back)
 //
 // Failure is local: a store command that fails or takes longer than `timeout` drops the
 // connection, and the host at once decides alone (holds given back, local floors restored,
@@ -109,6 +111,7 @@ class Fleet {
   std::map<std::string, Run> runs_;
   bool joined_ = false;
   bool outage_logged_ = false;  // this outage of the store was logged (once per outage)
+  uint32_t syncs_since_join_ = 0;
   uint64_t next_sync_ns_ = 0;
   uint64_t next_connect_ns_ = 0;
   uint64_t backoff_ms_ = 0;

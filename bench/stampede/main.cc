@@ -24,6 +24,9 @@ DEFINE_string(svg, "", "write the plot to this SVG file");
 DEFINE_string(summary_csv, "", "write the figures (one row per strategy) to this CSV file");
 DEFINE_string(strategies, "", "comma-separated strategy names to run; empty runs them all");
 DEFINE_double(duration_s, 0, "override the scenario's [run] duration_s");
+DEFINE_uint32(sync_ms, 0, "override sync_ms of every scope = \"fleet\" strategy (100 to 60000)");
+DEFINE_uint32(hosts, 0, "override the scenario's [fleet] hosts (the same baseline_qps, spread "
+                        "over more or fewer hosts)");
 DEFINE_uint32(runs, 1, "with N > 1, also run seeds seed+1 .. seed+N-1 and print how the "
                        "figures vary across seeds (median and worst)");
 DEFINE_string(runs_csv, "", "with --runs, write the figures of every run (one row per strategy "
@@ -122,6 +125,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (FLAGS_duration_s > 0) sc.duration_s = FLAGS_duration_s;
+  if (FLAGS_hosts > 0) sc.hosts = FLAGS_hosts;
+  if (FLAGS_sync_ms > 0) {
+    if (FLAGS_sync_ms < 100 || FLAGS_sync_ms > 60'000) {
+      std::fprintf(stderr, "retryd_stampede: --sync_ms=%u must be in [100, 60000]\n", FLAGS_sync_ms);
+      return 2;
+    }
+    for (Strategy& st : sc.strategies) {
+      if (st.scope == Scope::kFleet) st.fleet.sync_ms = FLAGS_sync_ms;
+    }
+  }
   const uint64_t seed = FLAGS_seed ? FLAGS_seed : sc.seed;
 
   std::vector<Result> results;

@@ -141,6 +141,20 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   s.max_probes_in_flight_per_host = r.max_probes_in_flight_per_host;
   s.breakers_per_host = r.breakers_per_host;
   for (const Bin& b : r.bins) s.max_probes_per_bin = std::max(s.max_probes_per_bin, b.probes);
+  s.reopenings = r.reopenings.size();
+  uint64_t reopening_probes = 0;
+  for (size_t i = 0; i < r.reopenings.size(); ++i) {
+    reopening_probes += r.reopenings[i].probes;
+    if (i == 12) s.probes_each_reopening += " ...";
+    if (i >= 12) continue;
+    s.probes_each_reopening += (i ? " " : "") + std::to_string(r.reopenings[i].probes);
+  }
+  s.probes_per_reopening = s.reopenings ? double(reopening_probes) / double(s.reopenings) : 0;
+  s.fleet_trips = r.fleet.trips;
+  s.fleet_leases = r.fleet.leases;
+  s.fleet_leases_lost = r.fleet.leases_lost;
+  s.fleet_closed = r.fleet.closed;
+  s.fleet_reopened = r.fleet.reopened;
   s.retries_denied = r.retries_denied;
   s.rejected_open = r.rejected_open;
   s.other_user_requests = r.other_user_requests;
@@ -175,9 +189,24 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
       {"max probes in flight per host", [](const Summary& x) { return std::to_string(x.max_probes_in_flight_per_host); }},
       {"max probes sent in one bin (fleet)", [](const Summary& x) { return std::to_string(x.max_probes_per_bin); }},
       {"breakers per host", [](const Summary& x) { return std::to_string(x.breakers_per_host); }},
+      {"fleet-wide reopenings", [](const Summary& x) { return std::to_string(x.reopenings); }},
+      {"probes per fleet-wide reopening", [](const Summary& x) { return Fmt("%.2f", x.probes_per_reopening); }},
+      {"probes in each reopening", [](const Summary& x) {
+         return x.probes_each_reopening.empty() ? std::string("-") : x.probes_each_reopening;
+       }},
       {"retries denied by budget", [](const Summary& x) { return std::to_string(x.retries_denied); }},
       {"attempts rejected by breaker", [](const Summary& x) { return std::to_string(x.rejected_open); }},
   };
+  if (std::any_of(sc.strategies.begin(), sc.strategies.end(),
+                  [](const Strategy& st) { return st.scope == Scope::kFleet; })) {
+    rows.push_back({"fleet: trips on the fleet's window", [](const Summary& x) { return std::to_string(x.fleet_trips); }});
+    rows.push_back({"fleet: probe leases (lost)", [](const Summary& x) {
+                      return std::to_string(x.fleet_leases) + " (" + std::to_string(x.fleet_leases_lost) + ")";
+                    }});
+    rows.push_back({"fleet: closed / reopened by outcome", [](const Summary& x) {
+                      return std::to_string(x.fleet_closed) + " / " + std::to_string(x.fleet_reopened);
+                    }});
+  }
   if (!sc.callers.empty()) {
     rows.push_back({"other callers: failed requests", [](const Summary& x) {
                       return std::to_string(x.other_user_failed) +
@@ -218,7 +247,9 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "baseline_p99_ms,recovered,recovery_s,unhealthy_s,user_requests,user_failed,"
        "attempts_per_request,pod_kills,breaker_opened,half_opened,probes,probes_per_half_open,"
        "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open,"
-       "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed\n";
+       "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
+       "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
+       "fleet_leases_lost,fleet_closed,fleet_reopened\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -231,7 +262,9 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << x.breakers_per_host << ','
       << x.retries_denied << ',' << x.rejected_open << ',' << x.dropped_expired << ','
       << Fmt("%.1f", x.outage_s) << ',' << (x.outage_over ? 1 : 0) << ',' << x.other_user_requests << ','
-      << x.other_user_failed << '\n';
+      << x.other_user_failed << ',' << x.reopenings << ',' << Fmt("%.3f", x.probes_per_reopening)
+      << ',' << x.probes_each_reopening << ',' << x.fleet_trips << ',' << x.fleet_leases << ','
+      << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << '\n';
   }
   return o.str();
 }

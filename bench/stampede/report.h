@@ -9,6 +9,9 @@
 //    first stall, and user requests succeed at >= min_success_pct.
 //  - recovery: from the end of the last stall to the start of the first window after which
 //    every window is healthy; "not recovered" if the run ends unhealthy.
+//  - fleet-wide reopening: a maximal interval in which at least one breaker of the fleet under
+//    study is not closed (sim.h's Reopening); probes per reopening: the half-open probes every
+//    host sent in them, divided by their number (one not over when the run ended included).
 //  - outage: from the start of the first stall to the end of the last unavailable window, one
 //    in which fewer than half of the user requests that completed succeeded (what users call
 //    "down"); "not over" if the run ends in one.
@@ -47,6 +50,14 @@ struct Summary {
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t max_probes_per_bin = 0;  // fleet-wide, in the busiest bin
   uint32_t breakers_per_host = 0;
+  uint64_t reopenings = 0;             // fleet-wide reopenings
+  double probes_per_reopening = 0;     // probes sent in them, fleet-wide, per reopening
+  std::string probes_each_reopening;   // the probes of each, in order: "50", "1 2" (12 at most)
+  uint64_t fleet_trips = 0;            // scope "fleet": FleetCounters (fleet.h)
+  uint64_t fleet_leases = 0;
+  uint64_t fleet_leases_lost = 0;
+  uint64_t fleet_closed = 0;
+  uint64_t fleet_reopened = 0;
   uint64_t retries_denied = 0;
   uint64_t rejected_open = 0;
   uint64_t other_user_requests = 0;  // the scenario's other callers ([[caller]])

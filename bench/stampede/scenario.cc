@@ -92,9 +92,29 @@ class Reader {
     }
     return n->as_array();
   }
+  // Fail records the first error: the file, the key and the problem, then where the key is
+  // and what it holds ("x.toml: run.seed must be ... (line 4: seed = -1)").
   void Fail(const std::string& key, const std::string& what) {
-    if (status_.ok()) status_ = Status::InvalidArgument(source_ + ": " + Join(key) + " " + what);
+    if (!status_.ok()) return;
+    std::string where;
+    if (const toml::node* n = t_ && !key.empty() ? t_->get(key) : nullptr) {
+      std::ostringstream v;
+      if (auto str = n->value_exact<std::string>()) v << '"' << *str << '"';
+      else if (auto i = n->value_exact<int64_t>()) v << *i;
+      else if (auto d = n->value_exact<double>()) v << *d;
+      else if (auto b = n->value_exact<bool>()) v << (*b ? "true" : "false");
+      else if (n->is_array()) v << "an array";
+      else if (n->is_table()) v << "a table";
+      else v << "a date or time";
+      std::string value = v.str();
+      if (value.size() > 60) value = value.substr(0, 57) + "...";
+      where = " (";
+      if (n->source().begin.line > 0) where += "line " + std::to_string(n->source().begin.line) + ": ";
+      where += key + " = " + value + ")";
+    }
+    status_ = Status::InvalidArgument(source_ + ": " + Join(key) + " " + what + where);
   }
+  bool Has(const char* key) const { return t_ && t_->get(key) != nullptr; }
   // Finish refuses keys that were never read.
   void Finish() {
     if (!t_) return;
@@ -103,16 +123,21 @@ class Reader {
     }
   }
   std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-
- private:
-  const toml::node* Get(const char* key) {
-    seen_.insert(key);
-    return t_ ? t_->get(key) : nullptr;
+  const std::string& source() const { return source_; }
+  // Take adopts another reader's error (a nested table's) as this one's, if this has none.
+  void Take(const Status& s) {
+    if (status_.ok()) status_ = s;
   }
   static std::string Num(double v) {
     std::ostringstream o;
     o << v;
     return o.str();
+  }
+
+ private:
+  const toml::node* Get(const char* key) {
+    seen_.insert(key);
+    return t_ ? t_->get(key) : nullptr;
   }
   const toml::table* t_;
   std::string path_;
@@ -131,9 +156,37 @@ Status ReadPolicy(const toml::table* t, const std::string& path, const std::stri
   return daemon::ReadPolicyTable(*t, source, "[" + path + "]", path + ".", p);
 }
 
+// ReadStoreOutages reads the [[KEY]] list of r's table (each a {start_s, end_s} window) into
+// *out: windows of positive length, in order, not overlapping.
+void ReadStoreOutages(Reader& parent, const char* key, std::vector<StoreOutage>* out) {
+  const toml::array* a = parent.Array(key);
+  if (!a) return;
+  out->clear();
+  for (size_t i = 0; i < a->size() && parent.status().ok(); ++i) {
+    StoreOutage o;
+    const std::string path = parent.Join(key) + "[" + std::to_string(i) + "]";
+    Reader r((*a)[i].as_table(), path, parent.source());
+    if (!(*a)[i].as_table()) r.Fail("", std::string("must be a table ([[") + key + "]])");
+    r.Double("start_s", &o.start_s, 0, 3'600);
+    r.Double("end_s", &o.end_s, 0, 3'600);
+    r.Finish();  // a misspelt key first: "must be given" would hide it
+    if (r.status().ok() && !r.Has("end_s")) r.Fail("end_s", "must be given");
+    if (r.status().ok() && o.end_s <= o.start_s) {
+      r.Fail("end_s", "must be after start_s (" + Reader::Num(o.start_s) + ")");
+    }
+    if (r.status().ok() && !out->empty() && o.start_s < out->back().end_s) {
+      r.Fail("start_s", "must not be before the end of the window before it (" +
+                            Reader::Num(out->back().end_s) + ")");
+    }
+    if (!r.status().ok()) parent.Take(r.status());
+    out->push_back(o);
+  }
+}
+
 // ReadStrategy reads the keys of a [[strategy]] (or of a [[caller]]'s) into *g, and returns its
-// [policy] table for ReadPolicy (nullptr if none).
-const toml::table* ReadStrategy(Reader& r, Strategy* out) {
+// [policy] table for ReadPolicy (nullptr if none). `fleet_scope`: scope = "fleet" is allowed
+// (a [[strategy]]; a [[caller]] is modelled without the fleet).
+const toml::table* ReadStrategy(Reader& r, Strategy* out, bool fleet_scope) {
   Strategy& g = *out;
   r.String("name", &g.name);
   r.String("label", &g.label);
@@ -148,7 +201,26 @@ const toml::table* ReadStrategy(Reader& r, Strategy* out) {
   r.Double("deadline_ms", &g.deadline_ms, 0, 86'400'000);
   if (scope == "process") g.scope = Scope::kProcess;
   else if (scope == "host") g.scope = Scope::kHost;
-  else r.Fail("scope", "must be \"process\" or \"host\"");
+  else if (scope == "fleet" && fleet_scope) g.scope = Scope::kFleet;
+  else if (fleet_scope) r.Fail("scope", "must be \"process\", \"host\" or \"fleet\"");
+  else r.Fail("scope", "must be \"process\" or \"host\" (a [[caller]] cannot be \"fleet\")");
+  // The fleet keys (the daemon's names: docs/FLEET.md), for scope = "fleet" only.
+  FleetKnobs& f = g.fleet;
+  r.Uint("sync_ms", &f.sync_ms, 100, 60'000);  // the daemon's [fleet] sync range
+  r.Uint("fleet_half_open_probes", &f.fleet_half_open_probes, 1, 1'000);
+  r.Uint("fleet_min_hosts", &f.fleet_min_hosts, 1, 100'000);
+  r.Uint("fleet_min_retries_per_sec", &f.fleet_min_retries_per_sec, 0, 1'000'000);
+  r.Uint("fleet_retry_burst", &f.fleet_retry_burst, 0, 1'000'000);
+  if (r.Has("store_outage")) {
+    f.has_store_outages = true;
+    ReadStoreOutages(r, "store_outage", &f.store_outages);
+  }
+  if (g.scope != Scope::kFleet) {
+    for (const char* key : {"sync_ms", "fleet_half_open_probes", "fleet_min_hosts",
+                            "fleet_min_retries_per_sec", "fleet_retry_burst", "store_outage"}) {
+      if (r.Has(key)) r.Fail(key, "applies only to scope = \"fleet\"");
+    }
+  }
   if (backoff == "immediate") g.backoff = BackoffKind::kImmediate;
   else if (backoff == "fixed") g.backoff = BackoffKind::kFixed;
   else if (backoff == "jitter") g.backoff = BackoffKind::kJitter;
@@ -278,6 +350,11 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
     }
   }
 
+  if (st.ok() && top.Has("store_outage")) {
+    ReadStoreOutages(top, "store_outage", &s.store_outages);
+    st = Merge(st, top.status());
+  }
+
   const toml::array* strategies = top.Array("strategy");
   if (strategies) s.strategies.clear();
   if (st.ok() && s.strategies.empty() && (!strategies || strategies->empty())) {
@@ -289,7 +366,7 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
     Strategy g;
     Reader r(t, path, source);
     if (!t) r.Fail("", "must be a table");
-    const toml::table* policy = ReadStrategy(r, &g);
+    const toml::table* policy = ReadStrategy(r, &g, /*fleet_scope=*/true);
     r.Finish();
     st = Merge(st, r.status());
     if (st.ok()) st = ReadPolicy(policy, path + ".policy", source, &g.policy);
@@ -312,7 +389,7 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
       r.Uint("workers_per_host", &c.workers_per_host, 1, 1'000);
       r.Double("baseline_qps", &c.baseline_qps, 1, 10'000'000);
       if (t && !t->get("baseline_qps")) r.Fail("baseline_qps", "must be given");
-      const toml::table* policy = ReadStrategy(r, &c.strategy);
+      const toml::table* policy = ReadStrategy(r, &c.strategy, /*fleet_scope=*/false);
       r.Finish();
       st = Merge(st, r.status());
       if (st.ok()) st = ReadPolicy(policy, path + ".policy", source, &c.strategy.policy);
@@ -336,7 +413,20 @@ Status Load(const std::string& path, int depth, Scenario* out) {
 
 }  // namespace
 
-const char* ScopeName(Scope s) { return s == Scope::kHost ? "host" : "process"; }
+const char* ScopeName(Scope s) {
+  switch (s) {
+    case Scope::kProcess: return "process";
+    case Scope::kHost: return "host";
+    case Scope::kFleet: return "fleet";
+  }
+  return "?";
+}
+
+const std::vector<StoreOutage>& StoreOutagesOf(const Scenario& sc, const Strategy& st) {
+  static const std::vector<StoreOutage> kNone;
+  if (st.scope != Scope::kFleet) return kNone;
+  return st.fleet.has_store_outages ? st.fleet.store_outages : sc.store_outages;
+}
 
 const char* StallKindName(StallKind k) {
   switch (k) {

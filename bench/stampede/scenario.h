@@ -22,6 +22,29 @@ namespace retryd::stampede {
 enum class Scope {
   kProcess,  // one private segment per worker process (per-process libraries)
   kHost,     // one segment per host, shared by its workers (retryd)
+  kFleet,    // one segment per host, each host's daemon coordinating through a shared store
+             // (retryd's fleet mode, daemon/fleet.h; the model: bench/stampede/fleet.h)
+};
+
+// A window [start_s, end_s) in which the fleet's shared store cannot be reached: each host
+// decides alone, as the host scope does, from its first sync inside it to its first sync after.
+struct StoreOutage {
+  double start_s = 0;
+  double end_s = 0;
+};
+
+// The fleet keys of a scope = "fleet" strategy, spelled as the daemon's config spells them
+// (docs/FLEET.md), sync_ms for its [fleet] `sync`. Refused on any other scope.
+struct FleetKnobs {
+  uint32_t sync_ms = 1'000;               // each host publishes and reads the fleet this often
+  uint32_t fleet_half_open_probes = 1;    // hosts that probe a reopening, fleet-wide
+  uint32_t fleet_min_hosts = 2;           // hosts with failures (or slow calls) for a fleet trip
+  uint32_t fleet_min_retries_per_sec = 0; // the fleet's floor, divided among live hosts; 0: own
+  uint32_t fleet_retry_burst = 0;         // the fleet's burst, divided likewise; 0: own
+  // The strategy's own [[strategy.store_outage]] list, if it gave one (has_store_outages);
+  // otherwise the scenario's [[store_outage]] list applies (StoreOutagesOf).
+  bool has_store_outages = false;
+  std::vector<StoreOutage> store_outages;
 };
 
 // How a strategy waits before retry number n (n = 0 before the first retry).
@@ -48,6 +71,7 @@ struct Strategy {
   double deadline_ms = 0;
   // The breaker and retry budget, as the daemon's config spells them ([strategy.policy]).
   shm::Policy policy;
+  FleetKnobs fleet;  // scope = "fleet" only
 };
 
 // An incident window of the downstream: every pod, from start_s for duration_s.
@@ -114,6 +138,9 @@ struct Scenario {
   double timeout_ms = 500.0;
   Downstream downstream;
   std::vector<Stall> stalls;
+  // When the fleet's store is unreachable, for every scope = "fleet" strategy without a list
+  // of its own ([[store_outage]]; sorted by start, not overlapping).
+  std::vector<StoreOutage> store_outages;
   Health health;
   std::vector<Strategy> strategies;
   // The other callers of the downstream; [fleet] is the one whose strategies are compared.
@@ -127,7 +154,11 @@ Status LoadScenario(const std::string& path, Scenario* out);
 // ParseScenario is LoadScenario on text (`source` names it in errors).
 Status ParseScenario(const std::string& text, const std::string& source, Scenario* out);
 
-const char* ScopeName(Scope s);
+const char* ScopeName(Scope s);  // "process", "host", "fleet"
+
+// StoreOutagesOf: the store outages that apply to `st` in `sc` (its own list, else the
+// scenario's); empty for a scope other than kFleet.
+const std::vector<StoreOutage>& StoreOutagesOf(const Scenario& sc, const Strategy& st);
 const char* StallKindName(StallKind k);
 
 // InWindow reports whether some window of `kind` in `stalls` covers second `t_s`.

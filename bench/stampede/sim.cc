@@ -73,6 +73,8 @@ enum class Ev : uint8_t {
   kPodRestart,     // a: pod
   kOverloadCheck,  // a: pod, b: pod generation
   kBinEnd,         // a: bin
+  kFleetSync,      // a: host (scope kFleet)
+  kFleetClose,     // a: host, b: close token (scope kFleet)
 };
 
 struct Event {
@@ -132,7 +134,7 @@ struct Worker {
 class Sim {
  public:
   Sim(const Scenario& sc, const Strategy& st, uint64_t seed)
-      : sc_(sc), st_(st), ds_(sc.downstream), rng_(seed) {}
+      : sc_(sc), st_(st), ds_(sc.downstream), rng_(seed), seed_(seed) {}
 
   Result Run();
 
@@ -154,6 +156,8 @@ class Sim {
   }
 
   void Setup();
+  void Observe(uint32_t segment);
+  void OnFleetSync(uint32_t host);
   void OnArrival(uint32_t worker);
   void OnAttempt(uint32_t call, uint32_t number);
   void OnPodReceive(uint32_t attempt);
@@ -174,6 +178,7 @@ class Sim {
   const Strategy& st_;
   const Downstream& ds_;
   Rng rng_;
+  const uint64_t seed_;
   Result result_;
   Result others_;
   uint32_t main_segments_ = 0;
@@ -195,6 +200,12 @@ class Sim {
   std::vector<Attempt> attempts_;
   std::vector<Pod> pods_;
   std::vector<uint32_t> ready_;
+  // The breaker word of each segment of the [fleet] under study, as last seen; how many are
+  // not closed, and the probes sent before the current fleet-wide reopening began.
+  std::vector<uint64_t> breaker_words_;
+  uint32_t not_closed_ = 0;
+  uint64_t reopening_probes_from_ = 0;
+  std::unique_ptr<FleetModel> fleet_;  // scope kFleet
 };
 
 void Sim::Setup() {
@@ -229,7 +240,8 @@ void Sim::Setup() {
   for (uint32_t g = 0; g < groups.size(); ++g) {
     const Group& gr = groups[g];
     const uint32_t n_workers = gr.hosts * gr.workers_per_host;
-    const uint32_t n_segments = gr.st->scope == Scope::kHost ? gr.hosts : n_workers;
+    const bool per_host = gr.st->scope != Scope::kProcess;
+    const uint32_t n_segments = per_host ? gr.hosts : n_workers;
     const uint32_t segment_base = uint32_t(segments_.size());
     for (uint32_t i = 0; i < n_segments; ++i) {
       segments_.push_back(shm::Segment::CreatePrivate(1, 1, gr.st->policy));
@@ -244,7 +256,7 @@ void Sim::Setup() {
     for (uint32_t w = 0; w < n_workers; ++w) {
       Worker wk;
       wk.host = host_base + w / gr.workers_per_host;
-      wk.segment = segment_base + (gr.st->scope == Scope::kHost ? w / gr.workers_per_host : w);
+      wk.segment = segment_base + (per_host ? w / gr.workers_per_host : w);
       wk.caller = shm::Caller{shm::kUnknownOwner, 0, uint32_t(rng_.Next() | 1)};
       wk.group = g;
       wk.st = gr.st;
@@ -253,7 +265,15 @@ void Sim::Setup() {
     }
     host_base += gr.hosts;
   }
-  result_.breakers_per_host = st_.scope == Scope::kHost ? 1 : sc_.workers_per_host;
+  result_.breakers_per_host = st_.scope != Scope::kProcess ? 1 : sc_.workers_per_host;
+  for (uint32_t i = 0; i < main_segments_; ++i) {
+    breaker_words_.push_back(segments_[i]->dependency(slot_index_)->breaker.load());
+  }
+  if (st_.scope == Scope::kFleet) {
+    // Its own generator: the run's draws stay those of the host scope.
+    fleet_ = std::make_unique<FleetModel>(st_, StoreOutagesOf(sc_, st_), sc_.hosts, kEpochNs, seed_);
+    for (uint32_t h = 0; h < sc_.hosts; ++h) Push(fleet_->FirstSync(h), Ev::kFleetSync, h);
+  }
   host_probes_.assign(host_base, 0);
   pods_.resize(ds_.pods);
   for (uint32_t p = 0; p < ds_.pods; ++p) ready_.push_back(p);
@@ -305,8 +325,15 @@ Result Sim::Run() {
         break;
       }
       case Ev::kBinEnd: result_.bins[e.a].pods_up = uint32_t(ready_.size()); break;
+      case Ev::kFleetSync: OnFleetSync(e.a); break;
+      case Ev::kFleetClose:
+        fleet_->OnClose(e.a, e.b, *segments_[e.a]->dependency(slot_index_), now_);
+        Observe(e.a);
+        break;
     }
   }
+  if (not_closed_ > 0) result_.reopenings.back().probes = result_.probes - reopening_probes_from_;
+  if (fleet_) result_.fleet = fleet_->counters();
   // The breakers' own counters, summed over the segments of the [fleet] under study.
   for (uint32_t i = 0; i < main_segments_; ++i) {
     const shm::DependencySlot& slot = *segments_[i]->dependency(slot_index_);
@@ -320,6 +347,38 @@ Result Sim::Run() {
   result_.other_user_failed = others_.user_failed;
   result_.other_attempts_sent = others_.attempts_sent;
   return std::move(result_);
+}
+
+// Observe notes a change of the breaker of `segment` (one of the [fleet] under study): the
+// fleet-wide reopenings, and for scope kFleet the daemon's step (FleetModel::OnBreakerMoved).
+void Sim::Observe(uint32_t segment) {
+  if (segment >= main_segments_) return;
+  shm::DependencySlot& slot = *segments_[segment]->dependency(slot_index_);
+  const uint64_t word = slot.breaker.load(std::memory_order_acquire);
+  if (word == breaker_words_[segment]) return;
+  const shm::BreakerWord was = shm::BreakerWord::Decode(breaker_words_[segment]);
+  const shm::BreakerWord is = shm::BreakerWord::Decode(word);
+  breaker_words_[segment] = word;
+  const bool was_closed = was.state == shm::BreakerState::kClosed;
+  const bool is_closed = is.state == shm::BreakerState::kClosed;
+  if (was_closed && !is_closed && not_closed_++ == 0) {
+    result_.reopenings.push_back(Reopening{double(now_) / 1e9, -1, 0});
+    reopening_probes_from_ = result_.probes;
+  } else if (!was_closed && is_closed && --not_closed_ == 0) {
+    result_.reopenings.back().end_s = double(now_) / 1e9;
+    result_.reopenings.back().probes = result_.probes - reopening_probes_from_;
+  }
+  if (fleet_ && is.seq != was.seq) {
+    fleet_->OnBreakerMoved(segment, slot, now_);
+    breaker_words_[segment] = slot.breaker.load(std::memory_order_acquire);  // a hold moves it
+  }
+}
+
+void Sim::OnFleetSync(uint32_t host) {
+  const FleetModel::Close c = fleet_->Sync(host, *segments_[host]->dependency(slot_index_), now_);
+  Observe(host);
+  if (c.at_ns >= 0) Push(c.at_ns, Ev::kFleetClose, host, c.token);
+  Push(now_ + fleet_->sync_ns(), Ev::kFleetSync, host);
 }
 
 void Sim::OnArrival(uint32_t worker) {
@@ -337,6 +396,7 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
   shm::DependencySlot& slot = SlotOf(call.worker);
   shm::Permit permit;
   const shm::Decision d = shm::Admit(slot, slot_index_, number, ShmNow(), wk.caller, &permit);
+  Observe(wk.segment);
   if (!shm::IsAdmitted(d)) {
     shm::Complete(slot, &permit, shm::Outcome::kFailure, 0, ShmNow(), wk.caller);  // a no-op
     Bin& bin = BinOf(Of(wk), now_);
@@ -550,6 +610,7 @@ void Sim::Finish(uint32_t id, bool ok) {
   calls_[a.call].slowest_ns = std::max(calls_[a.call].slowest_ns, latency);
   shm::Complete(SlotOf(call.worker), &a.permit, ok ? shm::Outcome::kSuccess : shm::Outcome::kFailure,
                 uint64_t(latency), ShmNow(), wk.caller);
+  Observe(wk.segment);
   if (a.probe) --host_probes_[wk.host];
 
   Result& mine = Of(wk);

@@ -4,7 +4,9 @@
 // number), one seeded generator: the same scenario and seed give the same result bit for bit.
 // The breakers and retry budgets are the real ones: every attempt goes through shm::Admit and
 // shm::Complete on process-private segments with the real layout (one per worker for a
-// per-process strategy, one per host for retryd), with virtual time passed as `now_ns`.
+// per-process strategy, one per host for retryd), with virtual time passed as `now_ns`. For a
+// scope = "fleet" strategy, a FleetModel (fleet.h) plays the store and every host's daemon on
+// the hosts' segments, with a generator of its own, so that the run's draws are the host scope's.
 // Thread safety: Run is a pure function of its arguments.
 #pragma once
 
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/stampede/fleet.h"
 #include "bench/stampede/scenario.h"
 
 namespace retryd::stampede {
@@ -29,6 +32,15 @@ struct Bin {
   uint32_t probes = 0;        // half-open probes sent
   uint32_t dropped = 0;       // requests a pod dropped unserved, their deadline passed
   uint32_t pods_up = 0;       // pods up at the end of the bin
+};
+
+// A fleet-wide reopening: a maximal interval in which at least one breaker of the [fleet] under
+// study is not closed (open or half-open), from the first breaker's trip to the last one's
+// close, and the half-open probes the fleet sent in it.
+struct Reopening {
+  double start_s = 0;
+  double end_s = -1;  // -1: not over when the run ended
+  uint64_t probes = 0;
 };
 
 struct Result {
@@ -52,6 +64,8 @@ struct Result {
   uint64_t probes = 0;             // probes that reached the downstream
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t breakers_per_host = 0;  // 1 for a host scope, workers_per_host for a process scope
+  std::vector<Reopening> reopenings;
+  FleetCounters fleet;             // scope kFleet: what the fleet's store and daemons did
   uint64_t events = 0;
   // The scenario's other callers (every figure above is the [fleet]'s, but for the pods'):
   uint64_t other_user_requests = 0;

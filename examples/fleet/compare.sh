@@ -30,9 +30,12 @@ rm -f "$real_csv" "$sim_csv"
 declare -A scope
 while read -r name sc; do scope[$name]=$sc; done < <("$stampede" --scenario="$scenario" --list_strategies)
 strategies=("$@")
-[ ${#strategies[@]} -eq 0 ] && mapfile -t strategies < <("$stampede" --scenario="$scenario" --list_strategies | cut -d' ' -f1)
+# By default every strategy one host can run for real: a fleet-scope one needs several daemons
+# and a store (tests/daemon/fleet_test.cc runs those).
+[ ${#strategies[@]} -eq 0 ] && mapfile -t strategies < <("$stampede" --scenario="$scenario" --list_strategies | awk '$2 != "fleet" {print $1}')
 for st in "${strategies[@]}"; do
   [ -n "${scope[$st]:-}" ] || { echo "compare.sh: $scenario has no strategy $st" >&2; exit 2; }
+  [ "${scope[$st]}" != fleet ] || { echo "compare.sh: $st coordinates hosts through a store: the real fleet is one host; run it in the simulator" >&2; exit 2; }
 done
 
 daemon_pid="" segment=""

@@ -470,6 +470,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "retryd_fleet: --threads must be positive\n");
     return 2;
   }
+  if (st->scope == Scope::kFleet) {
+    std::fprintf(stderr,
+                 "retryd_fleet: strategy \"%s\" coordinates hosts through a store, and this "
+                 "fleet is one host: run it in the simulator (tests/daemon/fleet_test.cc runs "
+                 "several daemons against a real Redis)\n",
+                 st->name.c_str());
+    return 2;
+  }
   if (st->scope == Scope::kHost && !CheckHostPolicy(*st)) return 2;
   curl_global_init(CURL_GLOBAL_DEFAULT);
 
