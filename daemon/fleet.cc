@@ -94,6 +94,14 @@ uint64_t FullUntilMs(const shm::DependencySlot& slot, const shm::BreakerWord& b,
   return now_ms + int64_t(int32_t(b.time_ms - uint32_t(now_ms)));
 }
 
+// StoreIfChanged writes `w` only if it changes it: the words written here share cache lines with
+// those every admit reads (the policy, the breaker's line), which a needless store would take
+// from every core's cache.
+template <typename T>
+void StoreIfChanged(std::atomic<T>& w, T v) {
+  if (w.load(kRelaxed) != v) w.store(v, kRelaxed);
+}
+
 std::string MakeToken(const std::string& host) {
   std::random_device rd;
   std::ostringstream s;
@@ -188,9 +196,9 @@ void Fleet::Release(Run& run, uint64_t now_ns) {
   if (slot != nullptr && slot->generation.load(std::memory_order_acquire) == run.generation) {
     // The open period as the breaker drew it: over already, the next admit takes it half-open.
     if (run.held) shm::SetOpenUntil(*slot, run.seq, std::max(run.due_ms, now_ns / kMsNs), now_ns);
-    slot->policy.min_retries_per_sec.store(run.cfg.local_min_retries_per_sec, kRelaxed);
-    slot->policy.retry_burst.store(run.cfg.local_retry_burst, kRelaxed);
-    slot->fleet.store(shm::FleetWord::Make(shm::FleetRole::kNone, 0), kRelaxed);
+    StoreIfChanged(slot->policy.min_retries_per_sec, run.cfg.local_min_retries_per_sec);
+    StoreIfChanged(slot->policy.retry_burst, run.cfg.local_retry_burst);
+    StoreIfChanged(slot->fleet, shm::FleetWord::Make(shm::FleetRole::kNone, 0));
   }
   run.held = false;
   run.lease = -1;
@@ -361,8 +369,8 @@ bool Fleet::Sync(uint64_t now_ns) {
       floor = std::min(floor, run.cfg.local_min_retries_per_sec);
       burst = std::max<uint32_t>(std::min(burst, run.cfg.local_retry_burst), 1);
     }
-    slot->policy.min_retries_per_sec.store(floor, kRelaxed);
-    slot->policy.retry_burst.store(burst, kRelaxed);
+    StoreIfChanged(slot->policy.min_retries_per_sec, floor);
+    StoreIfChanged(slot->policy.retry_burst, burst);
   }
   h.fleet_synced_unix_ms.store(shm::UnixNowMs(), kRelaxed);
   ++syncs_since_join_;
@@ -505,7 +513,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
         // The open period as drawn is over: the next admit takes the breaker half-open.
         if (run.held) shm::SetOpenUntil(*slot, run.seq, run.due_ms, now_ns);
         run.held = false;
-        slot->fleet.store(shm::FleetWord::Make(shm::FleetRole::kProbing, run.hosts), kRelaxed);
+        StoreIfChanged(slot->fleet, shm::FleetWord::Make(shm::FleetRole::kProbing, run.hosts));
         return true;
       }
     }
@@ -518,7 +526,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       run.held = true;
     }
   }
-  slot->fleet.store(shm::FleetWord::Make(role, run.hosts), kRelaxed);
+  StoreIfChanged(slot->fleet, shm::FleetWord::Make(role, run.hosts));
   return true;
 }
 

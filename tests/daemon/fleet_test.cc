@@ -59,7 +59,9 @@ int FreePort() {
 // A redis-server (or, with `sentinel_of`, a redis-sentinel watching it) on a port of its own.
 class Redis {
  public:
-  explicit Redis(int port, const std::string& replica_of = "", int sentinel_of = 0)
+  // `extra`: more lines of its config (a password, a Unix socket).
+  explicit Redis(int port, const std::string& replica_of = "", int sentinel_of = 0,
+                 const std::string& extra = "")
       : port_(port) {
     conf_ = TempPath(".conf");
     // Its files (a replica's sync writes one) go to the temp dir, not the test's directory.
@@ -75,7 +77,7 @@ class Redis {
       text += "sentinel monitor fleet 127.0.0.1 " + std::to_string(sentinel_of) + " 1\n" +
               "sentinel down-after-milliseconds fleet 500\nsentinel failover-timeout fleet 3000\n";
     }
-    WriteFile(conf_, text);
+    WriteFile(conf_, text + extra);
     Start(sentinel_of != 0);
   }
   ~Redis() {
@@ -108,7 +110,9 @@ class Redis {
     s.timeout_ms = 200;
     FleetStore store(s);
     StoreReply r;
-    return store.Connect().ok() && store.Command({"PING"}, &r).ok();
+    const Status st = store.Connect();
+    // A server that wants a password is up.
+    return st.ok() || st.message().find("NOAUTH") != std::string::npos;
   }
   // Command runs one command on this server.
   StoreReply Command(const std::vector<std::string>& argv) {
@@ -184,7 +188,8 @@ class FleetTest : public ::testing::Test {
   // StartHosts starts `n` daemons, each with `fleet` as its [fleet] store lines and
   // `dependency` as the keys of [dependency.orders].
   void StartHosts(int n, const std::string& store, const std::string& dependency) {
-    for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < n; ++k) {
+      const size_t i = hosts_.size();
       Host& h = hosts_.emplace_back();
       h.segment = UniqueName();
       h.config = TempPath(".toml");
@@ -469,6 +474,28 @@ TEST_F(FleetTest, ASentinelFailoverIsFollowedAndAdmitsNeverWait) {
   for (int i = 0; i < kHosts; ++i) slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
   std::printf("slowest admit across the failover: %.3f ms\n", double(slowest) / 1e6);
   EXPECT_LT(slowest, 250'000'000u);
+}
+
+// A password file and a Unix socket: the host whose file holds the password joins; the one
+// whose file holds another stays local, and its log says why.
+TEST_F(FleetTest, APasswordFileAndAUnixSocket) {
+  SKIP_WITHOUT_REDIS();
+  const std::string sock = TempPath(".sock");
+  Redis redis(FreePort(), "", 0, "unixsocket " + sock + "\nunixsocketperm 700\nrequirepass s3cret\n");
+  const std::string good = TempPath(".password"), bad = TempPath(".password");
+  WriteFile(good, "s3cret\n");
+  WriteFile(bad, "guess\n");
+  StartHosts(1, "redis = \"unix:" + sock + "\"\npassword_file = \"" + good + "\"\n", "fleet = true\n");
+  StartHosts(1, "redis = \"unix:" + sock + "\"\npassword_file = \"" + bad + "\"\n", "fleet = true\n");
+  EXPECT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kJoined; }, 10'000))
+      << hosts_[0].daemon->Log();
+  EXPECT_TRUE(WaitUntil([&] {
+    return hosts_[1].daemon->Log().find("fleet: cannot reach the store: unix:" + sock) !=
+           std::string::npos;
+  }, 10'000)) << hosts_[1].daemon->Log();
+  EXPECT_EQ(FleetStateOf(1), shm::FleetState::kLocal);
+  unlink(good.c_str());
+  unlink(bad.c_str());
 }
 
 // The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which
