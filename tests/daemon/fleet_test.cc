@@ -498,6 +498,45 @@ TEST_F(FleetTest, APasswordFileAndAUnixSocket) {
   unlink(bad.c_str());
 }
 
+// A reload that takes a dependency out of the fleet gives it back its own floor and burst, and
+// one that puts it back shares the fleet's again; a bad reload changes nothing.
+TEST_F(FleetTest, AReloadMovesADependencyInAndOutOfTheFleet) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string in_fleet =
+      "min_retries_per_sec = 7\nretry_burst = 9\nfleet = true\nfleet_min_retries_per_sec = 40\n"
+      "fleet_retry_burst = 40\n";
+  StartHosts(2, "redis = \"" + redis.address() + "\"\n", in_fleet);
+  auto floor_is = [&](uint32_t floor, uint32_t burst) {
+    return WaitUntil([&] {
+      return All([&](int i) {
+        return Orders(i).policy.min_retries_per_sec.load() == floor &&
+               Orders(i).policy.retry_burst.load() == burst;
+      });
+    }, 10'000);
+  };
+  ASSERT_TRUE(floor_is(20, 20)) << hosts_[0].daemon->Log();
+  auto reload = [&](int i, const std::string& dependency) {
+    Host& h = hosts_[size_t(i)];
+    std::string text = testing::ReadFile(h.config);
+    text = text.substr(0, text.find("[dependency.orders]\n")) + "[dependency.orders]\n" + dependency;
+    WriteFile(h.config, text);
+    h.daemon->Signal(SIGHUP);
+  };
+  reload(0, "min_retries_per_sec = 7\nretry_burst = 9\nfleet = false\n");
+  ASSERT_TRUE(WaitUntil([&] {
+    return Orders(0).policy.min_retries_per_sec.load() == 7 &&
+           Orders(0).policy.retry_burst.load() == 9 &&
+           shm::FleetWord::Role(Orders(0).fleet.load()) == shm::FleetRole::kNone;
+  }, 10'000)) << hosts_[0].daemon->Log();
+  // Host 1 is alone in the fleet now: the whole 40 once host 0's report is stale.
+  ASSERT_TRUE(WaitUntil([&] { return Orders(1).policy.min_retries_per_sec.load() == 40; }, 10'000));
+  reload(0, "fleet = maybe\n");
+  EXPECT_TRUE(WaitUntil([&] { return hosts_[0].daemon->Log().find("keeping the running config") != std::string::npos; }, 10'000));
+  reload(0, in_fleet);
+  EXPECT_TRUE(floor_is(20, 20)) << hosts_[0].daemon->Log();
+}
+
 // The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which
 // would give 320/s) grant about 40 retries/s together.
 TEST_F(FleetTest, EightHostsShareAFleetFloorOfFortyRetriesPerSecond) {
