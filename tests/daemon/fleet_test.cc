@@ -139,6 +139,7 @@ class Redis {
 // `failing`, and counts what reaches it.
 struct Downstream {
   std::atomic<uint32_t> failing;
+  std::atomic<uint32_t> hang_ms;  // while failing, each call takes this long before it fails
   std::atomic<uint32_t> stop;
   std::atomic<uint64_t> calls;
   std::atomic<uint64_t> failed;                 // calls answered while failing
@@ -237,6 +238,7 @@ class FleetTest : public ::testing::Test {
         ds_->calls.fetch_add(1);
         const bool fail = ds_->failing.load() != 0;
         if (fail) ds_->failed.fetch_add(1);
+        if (fail && ds_->hang_ms.load() > 0) usleep(ds_->hang_ms.load() * 1000);
         shm::Complete(slot, &permit, fail ? shm::Outcome::kFailure : shm::Outcome::kSuccess,
                       1'000'000, shm::PreciseNowNs(), caller);
       }
@@ -364,6 +366,68 @@ TEST_P(FleetProbeTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEvery
 }
 
 INSTANTIATE_TEST_SUITE_P(Probes, FleetProbeTest, ::testing::Values(1u, 2u));
+
+// A daemon killed (SIGKILL) in the middle of a reopening gives back what it held: a held host's
+// workers probe on their own within one sync, and a prober's lease goes to another host once it
+// expires (three syncs).
+TEST_F(FleetTest, ADaemonKilledMidReopeningHandsBackItsHoldAndItsLease) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 3;
+  // A probe hangs 30 s, so the prober keeps its lease while the test looks.
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+             "open_for = \"1s\"\nopen_jitter = \"0s\"\nprobe_timeout = \"60s\"\n"
+             "fleet = true\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitJoined());
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
+  ds_->failing = 1;
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 20'000));
+  ds_->hang_ms = 30'000;
+  auto role = [&](int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); };
+  // One host probes (its probe hangs), the two others are held.
+  int prober = -1;
+  ASSERT_TRUE(WaitUntil([&] {
+    int probing = 0, holding = 0;
+    for (int i = 0; i < kHosts; ++i) {
+      if (role(i) == shm::FleetRole::kProbing && State(i) == shm::BreakerState::kHalfOpen) {
+        prober = i;
+        ++probing;
+      }
+      holding += role(i) == shm::FleetRole::kHolding;
+    }
+    return probing == 1 && holding == kHosts - 1;
+  }, 20'000)) << hosts_[0].daemon->Log();
+  const int held = (prober + 1) % kHosts, heir = (prober + 2) % kHosts;
+
+  // The held host's daemon dies: its hold lapses, and its own workers take it half-open.
+  hosts_[size_t(held)].daemon->Signal(SIGKILL);
+  const uint64_t killed_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] { return State(held) == shm::BreakerState::kHalfOpen; }, 10'000));
+  const double held_ms = double(shm::PreciseNowNs() - killed_ns) / 1e6;
+  std::printf("held host half-open on its own %.0f ms after its daemon died (sync %u ms)\n",
+              held_ms, kSyncMs);
+  // One sync past the last step that held it, its workers' next admit (20 calls/s), and a
+  // loaded machine's scheduling.
+  EXPECT_LE(held_ms, 2 * kSyncMs + 100);
+
+  // The prober's daemon dies: its lease expires, and the last host takes it.
+  const uint64_t leases_before = hosts_[size_t(heir)].seg->header().fleet_leases.load();
+  hosts_[size_t(prober)].daemon->Signal(SIGKILL);
+  const uint64_t prober_killed_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    return hosts_[size_t(heir)].seg->header().fleet_leases.load() > leases_before;
+  }, 20'000)) << hosts_[size_t(heir)].daemon->Log();
+  const double lease_ms = double(shm::PreciseNowNs() - prober_killed_ns) / 1e6;
+  std::printf("the lease went to another host %.0f ms after the prober's daemon died\n",
+              lease_ms);
+  // At most three syncs (the expiry from its last renewal) and a step.
+  EXPECT_LE(lease_ms, 3 * kSyncMs + 100 + 200);
+  ds_->hang_ms = 0;
+  ds_->failing = 0;
+}
 
 // One host's dependency failing alone opens that host's breaker and no other's.
 TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
