@@ -104,6 +104,10 @@ class Redis {
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  // Freeze and Thaw stop and continue the server: it keeps its connections and answers
+  // nothing, as a store behind a partition or stuck in a long command does.
+  void Freeze() { kill(pid_, SIGSTOP); }
+  void Thaw() { kill(pid_, SIGCONT); }
   bool Ping() {
     FleetSettings s;
     s.redis = address();
@@ -500,6 +504,36 @@ TEST_F(FleetTest, ARedisKilledMidRunLeavesAdmitsAloneAndTheHostsRejoin) {
     slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
     EXPECT_GE(hosts_[size_t(i)].seg->header().fleet_fallbacks.load(), 1u);
   }
+  std::printf("slowest admit of %d hosts x 200 calls/s: %.3f ms\n", kHosts, double(slowest) / 1e6);
+  EXPECT_LT(slowest, 250'000'000u);
+}
+
+// A Redis that stops answering (frozen: connections open, no replies) is a store that is down:
+// every command waits at most `timeout`, the hosts decide alone, and they rejoin once it answers.
+TEST_F(FleetTest, ARedisThatStopsAnsweringIsTheStoreDown) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 4;
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\ntimeout = \"250ms\"\n",
+             "fleet = true\nfleet_min_retries_per_sec = 100\nfleet_retry_burst = 100\n");
+  ASSERT_TRUE(WaitJoined());
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {200, false});
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return Orders(i).policy.min_retries_per_sec.load() == 25; }); }, 10'000));
+  redis.Freeze();
+  const uint64_t frozen_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return FleetStateOf(i) == shm::FleetState::kLocal; }); }, 10'000));
+  const double local_ms = double(shm::PreciseNowNs() - frozen_ns) / 1e6;
+  std::printf("every host local %.0f ms after the store froze (sync %u ms, timeout 250 ms)\n",
+              local_ms, kSyncMs);
+  // Its next sync, and that sync's command timing out.
+  EXPECT_LE(local_ms, kSyncMs + 250 + 200);
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_EQ(Orders(i).policy.min_retries_per_sec.load(), shm::Policy().min_retries_per_sec);
+  }
+  redis.Thaw();
+  ASSERT_TRUE(WaitJoined());
+  uint64_t slowest = 0;
+  for (int i = 0; i < kHosts; ++i) slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
   std::printf("slowest admit of %d hosts x 200 calls/s: %.3f ms\n", kHosts, double(slowest) / 1e6);
   EXPECT_LT(slowest, 250'000'000u);
 }
