@@ -29,10 +29,12 @@
 // The class's member functions live by job: start.cc (create or adopt the segment), reload.cc
 // (publish a config, reload), watch.cc (log what others changed, and full tables),
 // metrics_file.cc (the textfile), daemon.cc (the loop and the tick). A new subsystem that talks
-// to the outside gets its own file and its own fd in Run's poll set (docs/ARCHITECTURE.md).
+// to the outside gets its own file, and its fd in Run's poll set or, if it blocks, a thread of
+// its own (the fleet, fleet.h: docs/ARCHITECTURE.md).
 //
 // Thread safety: not thread-safe. One thread owns a Daemon; signals arrive through a
-// signalfd that `Run` reads, never in a handler.
+// signalfd that `Run` reads, never in a handler. The fleet's thread, if any, shares only the
+// segment's atomic words and Fleet's own locked hand-over of the fleet dependencies.
 #pragma once
 
 #include <sys/types.h>
