@@ -64,9 +64,10 @@ class Redis {
                  const std::string& extra = "")
       : port_(port) {
     conf_ = TempPath(".conf");
+    log_ = TempPath(".log");
     // Its files (a replica's sync writes one) go to the temp dir, not the test's directory.
     std::string text = "port " + std::to_string(port) + "\nbind 127.0.0.1\nsave \"\"\n" +
-                       "appendonly no\nlogfile \"" + TempPath(".log") + "\"\ndir \"" +
+                       "appendonly no\nlogfile \"" + log_ + "\"\ndir \"" +
                        ::testing::TempDir() + "\"\ndbfilename \"redis-" + std::to_string(port) +
                        ".rdb\"\n";
     if (!replica_of.empty()) {
@@ -84,6 +85,7 @@ class Redis {
     Kill();
     unlink((::testing::TempDir() + "/redis-" + std::to_string(port_) + ".rdb").c_str());
     unlink(conf_.c_str());
+    unlink(log_.c_str());
   }
 
   void Start(bool sentinel = false) {
@@ -137,6 +139,7 @@ class Redis {
   int port_;
   pid_t pid_ = -1;
   std::string conf_;
+  std::string log_;
 };
 
 // The downstream every host's workers call, in a page shared with them: it fails while
@@ -594,6 +597,7 @@ TEST_F(FleetTest, APasswordFileAndAUnixSocket) {
   EXPECT_EQ(FleetStateOf(1), shm::FleetState::kLocal);
   unlink(good.c_str());
   unlink(bad.c_str());
+  unlink(sock.c_str());
 }
 
 // A reload that takes a dependency out of the fleet gives it back its own floor and burst, and
