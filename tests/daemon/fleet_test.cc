@@ -639,6 +639,21 @@ TEST_F(FleetTest, AReloadMovesADependencyInAndOutOfTheFleet) {
   EXPECT_TRUE(floor_is(20, 20)) << hosts_[0].daemon->Log();
 }
 
+// Shares are rounded up: 40 retries/s and a burst of 10 among 3 hosts are 14 and 4 each.
+TEST_F(FleetTest, UnevenSharesAreRoundedUp) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  StartHosts(3, "redis = \"" + redis.address() + "\"\n",
+             "fleet = true\nfleet_min_retries_per_sec = 40\nfleet_retry_burst = 10\n");
+  EXPECT_TRUE(WaitUntil([&] {
+    return All([&](int i) {
+      return Orders(i).policy.min_retries_per_sec.load() == 14 &&
+             Orders(i).policy.retry_burst.load() == 4;
+    });
+  }, 10'000)) << Orders(0).policy.min_retries_per_sec.load() << " "
+              << Orders(0).policy.retry_burst.load();
+}
+
 // The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which
 // would give 320/s) grant about 40 retries/s together.
 TEST_F(FleetTest, EightHostsShareAFleetFloorOfFortyRetriesPerSecond) {
