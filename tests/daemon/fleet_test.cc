@@ -245,7 +245,12 @@ class FleetTest : public ::testing::Test {
         ds_->calls.fetch_add(1);
         const bool fail = ds_->failing.load() != 0;
         if (fail) ds_->failed.fetch_add(1);
-        if (fail && ds_->hang_ms.load() > 0) usleep(ds_->hang_ms.load() * 1000);
+        // A hanging call ends early when the test stops or lifts the hang.
+        for (const uint64_t t = shm::PreciseNowNs(); fail && ds_->hang_ms.load() > 0 &&
+                                                     !ds_->stop.load() &&
+                                                     shm::PreciseNowNs() - t < ds_->hang_ms.load() * 1'000'000ull;) {
+          usleep(10'000);
+        }
         shm::Complete(slot, &permit, fail ? shm::Outcome::kFailure : shm::Outcome::kSuccess,
                       1'000'000, shm::PreciseNowNs(), caller);
       }
@@ -432,6 +437,45 @@ TEST_F(FleetTest, ADaemonKilledMidReopeningHandsBackItsHoldAndItsLease) {
               lease_ms);
   // At most three syncs (the expiry from its last renewal) and a step.
   EXPECT_LE(lease_ms, 3 * kSyncMs + 100 + 200);
+  ds_->hang_ms = 0;
+  ds_->failing = 0;
+}
+
+// A fleet probe that never reports: its breaker's probe_timeout reopens it, which the prober
+// publishes as a failure, and the held hosts reopen without sending a probe of their own.
+TEST_F(FleetTest, AProbeThatNeverReportsReopensTheFleetAtItsTimeout) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 3;
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+             "open_for = \"1s\"\nopen_for_max = \"1s\"\nopen_jitter = \"0s\"\n"
+             "probe_timeout = \"1s\"\nfleet = true\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitJoined());
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
+  ds_->failing = 1;
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 20'000));
+  ds_->hang_ms = 60'000;  // every probe from now on hangs past its timeout
+  auto role = [&](int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); };
+  int prober = -1;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int i = 0; i < kHosts; ++i) {
+      if (role(i) == shm::FleetRole::kProbing && State(i) == shm::BreakerState::kHalfOpen) {
+        prober = i;
+      }
+    }
+    return prober >= 0;
+  }, 20'000));
+  const int held = (prober + 1) % kHosts;
+  const uint64_t opened = shm::ReadCounter(Orders(held), shm::kOpened);
+  const uint64_t probes = ds_->probes[held].load();
+  // The probe's lease expires after probe_timeout (1 s); an admit or the sweep reopens it.
+  ASSERT_TRUE(WaitUntil([&] { return shm::ReadCounter(Orders(held), shm::kOpened) > opened; }, 20'000))
+      << hosts_[size_t(prober)].daemon->Log();
+  EXPECT_GE(shm::ReadCounter(Orders(prober), shm::kProbeTimeouts), 1u);
+  EXPECT_EQ(ds_->probes[held].load(), probes) << "the held host probed on its own";
   ds_->hang_ms = 0;
   ds_->failing = 0;
 }
