@@ -698,6 +698,24 @@ TEST_F(FleetTest, UnevenSharesAreRoundedUp) {
               << Orders(0).policy.retry_burst.load();
 }
 
+// At its first sync a host sees only the hosts already back, so its share is at most its own
+// floor until the next sync: alone in the fleet, it keeps 5/s for a sync, then takes all 40.
+TEST_F(FleetTest, AtItsFirstSyncAHostTakesAtMostItsOwnFloor) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  StartHosts(1, "redis = \"" + redis.address() + "\"\n",
+             "min_retries_per_sec = 5\nretry_burst = 5\nfleet = true\n"
+             "fleet_min_retries_per_sec = 40\nfleet_retry_burst = 40\n");
+  shm::SegmentHeader& h = hosts_[0].seg->header();
+  bool capped_after_first_sync = false;
+  ASSERT_TRUE(WaitUntil([&] {
+    const uint32_t floor = Orders(0).policy.min_retries_per_sec.load();
+    if (h.fleet_synced_unix_ms.load() != 0 && floor == 5) capped_after_first_sync = true;
+    return floor == 40 && Orders(0).policy.retry_burst.load() == 40;
+  }, 10'000));
+  EXPECT_TRUE(capped_after_first_sync);
+}
+
 // The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which
 // would give 320/s) grant about 40 retries/s together.
 TEST_F(FleetTest, EightHostsShareAFleetFloorOfFortyRetriesPerSecond) {
