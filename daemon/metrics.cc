@@ -238,6 +238,12 @@ std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_r
   std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
                      std::to_string(open) + " open, " + std::to_string(attached) +
                      (attached == 1 ? " process attached" : " processes attached");
+  if (view.fleet.state == shm::FleetState::kJoined) {
+    line += "; fleet of " + std::to_string(view.fleet.hosts) +
+            (view.fleet.hosts == 1 ? " host" : " hosts");
+  } else if (view.fleet.state == shm::FleetState::kLocal) {
+    line += "; fleet store unreachable: deciding locally";
+  }
   if (!last_reload_error.empty()) line += "; last reload failed: " + last_reload_error;
   return line;
 }

@@ -32,8 +32,9 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns);
 // /proc read: it runs on every tick).
 shm::BuildOptions DaemonViewOptions(uint64_t now_ns);
 
-// StatusLine: "12 dependencies, 2 open, 37 processes attached", then "; last reload failed:
-// WHY" when `last_reload_error` is not empty. "open" is DependencyStatus::IsOpen, the same as
+// StatusLine: "12 dependencies, 2 open, 37 processes attached", then "; fleet of 8 hosts" or
+// "; fleet store unreachable: deciding locally" with a fleet, and "; last reload failed: WHY"
+// when `last_reload_error` is not empty. "open" is DependencyStatus::IsOpen, the same as
 // retryctl's; "attached" is SegmentStatus::processes_attached.
 std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error);
 

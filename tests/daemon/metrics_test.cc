@@ -153,6 +153,17 @@ TEST(StatusLineTest, CountsDependenciesOpenOnesAndAttachedProcesses) {
   ASSERT_TRUE(one->PutDependency("only", shm::Policy{}, &i).ok());
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
   EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached");
+
+  // The fleet, as its thread leaves the header words.
+  one->header().fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  one->header().fleet_hosts.store(8);
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached; fleet of 8 hosts");
+  one->header().fleet_state.store(uint32_t(shm::FleetState::kLocal));
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops"),
+            "1 dependency, 0 open, 0 processes attached; fleet store unreachable: deciding "
+            "locally; last reload failed: bad.toml:3: oops");
 }
 
 TEST(PrometheusCheckTest, RejectsMalformedText) {
