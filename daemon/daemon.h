@@ -73,6 +73,9 @@ Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_
 // group it is not in, without CAP_CHOWN (`uid`, `gid` from ResolveOwnership); a
 // metrics_textfile in a directory it cannot write. --check_config runs it as the unit's user.
 Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_t uid, gid_t gid);
+// CheckFleetFiles refuses a [fleet] password_file this process cannot read, naming the key,
+// the file and the system's error. --check_config runs it as the unit's user.
+Status CheckFleetFiles(const FleetSettings& f, const std::string& source);
 // ResolveAllowed looks up `d.allow_users` and `d.allow_groups`; errors name the unknown one.
 Status ResolveAllowed(const DaemonSettings& d, const std::string& source,
                       std::vector<uid_t>* uids, std::vector<gid_t>* gids);

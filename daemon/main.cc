@@ -84,6 +84,7 @@ int CheckConfig(const std::string& path) {
     gid_t gid;
     st = ResolveOwnership(cfg.daemon, path, &uid, &gid);
     if (st.ok()) st = CheckPermissions(cfg.daemon, path, uid, gid);
+    if (st.ok()) st = CheckFleetFiles(cfg.fleet, path);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", st.message().c_str());

@@ -124,6 +124,16 @@ Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_
   return Status::Ok();
 }
 
+Status CheckFleetFiles(const FleetSettings& f, const std::string& source) {
+  if (f.password_file.empty() || faccessat(AT_FDCWD, f.password_file.c_str(), R_OK, AT_EACCESS) == 0) {
+    return Status::Ok();
+  }
+  const int err = errno;
+  return Status::PermissionDenied(source + ": key 'fleet.password_file': retryd runs as user " +
+                                  UserName(geteuid()) + ", which cannot read " + f.password_file +
+                                  " (" + std::strerror(err) + ")");
+}
+
 void ApplyOverrides(const DaemonOptions& o, Config* cfg) {
   if (!o.segment.empty()) cfg->daemon.segment = o.segment;
   if (o.tick_ms != 0) cfg->daemon.tick_ms = o.tick_ms;

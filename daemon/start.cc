@@ -214,11 +214,7 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   d->ObserveAll(false);
   d->Publish(cfg, nullptr);
   if (cfg.fleet.enabled()) {
-    if (!cfg.fleet.password_file.empty() && access(cfg.fleet.password_file.c_str(), R_OK) != 0) {
-      const int err = errno;
-      return Status::PermissionDenied(cfg.source + ": key 'fleet.password_file': cannot read " +
-                                      cfg.fleet.password_file + ": " + std::strerror(err));
-    }
+    if (Status st = CheckFleetFiles(cfg.fleet, cfg.source); !st.ok()) return st;
     d->fleet_ = std::make_unique<Fleet>(*d->segment_, cfg.fleet);
     d->fleet_->SetDependencies(FleetDependencies(cfg));
     LOG(INFO) << "fleet: host " << d->fleet_->host_id() << ", "

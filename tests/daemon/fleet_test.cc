@@ -639,6 +639,18 @@ TEST_F(FleetTest, APasswordFileAndAUnixSocket) {
            std::string::npos;
   }, 10'000)) << hosts_[1].daemon->Log();
   EXPECT_EQ(FleetStateOf(1), shm::FleetState::kLocal);
+  // A password file the daemon cannot read is refused before it starts, naming the key.
+  const std::string config = TempPath(".toml");
+  WriteFile(config, "[fleet]\nredis = \"unix:" + sock + "\"\npassword_file = \"" + good +
+                        ".missing\"\n");
+  const testing::RunResult r = testing::RunToCompletion({"--check_config=" + config});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("key 'fleet.password_file': retryd runs as user "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("cannot read " + good + ".missing (No such file or directory)"),
+            std::string::npos)
+      << r.err;
+  unlink(config.c_str());
   unlink(good.c_str());
   unlink(bad.c_str());
   unlink(sock.c_str());
