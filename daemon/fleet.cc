@@ -117,7 +117,6 @@ struct Fleet::Run {
   uint32_t generation = 0;
   bool seen = false;                // the word below was read once
   uint16_t seq = 0;                 // the breaker seq last followed
-  shm::BreakerState state = shm::BreakerState::kClosed;
   uint64_t due_ms = 0;              // the open period's own end, before any hold
   bool held = false;                // its end moved by this daemon
   int32_t lease = -1;               // the fleet probe lease held, or -1
@@ -435,7 +434,6 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
     run.seen = true;
     run.seq = b.seq;
-    run.state = b.state;
     run.held = false;
     run.close_at_ms = 0;
     if (b.state == shm::BreakerState::kOpen) {
