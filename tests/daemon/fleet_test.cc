@@ -273,6 +273,37 @@ class FleetTest : public ::testing::Test {
     return ::testing::AssertionFailure();
   }
 
+  // HangTheFleetsProbe starts 3 hosts on `redis` whose `orders` has `dependency` as its extra
+  // keys, opens every breaker with failing calls, makes every probe from then on hang for
+  // `hang_ms`, and returns the host that probes for the fleet (half-open, holding a lease), or
+  // -1 if none does within 20 s.
+  int HangTheFleetsProbe(const Redis& redis, const std::string& dependency, uint32_t hang_ms) {
+    StartHosts(3, "redis = \"" + redis.address() + "\"\n",
+               "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+               "open_for = \"1s\"\nopen_jitter = \"0s\"\nfleet = true\nfleet_min_hosts = 2\n" +
+                   dependency);
+    if (!WaitJoined()) return -1;
+    for (int i = 0; i < 3; ++i) StartWorker(i, {20, false});
+    ds_->failing = 1;
+    if (!WaitUntil([&] { return All([&](int i) { return State(i) != shm::BreakerState::kClosed; }); },
+                   20'000)) {
+      return -1;
+    }
+    ds_->hang_ms = hang_ms;
+    int prober = -1;
+    WaitUntil([&] {
+      for (int i = 0; i < 3; ++i) {
+        if (Role(i) == shm::FleetRole::kProbing && State(i) == shm::BreakerState::kHalfOpen) {
+          prober = i;
+        }
+      }
+      return prober >= 0;
+    }, 20'000);
+    return prober;
+  }
+
+  shm::FleetRole Role(int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); }
+
   shm::DependencySlot& Orders(int i) {
     shm::Segment& seg = *hosts_[size_t(i)].seg;
     return *seg.dependency(uint32_t(seg.Find("orders")));
@@ -387,30 +418,12 @@ TEST_F(FleetTest, ADaemonKilledMidReopeningHandsBackItsHoldAndItsLease) {
   Redis redis(FreePort());
   constexpr int kHosts = 3;
   // A probe hangs 30 s, so the prober keeps its lease while the test looks.
-  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
-             "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
-             "open_for = \"1s\"\nopen_jitter = \"0s\"\nprobe_timeout = \"60s\"\n"
-             "fleet = true\nfleet_min_hosts = 2\n");
-  ASSERT_TRUE(WaitJoined());
-  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
-  ds_->failing = 1;
+  const int prober = HangTheFleetsProbe(redis, "probe_timeout = \"60s\"\n", 30'000);
+  ASSERT_GE(prober, 0) << hosts_[0].daemon->Log();
+  // The two others are held.
   ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 20'000));
-  ds_->hang_ms = 30'000;
-  auto role = [&](int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); };
-  // One host probes (its probe hangs), the two others are held.
-  int prober = -1;
-  ASSERT_TRUE(WaitUntil([&] {
-    int probing = 0, holding = 0;
-    for (int i = 0; i < kHosts; ++i) {
-      if (role(i) == shm::FleetRole::kProbing && State(i) == shm::BreakerState::kHalfOpen) {
-        prober = i;
-        ++probing;
-      }
-      holding += role(i) == shm::FleetRole::kHolding;
-    }
-    return probing == 1 && holding == kHosts - 1;
+    return Role((prober + 1) % kHosts) == shm::FleetRole::kHolding &&
+           Role((prober + 2) % kHosts) == shm::FleetRole::kHolding;
   }, 20'000)) << hosts_[0].daemon->Log();
   const int held = (prober + 1) % kHosts, heir = (prober + 2) % kHosts;
 
@@ -447,27 +460,10 @@ TEST_F(FleetTest, AProbeThatNeverReportsReopensTheFleetAtItsTimeout) {
   SKIP_WITHOUT_REDIS();
   Redis redis(FreePort());
   constexpr int kHosts = 3;
-  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
-             "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
-             "open_for = \"1s\"\nopen_for_max = \"1s\"\nopen_jitter = \"0s\"\n"
-             "probe_timeout = \"1s\"\nfleet = true\nfleet_min_hosts = 2\n");
-  ASSERT_TRUE(WaitJoined());
-  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
-  ds_->failing = 1;
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 20'000));
-  ds_->hang_ms = 60'000;  // every probe from now on hangs past its timeout
-  auto role = [&](int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); };
-  int prober = -1;
-  ASSERT_TRUE(WaitUntil([&] {
-    for (int i = 0; i < kHosts; ++i) {
-      if (role(i) == shm::FleetRole::kProbing && State(i) == shm::BreakerState::kHalfOpen) {
-        prober = i;
-      }
-    }
-    return prober >= 0;
-  }, 20'000));
+  // Every probe hangs past its timeout.
+  const int prober =
+      HangTheFleetsProbe(redis, "open_for_max = \"1s\"\nprobe_timeout = \"1s\"\n", 60'000);
+  ASSERT_GE(prober, 0) << hosts_[0].daemon->Log();
   const int held = (prober + 1) % kHosts;
   const uint64_t opened = shm::ReadCounter(Orders(held), shm::kOpened);
   const uint64_t probes = ds_->probes[held].load();
