@@ -541,6 +541,7 @@ TEST_P(PidReuseTest, RecycledPidDoesNotKeepLeasesAlive) {
     for (;;) pause();
     return 0;
   });
+  if (heir != worker && !daemon_down) daemon->Signal(SIGCONT);  // else it stays stopped
   ASSERT_EQ(heir, worker) << "could not recycle the pid";
   ASSERT_EQ(TakenLeases(orders), 1) << "nobody reclaimed yet";
   const uint64_t dead_before = orders.counters[shm::kLeasesReclaimedDead].load();

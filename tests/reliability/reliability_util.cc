@@ -190,8 +190,15 @@ bool CanChoosePids() { return access("/proc/sys/kernel/ns_last_pid", W_OK) == 0;
 
 pid_t ForkAt(pid_t pid, const std::function<int()>& body) {
   // The next fork gets ns_last_pid + 1 if that pid is free. Other processes forking in
-  // between can take it; the caller checks the pid it got.
-  for (int attempt = 0; attempt < 20; ++attempt) {
+  // between can take it (tests run in parallel): while one holds it, wait for it to exit, up to
+  // 10 s; the caller checks the pid it got.
+  for (int attempt = 0, waits = 0; attempt < 20 && waits < 1'000;) {
+    if (kill(pid, 0) == 0 || errno != ESRCH) {
+      ++waits;
+      usleep(10'000);
+      continue;
+    }
+    ++attempt;
     if (FILE* f = std::fopen("/proc/sys/kernel/ns_last_pid", "w")) {
       std::fprintf(f, "%d", int(pid) - 1);
       std::fclose(f);
