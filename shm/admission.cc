@@ -144,9 +144,11 @@ void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, u
     // Only the half-open the probe was granted in hears of it, and only while the probe still
     // holds its lease: one that expired was counted as failed already, and one voided belongs
     // to a half-open that has ended. An ignored outcome says nothing about the dependency.
-    const bool held =
-        Lease::Release(slot.probe_leases[p->probe_index % kMaxProbes], p->probe_lease);
-    p->flags &= uint8_t(~kPermitProbe);
+    // The outcome reaches the breaker before the lease is given back: the probe's place must
+    // not be free while the half-open it reports on still stands, or another process would take
+    // it and send a second probe after a failure, or after the success that closes.
+    std::atomic<uint64_t>& word = slot.probe_leases[p->probe_index % kMaxProbes];
+    const bool held = word.load(std::memory_order_acquire) == p->probe_lease;
     if (held && failed) {
       ReportProbe(slot, ProbeOutcome::kFailed, now_ns);
       ApplyBreakerEvent(slot, BreakerEvent::kProbeFailed, now_ns, p->breaker_seq, caller.rng);

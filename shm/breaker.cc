@@ -271,10 +271,12 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
 // that a probe still out from an earlier half-open neither takes a probe place in this one nor
 // reports into it (its holder's release fails, and Complete then ignores its outcome). A word
 // this misses (its voider died first) is taken over by TryAcquireProbe, and freed by expiry.
+// Only earlier tags: a voider descheduled between its commit and this loop may run after later
+// half-opens began, and their probes are current.
 void VoidEarlierProbes(DependencySlot& slot, uint16_t seq) {
   for (auto& word : slot.probe_leases) {
     uint64_t w = word.load(kRelaxed);
-    if (w == 0 || Lease::Tag(w) == seq) continue;
+    if (w == 0 || !Lease::EarlierSeq(Lease::Tag(w), seq)) continue;
     if (word.compare_exchange_strong(w, 0, kRelaxed)) {
       slot.counters[kLeasesReclaimedVoided].fetch_add(1, kRelaxed);
     }

@@ -64,14 +64,23 @@ struct Lease {
     return -1;
   }
 
+  // EarlierSeq: is `tag` the seq of a half-open before half-open `seq` (16-bit serial
+  // arithmetic)? A probe tagged with a later seq is not void: the caller that read `seq` read a
+  // breaker that has moved on since, and a probe of the current half-open must stay untouched.
+  // A tag 32,768 or more transitions old reads as later: such a word (its holder died and nobody
+  // took it over since) is freed by expiry or by the daemon's reaper instead.
+  static bool EarlierSeq(uint16_t tag, uint16_t seq) {
+    return int16_t(uint16_t(seq - tag)) > 0;
+  }
+
   // TryAcquireProbe takes the first of `count` probe words that is free or holds a void probe
-  // (a tag other than `seq`: a probe of an earlier half-open). Returns its index, or -1; sets
+  // (a tag earlier than `seq`: a probe of an earlier half-open). Returns its index, or -1; sets
   // *voided when the word it took held a void probe.
   static int TryAcquireProbe(std::atomic<uint64_t>* words, uint32_t count, uint16_t seq,
                              uint64_t value, bool* voided) {
     for (uint32_t i = 0; i < count; ++i) {
       uint64_t cur = words[i].load(std::memory_order_relaxed);
-      if (cur != 0 && Tag(cur) == seq) continue;
+      if (cur != 0 && !EarlierSeq(Tag(cur), seq)) continue;
       if (words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
                                            std::memory_order_relaxed)) {
         *voided = cur != 0;

@@ -45,6 +45,31 @@ TEST(LeaseTest, AFormerHolderNeverReleasesItsSuccessorsLease) {
 // A bulkhead taker's tag changes per lease: a lease reclaimed from it after its timeout and
 // taken again by it carries another value, so its late release of the first cannot free the
 // second.
+// A probe word holds a probe of half-open `seq`. A process that read the breaker before that
+// half-open began (it was descheduled) and still sees an earlier seq must neither take the word
+// over nor, as a late voider, free it: only a probe of an earlier half-open is void.
+TEST(LeaseTest, AProbeOfALaterHalfOpenIsNotVoidToAStaleReader) {
+  const uint16_t current = 1'000;
+  std::atomic<uint64_t> word{Lease::Make(3, current, 9'000)};
+  bool voided = false;
+  for (const uint16_t stale : {uint16_t(current - 1), uint16_t(current - 3)}) {
+    EXPECT_EQ(Lease::TryAcquireProbe(&word, 1, stale, Lease::Make(4, stale, 9'000), &voided), -1);
+    EXPECT_EQ(Lease::Tag(word.load()), current);
+  }
+  // Across the 16-bit wrap too.
+  std::atomic<uint64_t> wrapped{Lease::Make(3, 2, 9'000)};
+  EXPECT_EQ(Lease::TryAcquireProbe(&wrapped, 1, 0xFFFE, Lease::Make(4, 0xFFFE, 9'000), &voided),
+            -1);
+  // The current half-open's own probes and its later ones do take an earlier probe's word.
+  EXPECT_EQ(Lease::TryAcquireProbe(&word, 1, current + 1, Lease::Make(4, current + 1, 9'000),
+                                   &voided),
+            0);
+  EXPECT_TRUE(voided);
+  EXPECT_TRUE(Lease::EarlierSeq(0xFFFF, 1));
+  EXPECT_FALSE(Lease::EarlierSeq(1, 0xFFFF));
+  EXPECT_FALSE(Lease::EarlierSeq(7, 7));
+}
+
 TEST(LeaseTest, ABulkheadLeaseReclaimedFromALiveHolderIsNeverGivenOutWithTheSameValue) {
   Policy p;
   p.bulkhead_limit = 1;
