@@ -219,6 +219,17 @@ void FoldDeposits(DependencySlot& slot) {
   admission_internal::FoldDeposits(slot, LoadKnob<Knob::retry_burst>(slot.policy));
 }
 
+void StorePolicyOf(DependencySlot& slot, const Policy& policy) {
+  FoldDeposits(slot);
+  const uint32_t window_ms = LoadKnob<Knob::window_ms>(slot.policy);
+  const uint32_t buckets = LoadKnob<Knob::window_buckets>(slot.policy);
+  StorePolicy(policy, slot.policy);
+  if (LoadKnob<Knob::window_ms>(slot.policy) != window_ms ||
+      LoadKnob<Knob::window_buckets>(slot.policy) != buckets) {
+    StartWindowAnew(slot);
+  }
+}
+
 void Reset(DependencySlot& slot, uint64_t now_ns) {
   // The deposits waiting in the stripes were made before the reset: it refills without them.
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {

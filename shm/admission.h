@@ -113,6 +113,13 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller,
 // by it. Thread-safe.
 void FoldDeposits(DependencySlot& slot);
 
+// StorePolicyOf publishes `policy` into the policy words of the live slot `slot` as every writer
+// of a live slot's policy must: the deposits waiting in the stripes are folded first, under the
+// cap they were made with, and a change of the window's shape (window or window_buckets) starts
+// the window anew once the new shape is stored (StartWindowAnew, breaker.h), since the periods
+// of the old shape are not periods of the new. Daemon only; safe against workers. Thread-safe.
+void StorePolicyOf(DependencySlot& slot, const Policy& policy);
+
 // Reset (operator) closes the breaker, clears the window and refills the retry budget (the
 // deposits waiting in the stripes are dropped: the refill replaces them).
 void Reset(DependencySlot& slot, uint64_t now_ns);

@@ -52,7 +52,7 @@ uint64_t FloorPeriod(const DependencySlot& slot, uint64_t now_ns, const WindowSh
 void RestartWindow(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
-  slot.buckets[period % s.buckets].store(Bucket::Make(uint16_t(period), 0, 0, 0), kRelaxed);
+  slot.buckets[period % s.buckets].store(Bucket::Make(period, 0, 0, 0), kRelaxed);
 }
 
 // The newest period of a head, or kNoPeriod for a head too far ahead of `now_ns` to trust.
@@ -98,21 +98,15 @@ uint32_t KeptBits(uint64_t head, uint64_t newest, uint64_t period, const WindowS
 // not the rest of the period. A newer period there means these calls are the late ones: they are
 // not counted.
 void AddCalls(std::atomic<uint64_t>& word, uint64_t cur, uint64_t period, uint64_t calls,
-              uint64_t failures, uint64_t slow) {
-  auto sat = [](uint64_t a, uint64_t b) { return std::min<uint64_t>(a + b, Bucket::kMax); };
+              uint64_t failures, uint64_t slow, uint32_t& rng) {
   for (;;) {
-    uint64_t next;
-    const uint16_t ahead = uint16_t(Bucket::Period(cur) - uint16_t(period));
-    if (ahead != 0 && ahead < 0x8000) {
+    const uint16_t ahead = Bucket::Ahead(cur, period);
+    if (ahead != 0 && ahead <= Bucket::kPeriodMask / 2) {
       return;  // a newer period holds the bucket: these calls' clock read lagged a window
-    } else if (ahead != 0) {
-      next = Bucket::Make(uint16_t(period), sat(0, calls), sat(0, failures), sat(0, slow));
-    } else if (Bucket::Calls(cur) == Bucket::kMax) {
-      return;  // saturated: see breaker.h
-    } else {
-      next = Bucket::Make(uint16_t(period), sat(Bucket::Calls(cur), calls),
-                          sat(Bucket::Failures(cur), failures), sat(Bucket::Slow(cur), slow));
     }
+    const uint64_t base = ahead != 0 ? Bucket::Make(period, 0, 0, 0) : cur;
+    const uint32_t random = Bucket::NeedsDraw(base, calls) ? NextRandom(rng) : 0;
+    const uint64_t next = Bucket::Add(base, calls, failures, slow, random);
     if (word.compare_exchange_weak(cur, next, kRelaxed)) return;
   }
 }
@@ -138,7 +132,7 @@ void AdvanceHead(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
 }
 
 void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, uint64_t now_ns,
-                 uint64_t calls, uint64_t failures, uint64_t slow) {
+                 uint64_t calls, uint64_t failures, uint64_t slow, uint32_t& rng) {
   const uint32_t bit = 1u << (period % s.buckets);
   const uint64_t start_ms = PeriodStartMs(period, s);
   std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
@@ -162,17 +156,17 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
     if (period + s.buckets <= newest) return;  // a window older than the newest period
     if (WindowHead::Bits(head) & bit) {
       // The bucket holds this period: add the call.
-      return AddCalls(word, word.load(kRelaxed), period, calls, failures, slow);
+      return AddCalls(word, word.load(kRelaxed), period, calls, failures, slow, rng);
     }
     // The first call of this bucket period, as far as the head tells.
-    const uint64_t fresh =
-        Bucket::Make(uint16_t(period), std::min<uint64_t>(calls, Bucket::kMax),
-                     std::min<uint64_t>(failures, Bucket::kMax), std::min<uint64_t>(slow, Bucket::kMax));
+    const uint64_t empty = Bucket::Make(period, 0, 0, 0);
+    const uint64_t fresh = Bucket::Add(
+        empty, calls, failures, slow, Bucket::NeedsDraw(empty, calls) ? NextRandom(rng) : 0);
     if (!word.compare_exchange_strong(cur, fresh, kRelaxed)) {
       // The bucket changed since it was read: a racer started this period (add to it; it sets
       // the bit), or a late call wrote an older one (look again).
-      if (Bucket::Period(cur) == uint16_t(period)) {
-        return AddCalls(word, cur, period, calls, failures, slow);
+      if (Bucket::Ahead(cur, period) == 0) {
+        return AddCalls(word, cur, period, calls, failures, slow, rng);
       }
       head = slot.window_head.load(std::memory_order_acquire);
       continue;
@@ -190,9 +184,9 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
   }
 }
 
-void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow) {
+void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng) {
   const WindowShape s = Shape(slot);
-  RecordCalls(slot, s, now_ns / s.bucket_ns, now_ns, 1, failure ? 1 : 0, slow ? 1 : 0);
+  RecordCalls(slot, s, now_ns / s.bucket_ns, now_ns, 1, failure ? 1 : 0, slow ? 1 : 0, rng);
 }
 
 // The period of a stripe's window word `w`, seen at `now_ms` (stripes.h): its end is the first
@@ -208,7 +202,8 @@ uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
 // saturated stripe counts no more in its period (stripes.h). The first success
 // of a later period hands the stripe's count over to the shared bucket of its period, if that
 // is still in the window.
-bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, StripeMode mode) {
+bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, StripeMode mode,
+                         uint32_t& rng) {
   Stripe& st = slot.stripes[i];
   const uint64_t now_ms = now_ns / 1'000'000u;
   const WindowShape s = Shape(slot);
@@ -239,7 +234,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     if (r < 0) return false;
     if (r > 0) continue;
     if (!empty && period - old < s.buckets) {
-      RecordCalls(slot, s, old, now_ns, StripeWindow::Count(w), 0, 0);
+      RecordCalls(slot, s, old, now_ns, StripeWindow::Count(w), 0, 0, rng);
     }
     AdvanceHead(slot, s, period, now_ns);
     return true;
@@ -262,7 +257,9 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
     if (StripeWindow::Count(w) == 0) continue;
     const uint64_t p = StripePeriod(w, now_ns / 1'000'000u, s);
     if (p < period && period - p < s.buckets) {
-      RecordCalls(slot, s, p, now_ns, StripeWindow::Count(w), 0, 0);
+      // No caller's random state here: the word just taken seeds the draws.
+      uint32_t rng = uint32_t(w ^ (w >> 32)) | 1;
+      RecordCalls(slot, s, p, now_ns, StripeWindow::Count(w), 0, 0, rng);
     }
   }
 }
@@ -323,6 +320,21 @@ BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t n
 }
 
 }  // namespace
+
+// StartWindowAnew empties the window for a new shape: no bucket counts (the head's bits are
+// cleared), and no stripe holds a period. A stripe's start is set out of reach before its count
+// is taken, so that a success racing this on the stripe's CPU, which may store its count back
+// (stripes.h), finds its period no longer held and goes to the shared buckets.
+void StartWindowAnew(DependencySlot& slot) {
+  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
+    std::atomic<uint64_t>& word = slot.stripes[i].window;
+    uint64_t w = word.load(kRelaxed);
+    while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
+    }
+  }
+  slot.window_head.store(0, std::memory_order_release);
+}
 
 std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b) {
   const uint64_t t = slot.breaker_time.load(std::memory_order_acquire);
@@ -485,7 +497,7 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
       continue;
     }
     const uint64_t word = slot.buckets[i].load(kRelaxed);
-    if (Bucket::Period(word) != uint16_t(expected)) continue;
+    if (Bucket::Ahead(word, expected) != 0) continue;
     w.calls += Bucket::Calls(word);
     w.failures += Bucket::Failures(word);
     w.slow += Bucket::Slow(word);
@@ -498,10 +510,10 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
   if (!failure && !slow && stripe < StripeCount(slot) &&
-      RecordStripeSuccess(slot, now_ns, stripe, mode)) {
+      RecordStripeSuccess(slot, now_ns, stripe, mode, rng)) {
     return;
   }
-  RecordCall(slot, now_ns, failure, slow);
+  RecordCall(slot, now_ns, failure, slow, rng);
   if (!(failure || slow) || !ShouldTrip(slot, ReadWindow(slot, now_ns))) return;
   // From the word read before the call was recorded: if the breaker moved since (another
   // process tripped it, or it closed anew and the window restarted), this trip is stale.

@@ -57,14 +57,15 @@
 //
 // Window bucket word (DependencySlot::buckets[i], bucket i holds the periods p with
 // p % window_buckets == i, of length window_ms / window_buckets):
-//   bits  0..15  period number mod 2^16
-//   bits 16..31  calls   bits 32..47 failures   bits 48..63 slow calls  (each saturating)
+//   bits  0..11  period number mod 2^12
+//   bits 12..15  scale: each count below is in units of 2^scale calls (Bucket::Add)
+//   bits 16..31  calls   bits 32..47 failures   bits 48..63 slow calls
 // Window head word (DependencySlot::window_head), written once per bucket period:
 //   bits  0..15  bit i set: bucket i holds the calls of its period in the window that ends
 //                with the newest period (the one period p <= newest, p > newest - buckets,
 //                with p % window_buckets == i)
 //   bits 16..63  the newest period's start, ms of the clock (48 bits: 8,900 years)
-// A 16-bit period number alone aliases: after 65,536 periods a stale bucket reads as current.
+// A 12-bit period number alone aliases: after 4,096 periods a stale bucket reads as current.
 // So a bucket counts only when its bit is set in the head and its period number is the one the
 // head expects, and the window is empty when the newest period is a window old: no idle gap of
 // any length, and no bucket left untouched by sparse traffic, reads as current. The first call
@@ -73,20 +74,23 @@
 // common path reads the head with the breaker word and writes nothing more than before.
 // A head more than a minute ahead of the clock (scribbled, or stamped under another clock) is
 // ignored: the window reads empty and the next call starts it anew.
-// Approximation: a bucket counts at most 65,535 calls (beyond, its rates are those of its
-// first 65,535 calls); a call completing at a period edge may land in either bucket; processes
+// Approximation: a bucket counts up to 65,535 calls exactly; past that its unit doubles as
+// often as needed (Bucket::Add), and a call that is not a whole unit counts as one unit with
+// the matching probability: the counts are unbiased, and the rates stay within a fraction of a
+// percent of those of every call the bucket was given. A call completing at a
+// period edge may land in either bucket; processes
 // racing to make the first call of a bucket period may replace each other's first call (a
 // bucket loses at most one call per racing process: the first call replaces, with one CAS, the
 // bucket as read before the head said the period had not started it); a call whose clock read
 // lags a window behind the newest period is not counted, and if it raced with the newest
 // period's first call it may replace that bucket's calls so far (the next call of the period
-// then starts the bucket again); after a
-// reload changes the window's shape, buckets of the old shape whose period numbers happen to
-// match may count, for at most one window; a window that spans the breaker's last close
+// then starts the bucket again); a reload that changes the window's shape starts the window
+// anew (StartWindowAnew); a window that spans the breaker's last close
 // ignores the buckets before it, at bucket granularity.
 // Thread safety: thread-safe and process-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -212,13 +216,61 @@ struct WindowStats {
 };
 
 struct Bucket {
-  static constexpr uint64_t kMax = 0xFFFF;
-  static uint16_t Period(uint64_t w) { return uint16_t(w); }
-  static uint64_t Calls(uint64_t w) { return (w >> 16) & kMax; }
-  static uint64_t Failures(uint64_t w) { return (w >> 32) & kMax; }
-  static uint64_t Slow(uint64_t w) { return (w >> 48) & kMax; }
-  static uint64_t Make(uint16_t period, uint64_t calls, uint64_t failures, uint64_t slow) {
-    return uint64_t(period) | (calls << 16) | (failures << 32) | (slow << 48);
+  static constexpr uint64_t kMax = 0xFFFF;  // a count field's largest value, in its units
+  static constexpr uint64_t kPeriodMask = 0xFFF;
+  static constexpr uint32_t kMaxScale = 15;
+  static uint16_t Period(uint64_t w) { return uint16_t(w & kPeriodMask); }
+  // PeriodOf: a period number as a bucket word keeps it (mod 2^12).
+  static uint16_t PeriodOf(uint64_t period) { return uint16_t(period & kPeriodMask); }
+  // Ahead: how many periods the bucket's period is ahead of `period`, mod 2^12 (0: the same).
+  static uint16_t Ahead(uint64_t w, uint64_t period) {
+    return uint16_t((Period(w) - PeriodOf(period)) & kPeriodMask);
+  }
+  static uint32_t Scale(uint64_t w) { return uint32_t(w >> 12) & 15; }
+  // The counts, in calls: each field times 2^scale.
+  static uint64_t Calls(uint64_t w) { return ((w >> 16) & kMax) << Scale(w); }
+  static uint64_t Failures(uint64_t w) { return ((w >> 32) & kMax) << Scale(w); }
+  static uint64_t Slow(uint64_t w) { return ((w >> 48) & kMax) << Scale(w); }
+  // Make: a bucket of `period` holding the given counts, in units of 2^scale calls.
+  static uint64_t Make(uint64_t period, uint64_t calls, uint64_t failures, uint64_t slow,
+                       uint32_t scale = 0) {
+    return PeriodOf(period) | (uint64_t(scale & 15) << 12) | ((calls & kMax) << 16) |
+           ((failures & kMax) << 32) | ((slow & kMax) << 48);
+  }
+  // Add adds `calls` calls (`failures` and `slow` of them) to bucket word `w`. A field that would
+  // pass kMax doubles the bucket's unit instead (halving every field, up to 2^15 calls a unit:
+  // 2.1 billion calls a bucket), and calls that are not a whole number of units are rounded up
+  // or down at random (from `random`, the caller's draw), so that every count is unbiased and
+  // the rates stay those of every call given, one by one or as a stripe's lump of successes.
+  // The fields keep failures <= calls and slow <= calls, whatever a scribbled word held.
+  // NeedsDraw: whether adding `calls` calls to `w` uses Add's `random` (a scaled bucket, or one
+  // these calls would scale), so that a caller draws only then.
+  static bool NeedsDraw(uint64_t w, uint64_t calls) {
+    return Scale(w) != 0 || ((w >> 16) & kMax) + calls > kMax;
+  }
+  static uint64_t Add(uint64_t w, uint64_t calls, uint64_t failures, uint64_t slow,
+                      uint32_t random) {
+    uint32_t scale = Scale(w);
+    uint64_t c = (w >> 16) & kMax;
+    uint64_t f = std::min((w >> 32) & kMax, c);
+    uint64_t s = std::min((w >> 48) & kMax, c);
+    failures = std::min(failures, calls);
+    slow = std::min(slow, calls);
+    for (uint32_t bit = 31;; --bit) {
+      // One draw for the three fields keeps failures and slow calls within the calls.
+      const uint64_t draw = random & ((uint32_t{1} << scale) - 1);
+      const uint64_t add_c = (calls + draw) >> scale;
+      if (c + add_c <= kMax || scale == kMaxScale || bit == 15) {
+        const uint64_t nc = std::min(c + add_c, kMax);
+        return Make(w, nc, std::min(f + ((failures + draw) >> scale), nc),
+                    std::min(s + ((slow + draw) >> scale), nc), scale);
+      }
+      const uint64_t half = (random >> bit) & 1;  // round the halving at random too
+      c = (c + half) >> 1;
+      f = (f + half) >> 1;
+      s = (s + half) >> 1;
+      ++scale;
+    }
   }
 };
 
@@ -231,6 +283,14 @@ struct WindowHead {
     return (start_ms << 16) | (bits & kBitsMask);
   }
 };
+
+// StartWindowAnew empties the window of `slot`, its shared buckets and the periods its stripes
+// hold: a reload that changes the window's shape calls it after storing the new policy
+// (StorePolicyOf, admission.h), since a period of the old shape is not one of the new. A success
+// racing it on another CPU may keep its stripe's old period (stripes.h): that stripe's successes
+// then go to the shared buckets until the old period ends, when its count is handed over to the
+// bucket of the new shape's period that ends there. Thread-safe.
+void StartWindowAnew(DependencySlot& slot);
 
 // ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);

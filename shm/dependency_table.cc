@@ -175,8 +175,7 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   }
   if (found >= 0) {
     DependencySlot& d = dependencies_[found];
-    FoldDeposits(d);  // under the cap they were made with (admission.h)
-    StorePolicy(policy, d.policy);
+    StorePolicyOf(d, policy);  // deposits folded under their cap, a new window shape started
     d.mode_setter.store(0, kRelaxed);  // the config's mode: no process to name
     d.mode.store(uint32_t(policy.mode), std::memory_order_release);
     d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);

@@ -8,7 +8,8 @@
 //   [ SegmentHeader | DependencySlot x max_dependencies | ProcessSlot x max_processes ]
 //
 // Layout 4 gave each DependencySlot its per-CPU stripes (kMaxStripes lines, stripes.h): 3,712
-// bytes a slot, where layout 3 had 1,664.
+// bytes a slot, where layout 3 had 1,664. Layout 5 keeps the sizes and gives each window bucket
+// word a scale (breaker.h), taking 4 bits of its period number.
 //
 // Thread safety: every field is an atomic word; no lock protects anything. Words written only
 // by the daemon (policy, name, table flags) are read by clients with relaxed or acquire loads.
@@ -26,7 +27,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL

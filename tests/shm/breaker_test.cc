@@ -181,7 +181,7 @@ TEST_F(BreakerTableTest, ApplyCountsTransitionsAndRestartsTheWindowOnClose) {
   slot.breaker.store(Word(BreakerState::kHalfOpen, 0, 0, 4, kNow));
   const uint64_t bucket_ns = uint64_t{p.window_ms} * 1'000'000 / p.window_buckets;
   const uint64_t period = now_ns / bucket_ns;
-  slot.buckets[period % p.window_buckets].store(Bucket::Make(uint16_t(period), 30, 30, 0));
+  slot.buckets[period % p.window_buckets].store(Bucket::Make(period, 30, 30, 0));
   uint32_t rng = 7;
   EXPECT_FALSE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 3, rng));
   EXPECT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, now_ns, 4, rng));

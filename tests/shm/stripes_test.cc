@@ -305,14 +305,17 @@ class StripeFoldTest : public ::testing::Test {
     slot_ = seg_->dependency(index_);
     slot_->stripe_count.store(4);
   }
-  Caller On(uint16_t cpu) {
-    Caller c{2, 0, 99};
+  // The caller on virtual CPU `cpu`: one per CPU, kept across calls as a thread keeps its own
+  // (its random state draws the open periods' jitter and a scaled bucket's rounding).
+  Caller& On(uint16_t cpu) {
+    Caller& c = callers_[cpu % 5];
+    if (c.rng == 0) c = Caller{2, 0, 99u + cpu};
     c.stripe = cpu;
     c.stripe_mode = StripeMode::kAtomic;
     return c;
   }
   void Call(uint16_t cpu, uint64_t now_ns, Outcome outcome, uint32_t attempt = 0) {
-    Caller c = On(cpu);
+    Caller& c = On(cpu);
     Permit p;
     Admit(*slot_, index_, attempt, now_ns, c, &p);
     Complete(*slot_, &p, outcome, kMs, now_ns, c);
@@ -332,6 +335,7 @@ class StripeFoldTest : public ::testing::Test {
   std::unique_ptr<Segment> seg_;
   uint32_t index_ = 0;
   DependencySlot* slot_ = nullptr;
+  Caller callers_[5] = {};
 };
 
 // A stripe holds its newest period; the first success of the next one hands the count to the
@@ -378,6 +382,80 @@ TEST_F(StripeFoldTest, ASaturatedStripeDelaysATripByAtMostItsPeriod) {
   const uint64_t later = t0 + 10 * kSec;
   for (int i = 0; i < 20; ++i) Call(1, later, Outcome::kFailure);
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
+}
+
+// More than 65,535 calls in one bucket period: the failures go to the shared bucket at once, the
+// stripes' successes in one lump when the next period begins. The bucket scales down as a whole
+// when the lump does not fit, so the period reads 1 failure in 6 after the hand-over as before
+// it, and a 50 % breaker stays closed (a bucket that kept its failures and dropped the lump read
+// 40,000 failures in 65,535 calls, 61 %, and tripped).
+TEST_F(StripeFoldTest, AHandOverPast65535CallsKeepsThePeriodsRate) {
+  const uint64_t t0 = 6'000 * kSec;
+  for (int i = 0; i < 240'000; ++i) {
+    Call(uint16_t(i % 4), t0 + uint64_t(i % 900) * kMs,
+         i % 6 == 0 ? Outcome::kFailure : Outcome::kSuccess);
+  }
+  auto rate = [](const WindowStats& w) { return double(w.failures) / double(w.calls); };
+  const WindowStats during = ReadWindow(*slot_, t0 + 950 * kMs);
+  EXPECT_EQ(during.calls, 240'000u);
+  EXPECT_EQ(during.failures, 40'000u);
+  // The next period: one success per stripe hands its lump over, then failures arrive, each a
+  // trip check.
+  const uint64_t t1 = t0 + 1'100 * kMs;
+  for (uint16_t cpu = 0; cpu < 4; ++cpu) Call(cpu, t1, Outcome::kSuccess);
+  const WindowStats after = ReadWindow(*slot_, t1);
+  EXPECT_NEAR(double(after.calls), 240'004, 240'004 * 0.001);
+  EXPECT_NEAR(rate(after), 1.0 / 6, 0.001) << after.failures << "/" << after.calls;
+  for (int i = 0; i < 20; ++i) Call(uint16_t(i % 4), t1, Outcome::kFailure);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+  // Past 65,535 calls one by one, too: the rate stays that of every call.
+  const uint64_t t2 = t0 + 3'000 * kMs;
+  for (int i = 0; i < 300'000; ++i) Call(3, t2, i % 4 == 0 ? Outcome::kFailure : Outcome::kIgnored);
+  Caller& c = On(4);
+  c.stripe = kNoStripe;  // a thread without a stripe: every call to the shared bucket
+  for (int i = 0; i < 300'000; ++i) {
+    Permit p;
+    Admit(*slot_, index_, 0, t2, c, &p);
+    Complete(*slot_, &p, i % 4 == 0 ? Outcome::kFailure : Outcome::kSuccess, kMs, t2, c);
+  }
+  // With the periods before it in the window: 615,024 calls, 190,020 failures.
+  const WindowStats direct = ReadWindow(*slot_, t2);
+  EXPECT_NEAR(double(direct.calls), 615'024, 615'024 * 0.01);
+  EXPECT_NEAR(rate(direct), 190'020.0 / 615'024, 0.005) << direct.failures << "/" << direct.calls;
+}
+
+// A reload from one long bucket to short ones: the stripes held the successes of a 600 s period,
+// which is no period of the new shape. The window starts anew with the new shape, and the
+// successes that follow count in it: 25 failures in 1,000 calls (2.5 %) do not trip it (they did
+// when the stripes went on counting in the old period, which the window read as the future).
+TEST_F(StripeFoldTest, AReloadThatShortensTheBucketKeepsCountingSuccesses) {
+  Policy long_window = policy_;
+  long_window.window_ms = 600'000;
+  long_window.window_buckets = 1;
+  testing::AddDependency(*seg_, "orders", long_window);
+  const uint64_t t0 = 7'200 * kSec;  // a 600 s period starts here
+  for (int i = 0; i < 400; ++i) Call(uint16_t(i % 4), t0 + uint64_t(i) * kMs, Outcome::kSuccess);
+  EXPECT_EQ(ReadWindow(*slot_, t0 + kSec).calls, 400u);
+  Policy short_window = policy_;  // 10 s in 10 buckets
+  testing::AddDependency(*seg_, "orders", short_window);  // the daemon's reload
+  EXPECT_EQ(ReadWindow(*slot_, t0 + kSec).calls, 0u) << "the window starts anew";
+  const uint64_t t1 = t0 + 2 * kSec;
+  for (int i = 0; i < 1'000; ++i) {
+    Call(uint16_t(i % 4), t1 + uint64_t(i) * kMs,
+         i % 40 == 39 ? Outcome::kFailure : Outcome::kSuccess);
+  }
+  const WindowStats w = ReadWindow(*slot_, t1 + 1'000 * kMs);
+  EXPECT_EQ(w.failures, 25u);
+  EXPECT_EQ(w.calls, 1'000u);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+  // And back to the long bucket: the same.
+  testing::AddDependency(*seg_, "orders", long_window);
+  for (int i = 0; i < 1'000; ++i) {
+    Call(uint16_t(i % 4), t1 + 2 * kSec + uint64_t(i) * kMs,
+         i % 40 == 39 ? Outcome::kFailure : Outcome::kSuccess);
+  }
+  EXPECT_EQ(ReadWindow(*slot_, t1 + 3 * kSec).calls, 1'000u);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
 }
 
 // Deposits wait in the stripes; a retry folds them first, so it finds every deposit made, each

@@ -223,7 +223,7 @@ TEST(WindowRaceTest, FirstCallsOfAPeriodLoseAtMostOneCallPerRacer) {
     while (done.load() < (r + 1) * kThreads) std::this_thread::yield();
     const uint64_t period = (t0 + uint64_t(r) * bucket_ns) / bucket_ns;
     const uint64_t w = slot.buckets[period % 10].load();
-    ASSERT_EQ(Bucket::Period(w), uint16_t(period)) << "round " << r;
+    ASSERT_EQ(Bucket::Period(w), Bucket::PeriodOf(period)) << "round " << r;
     const int lost = kThreads * kCallsPerThread - int(Bucket::Calls(w));
     worst = std::max(worst, lost);
     ASSERT_GE(lost, 0) << "round " << r;
@@ -235,7 +235,9 @@ TEST(WindowRaceTest, FirstCallsOfAPeriodLoseAtMostOneCallPerRacer) {
 
 // Approximation (breaker.h): a bucket counts at most 65,535 calls; beyond, its rates are those
 // of its first 65,535 calls, and no count wraps into the next field.
-TEST(WindowTest, ABucketCountsAtMost65535CallsAndNeverWraps) {
+// Past 65,535 calls a bucket doubles its unit: its fields never wrap into each other, its
+// counts stay those of every call to within a unit, and so do its rates (breaker.h, Bucket::Add).
+TEST(WindowTest, ABucketPast65535CallsKeepsItsCountsAndRatesAndNeverWraps) {
   const Shape shape{10'000, 10};
   const uint64_t t = 12'345 * shape.bucket_ns();
   Window w(shape, 0);
@@ -243,14 +245,32 @@ TEST(WindowTest, ABucketCountsAtMost65535CallsAndNeverWraps) {
   uint32_t rng = 1;
   for (int i = 0; i < 70'000; ++i) RecordOutcome(slot, t, /*failure=*/i % 2 == 0, false, rng);
   const WindowStats stats = ReadWindow(slot, t);
-  EXPECT_EQ(stats.calls, 65'535u);
-  EXPECT_EQ(stats.failures, 32'768u);  // the failures among the first 65,535 calls
+  EXPECT_NEAR(double(stats.calls), 70'000, 70'000 * 0.01);
+  EXPECT_NEAR(double(stats.failures) / double(stats.calls), 0.5, 0.01);
   EXPECT_EQ(stats.slow, 0u);
-  for (int i = 0; i < 70'000; ++i) RecordOutcome(slot, t, /*failure=*/true, false, rng);
+  for (int i = 0; i < 1'000'000; ++i) RecordOutcome(slot, t, /*failure=*/true, false, rng);
   const WindowStats more = ReadWindow(slot, t);
-  EXPECT_EQ(more.calls, 65'535u);
-  EXPECT_EQ(more.failures, 32'768u);
-  EXPECT_EQ(more.slow, 0u);
+  EXPECT_NEAR(double(more.calls), 1'070'000, 1'070'000 * 0.01);
+  EXPECT_NEAR(double(more.failures) / double(more.calls), 1'035'000.0 / 1'070'000, 0.01);
+  EXPECT_LE(more.failures, more.calls);
+  EXPECT_EQ(Bucket::Period(slot.buckets[12'345 % 10].load()), Bucket::PeriodOf(12'345));
+  // A lump larger than a bucket: 16.7 M successes on 40,000 failures.
+  const uint64_t word = Bucket::Add(Bucket::Make(7, 40'000, 40'000, 0), 16'777'215, 0, 0, 12345);
+  EXPECT_EQ(Bucket::Period(word), 7u);
+  EXPECT_EQ(Bucket::Scale(word), 9u);
+  EXPECT_NEAR(double(Bucket::Calls(word)), 16'817'215, 16'817'215 * 0.001);
+  EXPECT_NEAR(double(Bucket::Failures(word)) / double(Bucket::Calls(word)), 40'000.0 / 16'817'215,
+              0.0001);
+  // The largest count a bucket keeps: 65,535 units of 2^15 calls, and no wrap past it.
+  const uint64_t full = Bucket::Add(Bucket::Make(3, 0, 0, 0), uint64_t{1} << 40, 1, 1, 0);
+  EXPECT_EQ(Bucket::Calls(full), Bucket::kMax << Bucket::kMaxScale);
+  EXPECT_EQ(Bucket::Period(full), 3u);
+  // A scribbled word with more failures than calls adds no more failures than calls.
+  const uint64_t scribbled =
+      Bucket::Add(Bucket::Make(1, 3, Bucket::kMax, Bucket::kMax), 1, 1, 1, 0);
+  EXPECT_EQ(Bucket::Calls(scribbled), 4u);
+  EXPECT_EQ(Bucket::Failures(scribbled), 4u);
+  EXPECT_EQ(Bucket::Slow(scribbled), 4u);
 }
 
 }  // namespace
