@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/policy.h"
@@ -100,6 +101,16 @@ uint64_t FullUntilMs(const shm::DependencySlot& slot, const shm::BreakerWord& b,
 template <typename T>
 void StoreIfChanged(std::atomic<T>& w, T v) {
   if (w.load(kRelaxed) != v) w.store(v, kRelaxed);
+}
+
+// StoreBudget gives the slot's retry budget a new floor and burst. A new burst is stored only
+// after the deposits waiting in the stripes are folded under the burst they were made with
+// (FoldDeposits, admission.h): folded later, they would fill a raised burst with first attempts
+// that the old one capped.
+void StoreBudget(shm::DependencySlot& slot, uint32_t min_retries_per_sec, uint32_t burst) {
+  if (slot.policy.retry_burst.load(kRelaxed) != burst) shm::FoldDeposits(slot);
+  StoreIfChanged(slot.policy.min_retries_per_sec, min_retries_per_sec);
+  StoreIfChanged(slot.policy.retry_burst, burst);
 }
 
 std::string MakeToken(const std::string& host) {
@@ -195,8 +206,7 @@ void Fleet::Release(Run& run, uint64_t now_ns) {
   if (slot != nullptr && slot->generation.load(std::memory_order_acquire) == run.generation) {
     // The open period as the breaker drew it: over already, the next admit takes it half-open.
     if (run.held) shm::SetOpenUntil(*slot, run.seq, std::max(run.due_ms, now_ns / kMsNs), now_ns);
-    StoreIfChanged(slot->policy.min_retries_per_sec, run.cfg.local_min_retries_per_sec);
-    StoreIfChanged(slot->policy.retry_burst, run.cfg.local_retry_burst);
+    StoreBudget(*slot, run.cfg.local_min_retries_per_sec, run.cfg.local_retry_burst);
     StoreIfChanged(slot->fleet, shm::FleetWord::Make(shm::FleetRole::kNone, 0));
   }
   run.held = false;
@@ -368,8 +378,7 @@ bool Fleet::Sync(uint64_t now_ns) {
       floor = std::min(floor, run.cfg.local_min_retries_per_sec);
       burst = std::max<uint32_t>(std::min(burst, run.cfg.local_retry_burst), 1);
     }
-    StoreIfChanged(slot->policy.min_retries_per_sec, floor);
-    StoreIfChanged(slot->policy.retry_burst, burst);
+    StoreBudget(*slot, floor, burst);
   }
   h.fleet_synced_unix_ms.store(shm::UnixNowMs(), kRelaxed);
   ++syncs_since_join_;

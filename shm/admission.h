@@ -85,6 +85,15 @@ inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, ui
 // uncontended CASes. Thread-safe.
 inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt,
                       uint64_t (*now_ns)(), Caller& caller, Permit* permit);
+// AdmitAsBound is Admit with a clock for a caller that checked `slot` against `generation`, the
+// slot's generation when it looked the dependency up (the client's handles): the permit carries
+// `generation`, not the slot's generation read again, so that a slot given to another
+// dependency after the check records nothing of this attempt's outcome (Complete). Admit
+// itself may still count the attempt in the new dependency once (a first attempt and its
+// deposit, or a withdrawal) if the slot changes hands during the call. Thread-safe.
+inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t generation,
+                             uint32_t attempt, uint64_t (*now_ns)(), Caller& caller,
+                             Permit* permit);
 
 // Complete records how the admitted attempt in *permit ended and releases its leases.
 // `latency_ns` decides whether the call was slow. A probe's outcome reaches the breaker only if

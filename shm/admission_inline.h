@@ -58,16 +58,21 @@ bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst);
 void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, uint64_t now_ns,
                   Caller& caller);
 
+// kReadGeneration: AdmitImpl's `generation` when the permit takes the slot's own.
+inline constexpr uint64_t kReadGeneration = ~uint64_t{0};
+
 // AdmitImpl is Admit with a lazy clock: `now()` is read at most once, and only on paths that
 // need the time (a breaker that is not closed, the bulkhead, a retry). A first attempt on a
-// closed breaker reads no clock.
+// closed breaker reads no clock. The permit carries `generation`, or the slot's own with
+// kReadGeneration.
 template <typename NowFn>
 [[gnu::always_inline]] inline Decision AdmitImpl(DependencySlot& slot, uint32_t index,
-                                                uint32_t attempt, NowFn now, Caller& caller,
-                                                Permit* p) {
+                                                uint64_t generation, uint32_t attempt, NowFn now,
+                                                Caller& caller, Permit* p) {
   *p = Permit{};
   p->dependency = index;
-  p->generation = slot.generation.load(kRelaxed);
+  p->generation = generation == kReadGeneration ? slot.generation.load(kRelaxed)
+                                                : uint32_t(generation);
   const Mode mode = Mode(slot.mode.load(kRelaxed));
   if (__builtin_expect(mode == Mode::kDisabled, 0)) {
     p->flags = kPermitActive;
@@ -137,13 +142,22 @@ template <typename NowFn>
                                              uint32_t attempt, uint64_t now_ns, Caller& caller,
                                              Permit* p) {
   return admission_internal::AdmitImpl(
-      slot, index, attempt, [now_ns] { return now_ns; }, caller, p);
+      slot, index, admission_internal::kReadGeneration, attempt, [now_ns] { return now_ns; },
+      caller, p);
 }
 
 [[gnu::always_inline]] inline Decision Admit(DependencySlot& slot, uint32_t index,
                                              uint32_t attempt, uint64_t (*now_ns)(),
                                              Caller& caller, Permit* p) {
-  return admission_internal::AdmitImpl(slot, index, attempt, now_ns, caller, p);
+  return admission_internal::AdmitImpl(slot, index, admission_internal::kReadGeneration, attempt,
+                                       now_ns, caller, p);
+}
+
+[[gnu::always_inline]] inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index,
+                                                    uint32_t generation, uint32_t attempt,
+                                                    uint64_t (*now_ns)(), Caller& caller,
+                                                    Permit* p) {
+  return admission_internal::AdmitImpl(slot, index, generation, attempt, now_ns, caller, p);
 }
 
 [[gnu::always_inline]] inline void Complete(DependencySlot& slot, Permit* p, Outcome outcome,

@@ -1,5 +1,6 @@
 #include "shm/registry.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,35 +29,89 @@ void ReadComm(uint64_t out[2]) {
   std::memcpy(out, buf, sizeof(buf));
 }
 
-}  // namespace
-
-std::optional<uint64_t> ProcessStartTime(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+// ReadStat reads the state letter and the start time of `path` (a /proc/.../stat file); false
+// if there is no such file or it does not parse.
+bool ReadStat(const char* path, char* state, uint64_t* start_time) {
   FILE* f = std::fopen(path, "re");
-  if (!f) return std::nullopt;
+  if (!f) return false;
   char buf[1024];
   const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
   std::fclose(f);
   buf[n] = '\0';
   // The command name may hold spaces and parentheses: fields resume after the last ')'.
   const char* p = std::strrchr(buf, ')');
-  if (!p) return std::nullopt;
-  // A zombie (or a process being torn down) has exited: it holds its pid, nothing else.
-  if (p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X')) return std::nullopt;
+  if (!p || p[1] != ' ' || p[2] == '\0') return false;
+  *state = p[2];
   // Field 3 (state) follows; start time is field 22, i.e. 19 fields further.
   int field = 2;
   for (++p; *p && field < 22; ++p) {
     if (*p == ' ') ++field;
   }
-  if (field != 22) return std::nullopt;
-  return std::strtoull(p, nullptr, 10);
+  if (field != 22) return false;
+  *start_time = std::strtoull(p, nullptr, 10);
+  return true;
+}
+
+bool Exited(char state) { return state == 'Z' || state == 'X'; }
+
+// AnyThreadRuns: does a thread of process `pid` still run? A process whose main thread has
+// exited (pthread_exit) while others run shows as a zombie in /proc/PID/stat. The kernel knows:
+// a pidfd turns readable only once the whole thread group has exited. Without pidfd_open
+// (Linux < 5.3), the states of the threads under /proc/PID/task.
+bool AnyThreadRuns(pid_t pid) {
+  const int fd = int(syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, 0);
+    close(fd);
+    return ready == 0;
+  }
+  if (errno == ESRCH) return false;
+  char dir[64];
+  std::snprintf(dir, sizeof(dir), "/proc/%d/task", int(pid));
+  DIR* d = opendir(dir);
+  if (!d) return false;
+  bool runs = false;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[sizeof(dir) + sizeof(e->d_name) + 8];
+    std::snprintf(path, sizeof(path), "%s/%s/stat", dir, e->d_name);
+    char state = 0;
+    uint64_t start = 0;
+    if (ReadStat(path, &state, &start) && !Exited(state)) {
+      runs = true;
+      break;
+    }
+  }
+  closedir(d);
+  return runs;
+}
+
+std::optional<uint64_t> StatStartTime(pid_t pid, char* state) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+  uint64_t start = 0;
+  if (!ReadStat(path, state, &start)) return std::nullopt;
+  return start;
+}
+
+}  // namespace
+
+std::optional<uint64_t> ProcessStartTime(pid_t pid) {
+  char state = 0;
+  const std::optional<uint64_t> start = StatStartTime(pid, &state);
+  // A zombie (or a process being torn down) has exited: it holds its pid, nothing else.
+  if (!start || Exited(state)) return std::nullopt;
+  return start;
 }
 
 bool ProcessAliveByProc(pid_t pid, uint64_t start_time) {
-  const std::optional<uint64_t> st = ProcessStartTime(pid);
+  char state = 0;
+  const std::optional<uint64_t> st = StatStartTime(pid, &state);
   if (!st) return false;
-  return start_time == 0 || *st == start_time;
+  if (start_time != 0 && *st != start_time) return false;
+  // Its main thread has exited: the process lives while any of its threads runs.
+  return !Exited(state) || AnyThreadRuns(pid);
 }
 
 namespace {
@@ -89,7 +144,9 @@ uint16_t ClaimSlot(Segment& seg, pid_t pid, ProcessState state, Fill fill) {
 }  // namespace
 
 uint16_t RegisterProcess(Segment& seg, pid_t pid) {
-  const std::optional<uint64_t> start = ProcessStartTime(pid);
+  // The start time even when the main thread has exited and another thread registers.
+  char state = 0;
+  const std::optional<uint64_t> start = StatStartTime(pid, &state);
   return ClaimSlot(seg, pid, ProcessState::kLive, [&](ProcessSlot& p) {
     p.start_time.store(start.value_or(0), kRelaxed);
     uint64_t comm[2];

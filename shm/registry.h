@@ -63,7 +63,10 @@ void UnregisterProcess(Segment& seg, uint16_t owner, pid_t pid);
 
 // AliveFn: does the slot's owner still run (same pid, same start time)? A start time of 0
 // (a slot still being claimed) is judged by the pid alone. ProcessAliveByProc reads /proc;
-// tests pass their own.
+// tests pass their own. A process whose main thread has exited (pthread_exit) while other
+// threads run shows as a zombie in /proc/PID/stat: ProcessAliveByProc then asks the kernel
+// (a pidfd, readable only once every thread has exited; /proc/PID/task without pidfd_open),
+// so such a process is alive and a real zombie is not.
 using AliveFn = std::function<bool(pid_t pid, uint64_t start_time)>;
 bool ProcessAliveByProc(pid_t pid, uint64_t start_time);
 

@@ -122,6 +122,13 @@ namespace stripes_internal {
 // (RSEQ_SIG), as the kernel requires. The sections are flagged `?`: each piece joins the section
 // group of the function the sequence was compiled into, so that a linker dropping a duplicate
 // copy of an inline function (an unoptimized build emits them) drops its descriptors with it.
+// Every way out of a sequence (the commit, a compared word that differs, the abort handler)
+// stores 0 in the thread's rseq_cs. The kernel reads the descriptor rseq_cs points to at the
+// thread's next preemption or signal, even once the thread has left the sequence (that read is
+// how it learns the thread has left, and clears the word); a descriptor left there points into
+// the library that ran the sequence, and once that library is unloaded (dlclose) the read
+// faults and the kernel kills the process with SIGSEGV. One store per sequence, to the thread's
+// own cache line.
 #define RETRYD_RSEQ_PROLOGUE                                         \
   ".pushsection __rseq_cs, \"aw?\"\n\t"                              \
   ".balign 32\n\t"                                                   \
@@ -139,11 +146,20 @@ namespace stripes_internal {
   "jnz 4f\n\t"
 #define RETRYD_RSEQ_EPILOGUE                                         \
   "2:\n\t"                                                           \
+  "movq $0, %%fs:8(%[off])\n\t"                                      \
   ".pushsection __rseq_failure, \"ax?\"\n\t"                         \
   ".byte 0x0f, 0xb9, 0x3d\n\t"                                       \
   ".long 0x53053053\n\t"                                             \
   "4:\n\t"                                                           \
+  "movq $0, %%fs:8(%[off])\n\t"                                      \
   "jmp %l[abort]\n\t"                                                \
+  ".popsection\n\t"
+// The way out of a compare-and-store that found another value: `jnz 5f` from the sequence.
+#define RETRYD_RSEQ_DIFFERS                                          \
+  ".pushsection __rseq_failure, \"ax?\"\n\t"                         \
+  "5:\n\t"                                                           \
+  "movq $0, %%fs:8(%[off])\n\t"                                      \
+  "jmp %l[differs]\n\t"                                              \
   ".popsection\n\t"
 static_assert(RSEQ_SIG == 0x53053053, "the abort signature below is glibc's x86 RSEQ_SIG");
 
@@ -170,9 +186,10 @@ inline int RseqCompareStore(std::atomic<uint64_t>& word, uint64_t expected, uint
   uint64_t* v = reinterpret_cast<uint64_t*>(&word);
   asm goto(RETRYD_RSEQ_PROLOGUE
            "cmpq %[v], %[expected]\n\t"
-           "jnz %l[differs]\n\t"
+           "jnz 5f\n\t"
            "movq %[desired], %[v]\n\t"
            RETRYD_RSEQ_EPILOGUE
+           RETRYD_RSEQ_DIFFERS
            :
            : [cpu] "r"(cpu), [off] "r"(__rseq_offset), [v] "m"(*v),
              [expected] "r"(expected), [desired] "r"(desired)
@@ -193,10 +210,11 @@ inline int RseqCompareStore2(std::atomic<uint64_t>& word, uint64_t expected, uin
   uint64_t* o = reinterpret_cast<uint64_t*>(&other);
   asm goto(RETRYD_RSEQ_PROLOGUE
            "cmpq %[v], %[expected]\n\t"
-           "jnz %l[differs]\n\t"
+           "jnz 5f\n\t"
            "movq %[value], %[o]\n\t"
            "movq %[desired], %[v]\n\t"
            RETRYD_RSEQ_EPILOGUE
+           RETRYD_RSEQ_DIFFERS
            :
            : [cpu] "r"(cpu), [off] "r"(__rseq_offset), [v] "m"(*v), [o] "m"(*o),
              [expected] "r"(expected), [desired] "r"(desired), [value] "r"(value)
@@ -210,6 +228,7 @@ abort:
 }
 #undef RETRYD_RSEQ_PROLOGUE
 #undef RETRYD_RSEQ_EPILOGUE
+#undef RETRYD_RSEQ_DIFFERS
 #endif  // RETRYD_HAVE_RSEQ
 
 }  // namespace stripes_internal

@@ -211,11 +211,12 @@ static bool Bound(const shm::DependencySlot& slot, uint32_t generation) {
          slot.state.load(kRelaxed) == uint32_t(shm::SlotState::kActive);
 }
 
-shm::DependencySlot* ClientImpl::Rebind(uint32_t dep) {
+shm::DependencySlot* ClientImpl::Rebind(uint32_t dep, uint32_t* generation) {
   MutexLock lock(&mu_);
   Entry& e = entries_[dep];
   shm::DependencySlot* slot = e.slot.load(kRelaxed);
-  if (Bound(*slot, e.generation.load(kRelaxed))) return slot;  // another thread did it
+  *generation = e.generation.load(kRelaxed);
+  if (Bound(*slot, *generation)) return slot;  // another thread did it
   // Look the name up without mu_ (see client_impl.h); a segment this client left meanwhile
   // stays mapped, and the next admit looks again.
   shm::Segment* const looked_in = seg_.get();
@@ -229,6 +230,7 @@ shm::DependencySlot* ClientImpl::Rebind(uint32_t dep) {
                  "it again failed: " + s.message());
     }
   }
+  *generation = e.generation.load(kRelaxed);
   return e.slot.load(kRelaxed);
 }
 
@@ -397,11 +399,14 @@ inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_
   if (__builtin_expect(NeedsSlowPath(), 0)) SlowPath();
   Entry& e = entries_[dep];
   shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
+  uint32_t generation = e.generation.load(kRelaxed);
   // The slot's identity line, which Admit reads for the mode anyway.
-  if (__builtin_expect(!Bound(*slot, e.generation.load(kRelaxed)), 0)) slot = Rebind(uint32_t(dep));
+  if (__builtin_expect(!Bound(*slot, generation), 0)) slot = Rebind(uint32_t(dep), &generation);
   shm::Caller caller = MakeCaller();
-  const shm::Decision d =
-      shm::Admit(*slot, e.index.load(kRelaxed), attempt, &shm::CoarseNowNs, caller, &ps->permit);
+  // The permit carries the generation the check above passed: a slot given to another
+  // dependency since records nothing of this call's outcome.
+  const shm::Decision d = shm::AdmitAsBound(*slot, e.index.load(kRelaxed), generation, attempt,
+                                            &shm::CoarseNowNs, caller, &ps->permit);
   t_state.lease_tag = caller.lease_tag;
   t_state.rng = caller.rng;
   ps->slot = slot;

@@ -108,8 +108,9 @@ class ClientImpl final : public Client {
 
   ClientImpl() = default;
   // Rebind resolves entry `dep`'s name again after its slot stopped holding it (retired, or
-  // given to another name); returns the slot to use now. Cold: once per such change.
-  shm::DependencySlot* Rebind(uint32_t dep) EXCLUDES(mu_);
+  // given to another name); returns the slot to use now, and its generation as bound in
+  // *generation. Cold: once per such change.
+  shm::DependencySlot* Rebind(uint32_t dep, uint32_t* generation) EXCLUDES(mu_);
   // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
   void SlowPath() EXCLUDES(mu_);
   // AttachShared maps the host's segment into *out: through the socket (with the owner id and

@@ -25,6 +25,7 @@
 #include "shm/clock.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
+#include "shm/stripes.h"
 #include "tests/daemon/daemon_harness.h"
 
 namespace retryd::daemon {
@@ -728,6 +729,45 @@ TEST_F(FleetTest, AtItsFirstSyncAHostTakesAtMostItsOwnFloor) {
     return floor == 40 && Orders(0).policy.retry_burst.load() == 40;
   }, 10'000));
   EXPECT_TRUE(capped_after_first_sync);
+}
+
+// The fleet raises a host's burst from its own 5 to the fleet's 40 while the deposits of 100
+// first attempts, made under 5, wait in the stripes: they are folded under the cap they were
+// made with, so the host grants 5 retries, not 40 (no floor anywhere).
+TEST_F(FleetTest, DepositsWaitingWhenTheFleetRaisesTheBurstKeepTheirOwnCap) {
+  SKIP_WITHOUT_REDIS();
+  const int port = FreePort();
+  // The store is not up yet: the host decides alone, with its own burst.
+  StartHosts(1, "redis = \"127.0.0.1:" + std::to_string(port) + "\"\n",
+             "retry_ratio = 1\nmin_retries_per_sec = 0\nretry_burst = 5\nfleet = true\n"
+             "fleet_retry_burst = 40\n");
+  shm::DependencySlot& slot = Orders(0);
+  const uint32_t index = uint32_t(hosts_[0].seg->Find("orders"));
+  ASSERT_EQ(slot.policy.retry_burst.load(), 5u);
+  ASSERT_GE(shm::StripeCount(slot), 1u);
+  shm::Caller caller{shm::kUnknownOwner, 0, 7, 0, shm::StripeMode::kAtomic};
+  auto retries_granted = [&] {
+    int granted = 0;
+    for (int i = 0; i < 100; ++i) {
+      shm::Permit p;
+      const bool admitted =
+          shm::IsAdmitted(shm::Admit(slot, index, 1, shm::PreciseNowNs(), caller, &p));
+      shm::Complete(slot, &p, shm::Outcome::kSuccess, 0, shm::PreciseNowNs(), caller);
+      granted += admitted;
+    }
+    return granted;
+  };
+  EXPECT_EQ(retries_granted(), 5) << "the host's own burst";
+  for (int i = 0; i < 100; ++i) {
+    shm::Permit p;
+    ASSERT_TRUE(shm::IsAdmitted(shm::Admit(slot, index, 0, shm::PreciseNowNs(), caller, &p)));
+    shm::Complete(slot, &p, shm::Outcome::kSuccess, 0, shm::PreciseNowNs(), caller);
+  }
+  ASSERT_EQ(shm::PendingDeposits(slot), 100'000u) << "100 tokens wait in the stripes";
+  Redis redis(port);
+  ASSERT_TRUE(WaitUntil([&] { return slot.policy.retry_burst.load() == 40; }, 20'000))
+      << hosts_[0].daemon->Log();
+  EXPECT_EQ(retries_granted(), 5) << "deposits made under a burst of 5 granted more than 5";
 }
 
 // The floor: 8 hosts with a fleet floor of 40 retries/s (and each host's own floor 40/s, which

@@ -4,8 +4,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -619,6 +621,102 @@ TEST_F(DeadWorkerTest, OneNotYetWatchedIsReclaimedWithinTwoTicks) { Check(100, f
 // once, long before the next tick of 1 s.
 TEST_F(DeadWorkerTest, AWatchedOneWakesTheDaemonAndIsReclaimedBeforeTheNextTick) {
   Check(1'000, true, 60);
+}
+
+// ProcState: the state letter /proc shows for `pid` ('?' if none).
+char ProcState(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
+
+// Ticks waits until the daemon of `seg` has ticked `n` more times (its heartbeat moved on).
+bool Ticks(const shm::Segment& seg, int n) {
+  for (int i = 0; i < n; ++i) {
+    const uint64_t beat = seg.header().heartbeat_ns.load();
+    if (!WaitUntil([&] { return seg.header().heartbeat_ns.load() != beat; }, 10'000)) return false;
+  }
+  return true;
+}
+
+// By name (no socket), a worker holds a lease, then its main thread ends while
+// another thread runs: /proc shows the process as a zombie, yet it lives. It keeps its lease
+// and its process slot through many ticks, and through a daemon restarted meanwhile (which
+// judges every registered worker anew); once it is killed, the lease comes back.
+TEST_F(DeadWorkerTest, AWorkerWhoseMainThreadExitedKeepsItsLeasesUntilItDies) {
+  auto config = Config("[dependency.bulk]\nbulkhead_limit = 4\nbulkhead_timeout = \"1h\"\n");
+  auto d = StartDaemon(config, {"--tick_ms=10"});
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t bulk = seg->Find("bulk");
+  ASSERT_GE(bulk, 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t worker = fork();
+  if (worker == 0) {
+    std::unique_ptr<shm::Segment> ws;
+    if (!shm::Segment::Attach(segment_, shm::Access::kReadWrite, &ws).ok()) _exit(1);
+    shm::Caller caller{shm::RegisterProcess(*ws, getpid()), 0, 77};
+    shm::Permit p;
+    const char ok = shm::Admit(*ws->dependency(uint32_t(bulk)), uint32_t(bulk), 0,
+                               shm::PreciseNowNs(), caller, &p) == shm::Decision::kAdmitted
+                        ? 'b'
+                        : 'x';
+    pthread_t t;
+    pthread_create(&t, nullptr, [](void*) -> void* {
+      for (;;) pause();
+    }, nullptr);
+    if (write(ready[1], &ok, 1) != 1) _exit(1);
+    // The main thread ends, as pthread_exit ends it, without unwinding this test's frames
+    // (whose destructors would stop the daemon): the process lives on in `t`.
+    syscall(SYS_exit, 0);
+  }
+  // Killed and reaped however the test ends.
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reap{worker};
+  close(ready[1]);
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  close(ready[0]);
+  ASSERT_EQ(ok, 'b') << "bulkhead lease taken";
+  const shm::DependencySlot& slot = *seg->dependency(uint32_t(bulk));
+  auto taken = [&] {
+    int n = 0;
+    for (auto& w : slot.bulkhead_leases) n += w.load() != 0;
+    return n;
+  };
+  auto owned = [&] {
+    int n = 0;
+    for (uint32_t i = 0; i < seg->max_processes(); ++i) {
+      n += shm::ProcessOwner::Decode(seg->process(i)->owner.load()).pid == worker;
+    }
+    return n;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return ProcState(worker) == 'Z'; }, 5'000));
+  ASSERT_TRUE(Ticks(*seg, 50)) << d->Log();
+  EXPECT_EQ(taken(), 1) << "the daemon took the lease of a live worker";
+  EXPECT_EQ(owned(), 1) << "the daemon freed the process slot of a live worker";
+  // A restarted daemon judges the worker anew, its main thread long gone.
+  d->Signal(SIGKILL);
+  EXPECT_EQ(d->Wait(5'000), 128 + SIGKILL);
+  d = StartDaemon(config, {"--tick_ms=10"});
+  ASSERT_TRUE(Ticks(*seg, 50)) << d->Log();
+  EXPECT_EQ(taken(), 1) << "the restarted daemon took the lease of a live worker";
+  EXPECT_EQ(owned(), 1) << "the restarted daemon freed the process slot of a live worker";
+  EXPECT_EQ(slot.counters[shm::kLeasesReclaimedDead].load(), 0u);
+  kill(worker, SIGKILL);
+  waitpid(worker, nullptr, 0);
+  reap.pid = -1;
+  EXPECT_TRUE(WaitUntil([&] { return taken() == 0; }, 5'000)) << "the dead worker's lease";
+  EXPECT_TRUE(WaitUntil([&] { return owned() == 0; }, 5'000)) << "the dead worker's slot";
+  EXPECT_EQ(slot.counters[shm::kLeasesReclaimedDead].load(), 1u);
 }
 
 TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
