@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -404,6 +406,78 @@ TEST_P(DaemonStoppedTest, WorkersWhoseHelloADaemonNeverAnsweredAttachToTheNextOn
       kWaitMs))
       << daemon_->Log();
   EXPECT_LT(slowest, kNoWaitNs);
+}
+
+// A listener that stands for a hung daemon: its backlog full (nothing is ever accepted), or
+// accepting and never answering. Open returns as fast as with no daemon at all, in either case,
+// on per-process limits; without fallback it is an error, bounded.
+class HungListener {
+ public:
+  explicit HungListener(bool backlog_full) {
+    path_ = "/tmp/retryd-hung-" + std::to_string(getpid()) + ".sock";
+    unlink(path_.c_str());
+    fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path_.data(), path_.size());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(fd_, backlog_full ? 0 : 16), 0);
+    for (int i = 0; backlog_full && i < 64; ++i) {
+      const int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (connect(c, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(c);
+        break;
+      }
+      queued_.push_back(c);
+    }
+  }
+  ~HungListener() {
+    for (const int c : queued_) close(c);
+    close(fd_);
+    unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<int> queued_;
+};
+
+TEST(HungDaemonTest, OpenIsAsFastAsWithNoDaemonAndFallsBack) {
+  SetLogCallback([](int, std::string_view) {});
+  for (const bool backlog_full : {true, false}) {
+    SCOPED_TRACE(backlog_full ? "backlog full" : "never answers");
+    HungListener l(backlog_full);
+    ClientOptions o;
+    o.socket = l.path();
+    std::unique_ptr<Client> c;
+    uint64_t start = shm::PreciseNowNs();
+    ASSERT_TRUE(Client::Open(o, &c).ok());
+    EXPECT_LT(Elapsed(start), kNoWaitNs);
+    EXPECT_TRUE(c->local());
+    Dependency orders;
+    ASSERT_TRUE(c->Resolve("orders", &orders).ok());
+    uint64_t slowest = SlowestOf(200, [&] {
+      Permit p;
+      c->Admit(orders, 0, &p);
+      c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    });
+    EXPECT_LT(slowest, kNoWaitNs);
+    retryd_options_t opt = {nullptr, 1};
+    retryd_client_t* raw = nullptr;
+    start = shm::PreciseNowNs();
+    ASSERT_EQ(retryd_open_socket(l.path().c_str(), &opt, &raw), RETRYD_OK) << retryd_last_error();
+    EXPECT_LT(Elapsed(start), kNoWaitNs);
+    EXPECT_EQ(retryd_is_local(raw), 1);
+    retryd_close(raw);
+    // Without fallback: an error, after at most about a second.
+    o.fallback_to_local = false;
+    start = shm::PreciseNowNs();
+    EXPECT_FALSE(Client::Open(o, &c).ok());
+    EXPECT_LT(Elapsed(start), 5'000'000'000u);
+  }
+  SetLogCallback(nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothModes, DaemonStoppedTest,
