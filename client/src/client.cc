@@ -22,6 +22,8 @@ constexpr uint64_t kUpgradeIntervalNs = 1'000'000'000;
 // How often a client whose hello is sent looks for the daemon's answer (one non-blocking
 // receive; the coarse clock makes it every few milliseconds).
 constexpr uint64_t kAnswerPollNs = 1'000'000;
+// A daemon whose heartbeat is younger than this runs (its tick is at most 1 s).
+constexpr uint64_t kDaemonFreshNs = 2'000'000'000;
 constexpr uint32_t kPrivateDependencies = 256;
 
 // Bumped in every forked child, so clients notice they are a new process.
@@ -317,7 +319,9 @@ void ClientImpl::SlowPath() {
   // 1. A forked child is a new process: by name it registers itself; through the socket it
   // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
   const uint64_t gen = g_fork_generation.load(kRelaxed);
+  bool forked = false;
   if (fork_generation_.load(kRelaxed) != gen) {
+    forked = true;
     owner_pid_ = getpid();
     if (!seg_->is_private()) {
       if (socket_.empty()) {
@@ -341,7 +345,19 @@ void ClientImpl::SlowPath() {
   next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
   shm::Attachment fresh;
   bool waiting = false;
-  Status s = AttachShared(0, &fresh, &waiting);
+  // A forked child's first call waits for the answer as Open does (at most kOpenWaitMs), and
+  // only while the segment it inherited says its daemon ticked within kDaemonFreshNs: a daemon
+  // that runs answers in well under a millisecond, and the leases the child takes are then its
+  // own, freed at once if it dies. A daemon stopped or hung for longer is never waited for.
+  int wait_ms = 0;
+  if (forked && !socket_.empty() && !seg_->is_private()) {
+    const uint64_t beat_ns = seg_->header().heartbeat_ns.load(kRelaxed);
+    const uint64_t now_ns = shm::PreciseNowNs();
+    if (beat_ns != 0 && now_ns >= beat_ns && now_ns - beat_ns < kDaemonFreshNs) {
+      wait_ms = kOpenWaitMs;
+    }
+  }
+  Status s = AttachShared(wait_ms, &fresh, &waiting);
   if (waiting) {
     // The hello is out; a later slow path reads the answer. Nothing here waits for it.
     next_upgrade_ns_.store(shm::CoarseNowNs() + kAnswerPollNs, kRelaxed);

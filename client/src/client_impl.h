@@ -20,8 +20,11 @@
 // before the first call and a refusal is Open's error; a daemon that has not answered by then
 // leaves the client on per-process limits, and the first call after the answer comes moves it
 // to the host's segment. Without fallback_to_local, Open waits at most kAttachTimeoutMs and
-// fails. Re-attaching after a restart and a forked child's own attach start on a slow path
-// and are never waited for.
+// fails. A forked child's own attach starts on its first call, which waits for the answer as
+// Open does only while the inherited segment's heartbeat is under 2 s old (a daemon that runs
+// answers in well under a millisecond, and the child's leases are then its own, freed at once
+// if it dies); a daemon stopped or hung for longer is never waited for. Re-attaching after a
+// restart is never waited for.
 //
 // Socket mode, the connection's states (each fd GUARDED_BY mu_):
 //   attached    connection_ >= 0, owner_ the daemon's id for it
