@@ -214,11 +214,14 @@ Options:
       --version                print retryctl's version
 
 retryctl reads the shared-memory segment directly, so it works while the daemon is stopped
-(by name; through the socket it needs the daemon that serves the segment).
+(by name; through the socket it needs the daemon that serves the segment, and waits at most
+1 s for its answer).
 
 Exit status: 0 ok; 1 status found a dependency open, half-open or forced-open;
 2 usage error, or the segment could not be attached (missing, permission, incompatible);
-3 status found the daemon down or stale.
+3 the daemon is down or stale (status, workers, metrics): by name, its pid is gone or its
+heartbeat is older than --stale-after; through the socket, also when no daemon takes the
+connection (DAEMON DOWN) or answers it within 1 s (DAEMON STALE).
 )";
   return text;
 }

@@ -57,27 +57,44 @@ std::string Dump(const nlohmann::ordered_json& doc) {
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
-// How long retryctl waits for the daemon's answer on its socket.
-constexpr int kSocketTimeoutMs = 5'000;
+// How long retryctl waits for the daemon's answer on its socket. A daemon that runs answers
+// in well under a millisecond; one that has not answered within this is stopped or hung.
+constexpr int kSocketTimeoutMs = 1'000;
 
 // AttachSegment maps the segment by name, or through the daemon's socket. retryctl takes no
 // lease, so it closes its connection at once: a read-only peer holds no process slot, and the
 // slot of a read-write one (set-mode, reset) is freed as the connection closes; the mapping
-// stays valid either way.
-Status AttachSegment(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg) {
+// stays valid either way. Through the socket, *down says that no daemon took the connection
+// or answered it: the segment is the daemon's to hand out, so the daemon is what is down.
+Status AttachSegment(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg,
+                     std::string* down) {
   if (c.socket.empty()) return shm::Segment::Attach(c.segment, access, seg);
   shm::Attachment a;
-  Status s = shm::AttachThroughSocket(c.socket, access, kSocketTimeoutMs, &a);
+  bool no_answer = false;
+  Status s = shm::AttachThroughSocket(c.socket, access, kSocketTimeoutMs, &a, {}, &no_answer);
+  if (no_answer) {
+    *down = "DAEMON STALE: " + s.message();
+  } else if (s.code() == Status::Code::kNotFound) {
+    *down = "DAEMON DOWN: " + s.message();
+  }
   if (!s.ok()) return s;
   close(a.connection);
   *seg = std::move(a.segment);
   return s;
 }
 
-// Attach maps the segment and turns a failure into one clear line.
-Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg) {
-  Status s = AttachSegment(c, access, seg);
+// Attach maps the segment and turns a failure into one clear line. Through the socket, a
+// daemon that is not there or does not answer sets *down (see AttachSegment); the caller
+// exits kExitDaemonDown.
+Status Attach(const Context& c, shm::Access access, std::unique_ptr<shm::Segment>* seg,
+              std::string* down = nullptr) {
+  std::string why_down;
+  Status s = AttachSegment(c, access, seg, &why_down);
   if (s.ok()) return s;
+  if (down != nullptr && !why_down.empty()) {
+    *down = why_down;
+    return s;
+  }
   switch (s.code()) {
     case Status::Code::kNotFound:
       return s;  // "no retryd segment 'x' on this host (is retryd running?)"
@@ -168,20 +185,34 @@ int StatusExit(const shm::SegmentStatus& s) {
   return s.AnyOpen() ? kExitOpen : kExitOk;
 }
 
+// DownJson: the error document of a frame for a daemon that does not answer on its socket.
+std::string DownJson(const std::string& down) {
+  return Dump({{"schema_version", kJsonSchemaVersion}, {"kind", "error"}, {"error", down}});
+}
+
 int RunStatus(const Context& c) {
   std::unique_ptr<shm::Segment> seg;
-  if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
-
-  shm::BuildOptions build = MakeBuildOptions(c);
-  build.only = c.inv.arguments;
-  shm::SegmentStatus first;
-  if (Status s = shm::BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
+  std::string down;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &seg, &down); !s.ok()) {
+    if (down.empty()) return Fail(c, s.message());
+    if (!c.inv.watch) {
+      Print(c.inv.json ? c.out : c.err, c.inv.json ? DownJson(down) : "retryctl: " + down + "\n");
+      return kExitDaemonDown;
+    }
+    // --watch: its frames say so until the daemon answers.
+  }
   auto render = [&](const shm::SegmentStatus& shown, const RenderOptions& r) {
     return c.inv.json ? Dump(StatusJson(shown, r)) : RenderStatusTable(shown, r);
   };
-  if (!c.inv.watch) {
-    Print(c.out, render(first, MakeRenderOptions(c)));
-    return StatusExit(first);
+  if (seg) {
+    shm::BuildOptions build = MakeBuildOptions(c);
+    build.only = c.inv.arguments;
+    shm::SegmentStatus first;
+    if (Status s = shm::BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
+    if (!c.inv.watch) {
+      Print(c.out, render(first, MakeRenderOptions(c)));
+      return StatusExit(first);
+    }
   }
 
   // --watch: reattach every frame (the daemon may have replaced the segment) and show counter
@@ -189,13 +220,12 @@ int RunStatus(const Context& c) {
   std::optional<shm::SegmentStatus> previous;
   return Watch(c, [&](std::string* text) {
     std::unique_ptr<shm::Segment> now_seg;
-    if (Status s = Attach(c, shm::Access::kReadOnly, &now_seg); !s.ok()) {
-      *text = c.inv.json ? Dump({{"schema_version", kJsonSchemaVersion},
-                                 {"kind", "error"},
-                                 {"error", s.message()}})
-                         : "retryctl: " + s.message() + "\n";
+    std::string frame_down;
+    if (Status s = Attach(c, shm::Access::kReadOnly, &now_seg, &frame_down); !s.ok()) {
+      const std::string why = frame_down.empty() ? s.message() : frame_down;
+      *text = c.inv.json ? DownJson(why) : "retryctl: " + why + "\n";
       previous.reset();
-      return kExitError;
+      return frame_down.empty() ? kExitError : kExitDaemonDown;
     }
     shm::BuildOptions b = MakeBuildOptions(c);
     b.only = c.inv.arguments;
@@ -222,11 +252,15 @@ int RunStatus(const Context& c) {
 
 int RunWorkers(const Context& c) {
   if (!c.inv.arguments.empty()) return Usage(c, "workers takes no arguments");
+  // A frame is the table (on out), or one line saying why there is none (on err).
+  bool table = false;
   auto frame = [&](std::string* text) {
+    table = false;
     std::unique_ptr<shm::Segment> seg;
-    if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) {
-      *text = "retryctl: " + s.message() + "\n";
-      return kExitError;
+    std::string down;
+    if (Status s = Attach(c, shm::Access::kReadOnly, &seg, &down); !s.ok()) {
+      *text = "retryctl: " + (down.empty() ? s.message() : down) + "\n";
+      return down.empty() ? kExitError : kExitDaemonDown;
     }
     shm::SegmentStatus header;
     if (Status s = shm::BuildStatus(*seg, MakeBuildOptions(c), &header); !s.ok()) {
@@ -236,16 +270,21 @@ int RunWorkers(const Context& c) {
     const std::vector<shm::WorkerStatus> workers = shm::BuildWorkers(*seg);
     *text = c.inv.json ? Dump(WorkersJson(header, workers))
                        : RenderWorkersTable(header, workers, MakeRenderOptions(c));
-    return kExitOk;
+    table = true;
+    // The table is shown either way; the exit code says what status would about the daemon.
+    return header.daemon.state == shm::DaemonState::kUp ? kExitOk : kExitDaemonDown;
   };
   if (!c.inv.watch) {
     std::string text;
     const int code = frame(&text);
-    Print(code == kExitOk ? c.out : c.err, text);
+    Print(table ? c.out : c.err, text);
     return code;
   }
   std::unique_ptr<shm::Segment> probe;
-  if (Status s = Attach(c, shm::Access::kReadOnly, &probe); !s.ok()) return Fail(c, s.message());
+  std::string down;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &probe, &down); !s.ok() && down.empty()) {
+    return Fail(c, s.message());
+  }
   return Watch(c, frame);
 }
 
@@ -253,9 +292,21 @@ int RunMetrics(const Context& c) {
   if (!c.inv.arguments.empty()) return Usage(c, "metrics takes no arguments");
   if (c.inv.json || c.inv.watch) return Usage(c, "metrics takes neither --json nor --watch");
   std::unique_ptr<shm::Segment> seg;
-  if (Status s = Attach(c, shm::Access::kReadOnly, &seg); !s.ok()) return Fail(c, s.message());
-  Print(c.out, daemon::RenderPrometheus(*seg, shm::PreciseNowNs()));
-  return kExitOk;
+  std::string down;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &seg, &down); !s.ok()) {
+    if (down.empty()) return Fail(c, s.message());
+    // No segment to read, but a scraper still gets what it alerts on: a daemon pid of 0.
+    Print(c.out, daemon::RenderDaemonUnreachable());
+    Print(c.err, "retryctl: " + down + "\n");
+    return kExitDaemonDown;
+  }
+  const uint64_t now_ns = shm::PreciseNowNs();
+  shm::SegmentStatus view;
+  shm::BuildOptions b = MakeBuildOptions(c);
+  b.now_ns = now_ns;
+  (void)shm::BuildStatus(*seg, b, &view);
+  Print(c.out, daemon::RenderPrometheus(*seg, now_ns));
+  return view.daemon.state == shm::DaemonState::kUp ? kExitOk : kExitDaemonDown;
 }
 
 // FindDependency resolves DEP to an active slot or explains which names exist.

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "shm/attach.h"
+#include "shm/clock.h"
 #include "shm/registry.h"
 
 namespace retryd::daemon {
@@ -53,6 +54,7 @@ AttachServer::~AttachServer() {
     unlink(options_.path.c_str());
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (reserve_fd_ >= 0) close(reserve_fd_);
   if (lock_fd_ >= 0) close(lock_fd_);
 }
 
@@ -96,10 +98,13 @@ Status AttachServer::Listen(const AttachServerOptions& options) {
       chown(path.c_str(), options.owner, options.group) != 0) {
     return Status::PermissionDenied("socket '" + path + "': chown: " + std::strerror(errno));
   }
-  if (listen(listen_fd_, 256) != 0) {
+  // The kernel caps the backlog at net.core.somaxconn (4096 by default since Linux 5.4). A
+  // worker that finds it full is not refused: it falls back and tries again (shm/attach.h).
+  if (listen(listen_fd_, kListenBacklog) != 0) {
     return Status::IoError("socket '" + path + "': listen: " + std::strerror(errno));
   }
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  TakeReserve();
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
@@ -123,7 +128,7 @@ uint64_t AttachServer::Serve(shm::Segment& seg) {
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
       if (fd == listen_fd_) {
-        Accept();
+        Accept(seg);
         continue;
       }
       auto it = peers_.find(fd);
@@ -144,30 +149,76 @@ uint64_t AttachServer::Serve(shm::Segment& seg) {
   return freed;
 }
 
-void AttachServer::Accept() {
-  for (;;) {
+void AttachServer::Accept(shm::Segment& seg) {
+  // A batch at a time, so that a storm of workers does not keep hang-ups and the tick waiting.
+  for (int n = 0; n < kAcceptBatch && !accept_paused_; ++n) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN: all taken; anything else: the peer is gone already
-    if (peers_.size() - connected() >= kMaxWaitingForHello) {
-      // The longest-waiting silent peer makes room: one that connects and says nothing holds
-      // no descriptor for long, and a worker that says its hello at once always gets in.
-      auto oldest = peers_.end();
-      for (auto it = peers_.begin(); it != peers_.end(); ++it) {
-        const bool older = oldest == peers_.end() || it->second.seq < oldest->second.seq;
-        if (!it->second.attached && older) oldest = it;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: the listening socket stays readable, and accepting again would
+        // spin. A silent peer makes room if there is one; else accepting pauses until a
+        // connection closes or the next tick, and the workers queued meanwhile wait in the
+        // backlog on per-process limits, none refused.
+        if (DropOldestSilent()) continue;
+        PauseAccepting(errno);
       }
-      Drop(oldest->first);
-      peers_.erase(oldest);
-      ++counts_.refused;
+      return;  // EAGAIN: all taken; anything else: the peer is gone already
     }
+    if (peers_.size() - connected() >= kMaxWaitingForHello) DropOldestSilent();
     if (!Watch(fd)) {
       close(fd);
       continue;
     }
-    Peer peer;
+    Peer& peer = peers_[fd];
     peer.seq = ++accepted_;
-    peers_[fd] = peer;
+    peer.accepted_ns = shm::PreciseNowNs();
+    // A worker sends its hello as it connects: answer it now, so that only a peer that has
+    // said nothing ever waits in peers_ (and only such a peer is ever dropped to make room).
+    Hello(seg, fd, peer);
   }
+}
+
+bool AttachServer::DropOldestSilent() {
+  // A worker says its hello microseconds after it connects: one silent for a second is not
+  // about to, and one silent for less may be a worker between its connect and its send.
+  const uint64_t now_ns = shm::PreciseNowNs();
+  auto oldest = peers_.end();
+  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+    const bool older = oldest == peers_.end() || it->second.seq < oldest->second.seq;
+    if (!it->second.attached && older && now_ns - it->second.accepted_ns >= kSilentGraceNs) {
+      oldest = it;
+    }
+  }
+  if (oldest == peers_.end()) return false;
+  Drop(oldest->first);
+  peers_.erase(oldest);
+  ++counts_.refused;
+  return true;
+}
+
+void AttachServer::TakeReserve() {
+  reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+void AttachServer::PauseAccepting(int err) {
+  if (accept_paused_) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  accept_paused_ = true;
+  ++counts_.accept_pauses;
+  // Said once until a worker is welcomed again: the tick resumes and pauses again meanwhile.
+  if (pause_logged_) return;
+  pause_logged_ = true;
+  LOG(WARNING) << "attach: accept: " << std::strerror(err) << " with " << peers_.size()
+               << " connections open: accepting paused until a connection closes or the next "
+                  "tick; workers wait in the backlog on per-process limits";
+}
+
+void AttachServer::ResumeAccepting() {
+  if (!accept_paused_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) == 0) accept_paused_ = false;
 }
 
 bool AttachServer::Watch(int fd) {
@@ -302,10 +353,26 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   welcome.result = shm::AttachResult::kWelcome;
   // A descriptor of its own for every peer: read-only for a read-only peer, and never the
   // daemon's own open file description, whose flock is the daemon lock.
-  const int segment_fd =
-      seg.PeerDescriptor(hello.read_only ? shm::Access::kReadOnly : shm::Access::kReadWrite);
+  const shm::Access access = hello.read_only ? shm::Access::kReadOnly : shm::Access::kReadWrite;
+  int segment_fd = seg.PeerDescriptor(access);
+  if (segment_fd < 0 && (errno == EMFILE || errno == ENFILE) && reserve_fd_ >= 0) {
+    // Out of descriptors is the daemon's state, not the peer's fault: the reserve makes room
+    // for this one, so that a connection accepted is always answered (a refusal would be an
+    // error for the worker). It is taken back after the welcome.
+    close(reserve_fd_);
+    reserve_fd_ = -1;
+    segment_fd = seg.PeerDescriptor(access);
+  }
   if (segment_fd < 0) {
-    return refuse("cannot open the segment for the peer: " + std::string(std::strerror(errno)));
+    const int err = errno;
+    if (err == EMFILE || err == ENFILE) {
+      // No reserve left: a hang-up, after which the worker stays on per-process limits and
+      // tries again; and no more accepting until there is room.
+      Close(seg, fd);
+      PauseAccepting(err);
+      return;
+    }
+    return refuse("cannot open the segment for the peer: " + std::string(std::strerror(err)));
   }
   if (!hello.read_only) {
     hello.comm[sizeof(hello.comm) - 1] = '\0';
@@ -326,11 +393,16 @@ void AttachServer::Hello(shm::Segment& seg, int fd, Peer& peer) {
   peer.read_only = hello.read_only != 0;
   const bool sent = shm::SendWelcome(fd, welcome, segment_fd);
   close(segment_fd);
+  if (reserve_fd_ < 0) TakeReserve();
   if (!sent) {
     Close(seg, fd);
     return;
   }
   ++counts_.welcomed;
+  pause_logged_ = false;
+  // A read-only peer (retryctl) holds no slot and needs no liveness: its connection ends with
+  // the welcome, so that read-only peers cannot hold the daemon's descriptors.
+  if (peer.read_only) Close(seg, fd);
 }
 
 uint64_t AttachServer::Close(shm::Segment& seg, int fd) {
@@ -342,9 +414,12 @@ uint64_t AttachServer::Close(shm::Segment& seg, int fd) {
     freed = shm::ReclaimOwner(seg, peer.owner, peer.owner_word);
     ++counts_.hung_up;
   }
+  // A worker's descriptor freed: room to accept again.
+  const bool room = peer.attached && !peer.read_only;
   if (!peer.stored_as.empty() && options_.store) options_.store->Remove(peer.stored_as);
   Drop(fd);
   peers_.erase(it);
+  if (room) ResumeAccepting();
   return freed;
 }
 

@@ -3,8 +3,18 @@
 // The server listens on a seqpacket socket and speaks the attach protocol of shm/attach.h: it
 // answers each hello with the segment's descriptor (a read-only one for a read-only peer) and,
 // for a read-write peer, the owner id of a process slot it registered for it. It keeps every
-// connection, and a connection's hang-up is its process's death: the server frees the owner's
-// leases and its slot at once (ReclaimOwner). Nothing here reads /proc or trusts a pid.
+// read-write connection, and a connection's hang-up is its process's death: the server frees
+// the owner's leases and its slot at once (ReclaimOwner). Nothing here reads /proc or trusts a
+// pid. A read-only peer's connection ends with its welcome.
+//
+// Storms and descriptors: a worker sends its hello as it connects, and the server reads it as
+// it accepts, so 1,000 workers attaching at once are answered in accept order, none dropped.
+// Only a peer that has said nothing waits (at most kMaxWaitingForHello, the oldest dropped for
+// one more). When accept runs out of descriptors (EMFILE), the server drops a silent peer if
+// it has one, else stops accepting until an attached worker leaves or the next tick: no
+// spinning on a listening socket that stays readable, and the workers queued meanwhile wait in
+// the backlog on per-process limits. A reserve descriptor makes sure that a connection
+// accepted is answered, never refused for want of one.
 //
 // Who may attach: the socket file's owner, group and mode decide who can connect at all;
 // then, if `allow_users` or `allow_groups` is set, the peer's uid must be listed, or its
@@ -52,8 +62,15 @@ struct AttachServerOptions {
 class AttachServer {
  public:
   // Connections accepted whose hello has not come yet; for one more, the one waiting longest is
-  // closed, so peers that connect and say nothing cannot take the daemon's descriptors.
+  // closed if it has been silent for kSilentGraceNs, so peers that connect and say nothing
+  // cannot take the daemon's descriptors, and a worker between its connect and its hello is
+  // never taken for one of them.
   static constexpr size_t kMaxWaitingForHello = 64;
+  static constexpr uint64_t kSilentGraceNs = 1'000'000'000;
+  // The listen backlog asked for (the kernel caps it at net.core.somaxconn), and how many
+  // connections one Serve accepts before it looks at the rest.
+  static constexpr int kListenBacklog = 4096;
+  static constexpr int kAcceptBatch = 256;
 
   AttachServer() = default;
   ~AttachServer();  // closes every connection, removes the socket file and its lock
@@ -77,8 +94,14 @@ class AttachServer {
   // the owners whose connections closed. Returns the number of leases freed.
   uint64_t Serve(shm::Segment& seg);
 
-  // Connected is the number of attached peers (read-write and read-only).
+  // Connected is the number of attached read-write peers (a read-only one is let go with its
+  // welcome).
   size_t connected() const;
+
+  // ResumeAccepting takes new connections again after accept ran out of descriptors (the
+  // daemon calls it every tick; a connection that closes calls it too). Cheap when not paused.
+  void ResumeAccepting();
+  bool accepting() const { return !accept_paused_; }
 
   // What Serve did, for the daemon's log and tests.
   struct Counts {
@@ -87,19 +110,26 @@ class AttachServer {
     uint64_t hung_up = 0;  // attached read-write peers whose connection closed
     uint64_t resumed = 0;  // peers that attached again and kept their owner
     uint64_t adopted = 0;  // connections taken back from the fd store
+    uint64_t accept_pauses = 0;  // times accept ran out of descriptors
   };
   const Counts& counts() const { return counts_; }
 
  private:
   struct Peer {
     uint64_t seq = 0;  // accept order
+    uint64_t accepted_ns = 0;  // CLOCK_MONOTONIC
     bool attached = false;
     bool read_only = false;
     uint16_t owner = 0;
     uint64_t owner_word = 0;
     std::string stored_as;  // its name in the fd store, or ""
   };
-  void Accept();
+  void Accept(shm::Segment& seg);
+  // DropOldestSilent closes the peer that has waited longest without a hello, if it has for
+  // kSilentGraceNs; false if none has.
+  bool DropOldestSilent();
+  void PauseAccepting(int err);
+  void TakeReserve();
   void Hello(shm::Segment& seg, int fd, Peer& peer);
   uint64_t Close(shm::Segment& seg, int fd);
   // Resume moves `hello`'s owner to the connection `fd` if the connection it was registered on
@@ -116,6 +146,10 @@ class AttachServer {
   int listen_fd_ = -1;
   int lock_fd_ = -1;
   int epoll_fd_ = -1;
+  bool accept_paused_ = false;
+  bool pause_logged_ = false;
+  // A descriptor held back (/dev/null) for the welcome of a connection accepted with none left.
+  int reserve_fd_ = -1;
   std::map<int, Peer> peers_;
   uint64_t accepted_ = 0;
   Counts counts_;

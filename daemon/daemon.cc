@@ -218,6 +218,7 @@ int Daemon::Run() {
       uint64_t expirations;
       if (read(timer_fd_, &expirations, sizeof(expirations)) == sizeof(expirations)) {
         Tick(shm::PreciseNowNs());
+        if (attach_) attach_->ResumeAccepting();
       }
     }
     if (fds[0].revents & POLLIN) {

@@ -92,6 +92,30 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
   return RenderPrometheus(view);
 }
 
+namespace {
+
+// DaemonFamilies: the daemon's health, the same whether a segment was read or not.
+void DaemonFamilies(Writer& w, uint32_t pid, double heartbeat_age_seconds,
+                    double heartbeat_unix_seconds) {
+  w.Family("retryd_daemon_pid", "gauge",
+           "Process id of the daemon that owns the segment, 0 if stopped.");
+  w.Sample("retryd_daemon_pid", "", uint64_t{pid});
+  w.Family("retryd_daemon_heartbeat_age_seconds", "gauge",
+           "Seconds since the daemon's last tick (grows while the daemon is stopped).");
+  w.Sample("retryd_daemon_heartbeat_age_seconds", "", heartbeat_age_seconds);
+  w.Family("retryd_daemon_heartbeat_timestamp_seconds", "gauge",
+           "Unix time of the daemon's last tick.");
+  w.Sample("retryd_daemon_heartbeat_timestamp_seconds", "", heartbeat_unix_seconds);
+}
+
+}  // namespace
+
+std::string RenderDaemonUnreachable() {
+  Writer w;
+  DaemonFamilies(w, 0, 0.0, 0.0);
+  return w.Take();
+}
+
 std::string RenderPrometheus(const shm::SegmentStatus& view) {
   // Slot order, as the table holds them: a dependency keeps its place between scrapes.
   std::vector<Dep> deps;
@@ -110,18 +134,10 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
            "segment=\"" + Escape(view.name) + "\",layout_version=\"" +
                std::to_string(view.layout_version) + "\"",
            uint64_t{1});
-  w.Family("retryd_daemon_pid", "gauge",
-           "Process id of the daemon that owns the segment, 0 if stopped.");
-  w.Sample("retryd_daemon_pid", "", uint64_t{daemon.pid});
   const uint64_t beat_ns = daemon.heartbeat_ns;
-  w.Family("retryd_daemon_heartbeat_age_seconds", "gauge",
-           "Seconds since the daemon's last tick (grows while the daemon is stopped).");
-  w.Sample("retryd_daemon_heartbeat_age_seconds", "",
-           beat_ns == 0 || beat_ns > now_ns ? 0.0 : double(now_ns - beat_ns) / 1e9);
-  w.Family("retryd_daemon_heartbeat_timestamp_seconds", "gauge",
-           "Unix time of the daemon's last tick.");
-  w.Sample("retryd_daemon_heartbeat_timestamp_seconds", "",
-           double(daemon.heartbeat_unix_ms) / 1e3);
+  DaemonFamilies(w, daemon.pid,
+                 beat_ns == 0 || beat_ns > now_ns ? 0.0 : double(now_ns - beat_ns) / 1e9,
+                 double(daemon.heartbeat_unix_ms) / 1e3);
   w.Family("retryd_config_generation", "gauge", "Bumped on every config load and reload.");
   w.Sample("retryd_config_generation", "", view.generation);
   w.Family("retryd_dependencies", "gauge", "Active dependencies in the segment.");

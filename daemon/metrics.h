@@ -27,6 +27,10 @@ namespace retryd::daemon {
 std::string RenderPrometheus(const shm::SegmentStatus& view);
 // RenderPrometheus renders every active dependency of `seg` at CLOCK_MONOTONIC `now_ns`.
 std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns);
+// RenderDaemonUnreachable: what a scraper alerts on when no segment can be read because the
+// daemon that hands it out (through its socket) does not answer: the daemon's families with
+// pid 0 and a heartbeat at Unix time 0 (never), so that RetrydDaemonDown fires.
+std::string RenderDaemonUnreachable();
 // DaemonViewOptions: the view the daemon's exports are rendered from, at `now_ns`: every
 // active dependency, and no liveness check of the daemon or of any process (no syscall, no
 // /proc read: it runs on every tick).

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -11,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+
+#include "shm/clock.h"
 
 namespace retryd::shm {
 namespace {
@@ -47,7 +48,7 @@ bool ReceiveWelcome(int connection, AttachWelcome* welcome, int* fd) {
   if (n != ssize_t(sizeof(*welcome)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
-    if (n >= 0) errno = EPROTO;
+    if (n >= 0) errno = n == 0 ? ECONNRESET : EPROTO;  // 0: the daemon hung up
     return false;
   }
   return true;
@@ -55,9 +56,9 @@ bool ReceiveWelcome(int connection, AttachWelcome* welcome, int* fd) {
 
 }  // namespace
 
-Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
-                           Attachment* out, const AttachResume& resume) {
-  *out = Attachment{};
+Status StartAttach(const std::string& socket_path, Access access, const AttachResume& resume,
+                   int* connection) {
+  *connection = -1;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
@@ -65,30 +66,34 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
                                    std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
   }
   std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Non-blocking: a Unix socket's connect never waits then; a daemon that is stopped with its
+  // backlog full refuses at once (EAGAIN) instead of holding the caller.
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Status::IoError(At(socket_path) + ": socket: " + std::strerror(errno));
   auto fail = [&](Status s) {
     close(fd);
     return s;
   };
-  // A daemon that is stopped with its backlog full would block connect and send forever: both
-  // wait at most `timeout_ms` (for a Unix socket, SO_SNDTIMEO bounds connect too).
-  const timeval limit{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  int rc;
+  do {
+    rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
     const int err = errno;
     if (err == ENOENT || err == ECONNREFUSED) {
       return fail(Status::NotFound("no retryd listens at " + At(socket_path) +
                                    " (is retryd running?)"));
     }
+    if (err == EAGAIN || err == EINPROGRESS) {
+      return fail(Status::NotFound("the retryd at " + At(socket_path) +
+                                   " accepts no connection: its backlog is full (is the daemon "
+                                   "stopped or hung?)"));
+    }
     if (err == EACCES || err == EPERM) {
       return fail(Status::PermissionDenied(
           At(socket_path) + ": " + std::strerror(err) +
-          " (the daemon's socket_group and socket_mode settings decide who may connect)"));
-    }
-    if (err == EAGAIN || err == EINPROGRESS) {
-      return fail(Status::IoError(At(socket_path) + ": the daemon did not accept within " +
-                                  std::to_string(timeout_ms) + " ms"));
+          " (the socket's [daemon] group and mode, and allow_users and allow_groups, decide "
+          "who may attach)"));
     }
     return fail(Status::IoError(At(socket_path) + ": connect: " + std::strerror(err)));
   }
@@ -99,23 +104,52 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
   hello.resume_word = resume.owner_word;
   const std::string comm = OwnComm();
   std::memcpy(hello.comm, comm.data(), std::min(comm.size(), sizeof(hello.comm) - 1));
-  if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != ssize_t(sizeof(hello))) {
-    return fail(Status::IoError(At(socket_path) + ": send: " + std::strerror(errno)));
+  // A fresh connection's send buffer always has room for one hello: this never waits.
+  ssize_t sent;
+  do {
+    sent = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != ssize_t(sizeof(hello))) {
+    const int err = errno;
+    if (err == EPIPE || err == ECONNRESET) {
+      return fail(Status::NotFound("the retryd at " + At(socket_path) +
+                                   " hung up before the hello (did it stop?)"));
+    }
+    return fail(Status::IoError(At(socket_path) + ": send: " + std::strerror(err)));
   }
+  *connection = fd;
+  return Status::Ok();
+}
+
+Status PollAttach(int fd, const std::string& socket_path, Access access, int wait_ms,
+                  Attachment* out, bool* answered) {
+  *out = Attachment{};
+  *answered = false;
   pollfd p{fd, POLLIN, 0};
   int ready;
   do {
-    ready = poll(&p, 1, timeout_ms);
+    ready = poll(&p, 1, wait_ms);
   } while (ready < 0 && errno == EINTR);
-  if (ready == 0) {
-    return fail(Status::IoError(At(socket_path) + ": no answer from the daemon within " +
-                                std::to_string(timeout_ms) + " ms"));
-  }
+  if (ready == 0) return Status::Ok();
+  *answered = true;
+  auto fail = [&](Status s) {
+    close(fd);
+    return s;
+  };
   AttachWelcome welcome;
   int segment_fd = -1;
   if (ready < 0 || !ReceiveWelcome(fd, &welcome, &segment_fd)) {
+    const int err = errno;
+    if (ready > 0 && (err == ECONNRESET || err == EPIPE)) {
+      return fail(Status::NotFound("the retryd at " + At(socket_path) +
+                                   " hung up without answering (did it stop?)"));
+    }
+    if (ready > 0 && err == EAGAIN) {  // woken for nothing: still waiting
+      *answered = false;
+      return Status::Ok();
+    }
     return fail(Status::IoError(At(socket_path) + ": reading the daemon's answer: " +
-                                std::strerror(errno)));
+                                std::strerror(err)));
   }
   if (welcome.magic != kAttachMagic || welcome.version != kAttachVersion) {
     if (segment_fd >= 0) close(segment_fd);
@@ -135,12 +169,33 @@ Status AttachThroughSocket(const std::string& socket_path, Access access, int ti
   out->connection = fd;
   out->segment = std::move(seg);
   out->owner = welcome.owner;
-  if (const ProcessSlot* p =
+  if (const ProcessSlot* slot =
           welcome.owner != 0 ? out->segment->process(welcome.owner - 1u) : nullptr) {
-    out->owner_word = p->owner.load(std::memory_order_acquire);
+    out->owner_word = slot->owner.load(std::memory_order_acquire);
   }
   out->daemon_pid = welcome.daemon_pid;
   return Status::Ok();
+}
+
+Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
+                           Attachment* out, const AttachResume& resume, bool* no_answer) {
+  *out = Attachment{};
+  if (no_answer) *no_answer = false;
+  int fd = -1;
+  if (Status s = StartAttach(socket_path, access, resume, &fd); !s.ok()) return s;
+  const uint64_t deadline_ns = PreciseNowNs() + uint64_t(std::max(timeout_ms, 0)) * 1'000'000;
+  for (;;) {
+    const uint64_t now_ns = PreciseNowNs();
+    const int left_ms = now_ns >= deadline_ns ? 0 : int((deadline_ns - now_ns + 999'999) / 1'000'000);
+    bool answered = false;
+    Status s = PollAttach(fd, socket_path, access, left_ms, out, &answered);
+    if (answered) return s;
+    if (left_ms == 0) break;
+  }
+  close(fd);
+  if (no_answer) *no_answer = true;
+  return Status::IoError(At(socket_path) + ": no answer from the daemon within " +
+                         std::to_string(timeout_ms) + " ms (is it stopped or hung?)");
 }
 
 std::string ResolveSocket(const std::string& socket, const std::string& segment,

@@ -90,16 +90,43 @@ struct Attachment {
   pid_t daemon_pid = 0;
 };
 
-// AttachThroughSocket connects to the daemon at `socket_path` and attaches as above, waiting at
-// most `timeout_ms` for the daemon's answer. Errors, each naming the socket:
-//   kNotFound          nothing listens there (no socket file, or no daemon behind it)
-//   kPermissionDenied  the socket's permissions refuse this user, or the daemon refused the
-//                      peer (its reason, which names the setting that would admit it)
+// Attaching in two steps, so that no caller has to wait for the daemon: StartAttach connects
+// without blocking and sends the hello; PollAttach reads the answer when it has come. A worker
+// starts an attach and looks for the answer on its later slow paths; it never waits for it on
+// a request path (client_impl.h). The daemon answers a hello in microseconds when it runs; a
+// stopped or hung one leaves it unanswered, and a killed one hangs up.
+//
+// StartAttach connects to the daemon at `socket_path` without blocking and sends the hello.
+// On success stores the connection (close-on-exec, non-blocking; the caller owns it) in
+// *connection; on error stores -1. Errors, each naming the socket:
+//   kNotFound          no daemon takes the connection: no socket file, nothing listening, or a
+//                      full backlog (a daemon stopped or flooded; the message says which)
+//   kPermissionDenied  the socket's permissions refuse this user (names the [daemon] keys)
+//   kInvalidArgument   the path does not fit a socket address
+//   kIoError           anything else, with the system error
+// `resume` names the owner this process holds already, if any. Thread-safe.
+Status StartAttach(const std::string& socket_path, Access access, const AttachResume& resume,
+                   int* connection);
+
+// PollAttach waits at most `wait_ms` (0: not at all) for the answer on a connection
+// StartAttach made. No answer yet: returns OK with *answered false, the connection still the
+// caller's. An answer: *answered true, and either OK with the attachment in *out (which now
+// owns the connection), or an error, with the connection closed:
+//   kNotFound          the daemon hung up without answering (it stopped or was killed)
+//   kPermissionDenied  the daemon refused the peer (its reason names the setting that would
+//                      admit it)
 //   kIncompatible      the daemon speaks another protocol version, or sent a bad segment
 //   kIoError           anything else, with the system error
-// `resume` names the owner this process holds already, if any.
+// Thread-safe for distinct connections.
+Status PollAttach(int connection, const std::string& socket_path, Access access, int wait_ms,
+                  Attachment* out, bool* answered);
+
+// AttachThroughSocket is StartAttach, then PollAttach waiting at most `timeout_ms`: for tools
+// that have nothing to do without the segment (retryctl) and tests. No answer within the time
+// is kIoError ("no answer from the daemon within N ms"), and *no_answer (if given) is set.
 Status AttachThroughSocket(const std::string& socket_path, Access access, int timeout_ms,
-                           Attachment* out, const AttachResume& resume = {});
+                           Attachment* out, const AttachResume& resume = {},
+                           bool* no_answer = nullptr);
 
 // --- The daemon's side --------------------------------------------------------------------
 

@@ -19,6 +19,11 @@ namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
 // How often a client on process-private state looks for the host's segment.
 constexpr uint64_t kUpgradeIntervalNs = 1'000'000'000;
+// How often a client whose hello is sent looks for the daemon's answer (one non-blocking
+// receive; the coarse clock makes it every few milliseconds).
+constexpr uint64_t kAnswerPollNs = 1'000'000;
+// A daemon whose heartbeat is younger than this runs (its tick is at most 1 s).
+constexpr uint64_t kDaemonFreshNs = 2'000'000'000;
 constexpr uint32_t kPrivateDependencies = 256;
 
 // Bumped in every forked child, so clients notice they are a new process.
@@ -80,8 +85,11 @@ void ClientImpl::ForgetConnectionInChild() {
   // not see the parent die. SlowPath attaches the child with its own.
   if (connection_ >= 0) close(connection_);
   if (pending_connection_ >= 0) close(pending_connection_);
+  if (hello_fd_ >= 0) close(hello_fd_);
   connection_ = -1;
   pending_connection_ = -1;
+  hello_fd_ = -1;
+  degraded_.fetch_and(~kWaiting, kRelaxed);
   moving_ = false;  // the thread that was moving this client does not exist in the child
 }
 
@@ -97,20 +105,40 @@ ClientImpl::~ClientImpl() {
   }
   // The daemon frees the slot and any lease left when the connection closes.
   if (connection_ >= 0) close(connection_);
+  if (hello_fd_ >= 0) close(hello_fd_);
 }
 
-Status ClientImpl::AttachShared(shm::Attachment* out) {
-  if (!socket_.empty()) {
+Status ClientImpl::AttachShared(int wait_ms, shm::Attachment* out, bool* waiting) {
+  *waiting = false;
+  *out = shm::Attachment{};
+  if (socket_.empty()) return shm::Segment::Attach(name_, shm::Access::kReadWrite, &out->segment);
+  if (hello_fd_ < 0) {
     // Still holding a connection (the segment was retired by a restart): keep its owner.
     shm::AttachResume resume;
     if (connection_ >= 0 && owner_.load(kRelaxed) != shm::kUnknownOwner) {
       resume = {owner_.load(kRelaxed), owner_word_};
     }
-    return shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, kAttachTimeoutMs, out,
-                                    resume);
+    if (Status s = shm::StartAttach(socket_, shm::Access::kReadWrite, resume, &hello_fd_);
+        !s.ok()) {
+      return s;
+    }
   }
-  *out = shm::Attachment{};
-  return shm::Segment::Attach(name_, shm::Access::kReadWrite, &out->segment);
+  bool answered = false;
+  Status s = shm::PollAttach(hello_fd_, socket_, shm::Access::kReadWrite, wait_ms, out, &answered);
+  if (!answered) {
+    *waiting = true;
+    degraded_.fetch_or(kWaiting, kRelaxed);
+    return Status::Ok();
+  }
+  hello_fd_ = -1;  // closed, or out->connection now
+  degraded_.fetch_and(~kWaiting, kRelaxed);
+  return s;
+}
+
+// FallsBack: may a worker run on per-process limits after `s`? Not after a refusal, a segment
+// or protocol it cannot use, or a bad name: only when no daemon (or segment) is there to answer.
+static bool FallsBack(const Status& s) {
+  return s.code() == Status::Code::kNotFound || s.code() == Status::Code::kIoError;
 }
 
 std::string ClientImpl::Where() const {
@@ -147,16 +175,30 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
   {
     MutexLock lock(&c->mu_);
     shm::Attachment a;
-    Status s = c->AttachShared(&a);
-    if (!s.ok()) {
+    bool waiting = false;
+    Status s = c->AttachShared(
+        options.fallback_to_local ? kOpenWaitMs : kAttachTimeoutMs, &a, &waiting);
+    if (s.ok() && waiting && !options.fallback_to_local) {
+      close(c->hello_fd_);
+      c->hello_fd_ = -1;
+      c->degraded_.fetch_and(~kWaiting, kRelaxed);
+      s = Status::IoError(c->Where() + ": no answer from the daemon within " +
+                          std::to_string(kAttachTimeoutMs) + " ms (is it stopped or hung?)");
+    }
+    if (!s.ok() || waiting) {
       // A refusal (kPermissionDenied) is returned whatever the fallback: a worker the daemon
       // refused must not run unnoticed on per-process limits.
-      if (!options.fallback_to_local || s.code() != Status::Code::kNotFound) return s;
-      Log(1, s.message() + (c->socket_.empty() ? "; using per-process limits until it appears"
-                                               : "; using per-process limits until it answers"));
+      if (!s.ok() && (!options.fallback_to_local || !FallsBack(s))) return s;
+      Log(1, waiting ? c->Where() + ": no answer from the daemon within " +
+                           std::to_string(kOpenWaitMs) +
+                           " ms; using per-process limits until it answers"
+                     : s.message() + (c->socket_.empty()
+                                          ? "; using per-process limits until it appears"
+                                          : "; using per-process limits until it answers"));
       a.segment = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
-      c->degraded_.store(kLocal, kRelaxed);
-      c->next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+      c->degraded_.fetch_or(kLocal, kRelaxed);
+      c->next_upgrade_ns_.store(
+          shm::CoarseNowNs() + (waiting ? kAnswerPollNs : kUpgradeIntervalNs), kRelaxed);
     }
     c->owner_pid_ = getpid();
     uint16_t owner = 1;
@@ -279,7 +321,9 @@ void ClientImpl::SlowPath() {
   // 1. A forked child is a new process: by name it registers itself; through the socket it
   // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
   const uint64_t gen = g_fork_generation.load(kRelaxed);
+  bool forked = false;
   if (fork_generation_.load(kRelaxed) != gen) {
+    forked = true;
     owner_pid_ = getpid();
     if (!seg_->is_private()) {
       if (socket_.empty()) {
@@ -302,7 +346,26 @@ void ClientImpl::SlowPath() {
   }
   next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
   shm::Attachment fresh;
-  if (Status s = AttachShared(&fresh); !s.ok()) {
+  bool waiting = false;
+  // A forked child's first call waits for the answer as Open does (at most kOpenWaitMs), and
+  // only while the segment it inherited says its daemon ticked within kDaemonFreshNs: a daemon
+  // that runs answers in well under a millisecond, and the leases the child takes are then its
+  // own, freed at once if it dies. A daemon stopped or hung for longer is never waited for.
+  int wait_ms = 0;
+  if (forked && !socket_.empty() && !seg_->is_private()) {
+    const uint64_t beat_ns = seg_->header().heartbeat_ns.load(kRelaxed);
+    const uint64_t now_ns = shm::PreciseNowNs();
+    if (beat_ns != 0 && now_ns >= beat_ns && now_ns - beat_ns < kDaemonFreshNs) {
+      wait_ms = kOpenWaitMs;
+    }
+  }
+  Status s = AttachShared(wait_ms, &fresh, &waiting);
+  if (waiting) {
+    // The hello is out; a later slow path reads the answer. Nothing here waits for it.
+    next_upgrade_ns_.store(shm::CoarseNowNs() + kAnswerPollNs, kRelaxed);
+    return;
+  }
+  if (!s.ok()) {
     // Keep what we have: a retired segment's limits still hold among the workers left on it.
     // A refusal is said once, whatever state this client is in; a detached child says why it
     // is detached once.

@@ -9,10 +9,22 @@
 // `mu_` is not held while waiting on another process's lock: creating a dependency in the
 // segment may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so
 // a fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
-// released and take it again to publish what they found. The one wait under `mu_` is the
-// socket attach (at most kAttachTimeoutMs for the daemon's answer): holding it there means no
-// fork() can copy a connection this client has not yet recorded, so every copy a child gets is
-// one that the child handler closes (a copy left open would hide this process's death).
+// released and take it again to publish what they found.
+//
+// Attaching through the socket never waits for the daemon on a request path (DESIGN.md,
+// invariant 7). An attach is a hello sent on a non-blocking connection (`hello_fd_`, recorded
+// under `mu_` as soon as it exists, so that a fork() in another thread always finds, and its
+// child closes, every connection this client holds: a copy left open would hide this
+// process's death), whose answer later slow paths look for without waiting, about every
+// kAnswerPollNs. Open alone waits, at most kOpenWaitMs, so that a daemon that runs answers
+// before the first call and a refusal is Open's error; a daemon that has not answered by then
+// leaves the client on per-process limits, and the first call after the answer comes moves it
+// to the host's segment. Without fallback_to_local, Open waits at most kAttachTimeoutMs and
+// fails. A forked child's own attach starts on its first call, which waits for the answer as
+// Open does only while the inherited segment's heartbeat is under 2 s old (a daemon that runs
+// answers in well under a millisecond, and the child's leases are then its own, freed at once
+// if it dies); a daemon stopped or hung for longer is never waited for. Re-attaching after a
+// restart is never waited for.
 //
 // Socket mode, the connection's states (each fd GUARDED_BY mu_):
 //   attached    connection_ >= 0, owner_ the daemon's id for it
@@ -20,6 +32,7 @@
 //   detached    a forked child (AfterFork closed its copy of the parent's connection) or a
 //               child whose attach failed: kDetached set, owner_ kUnknownOwner (its leases are
 //               reclaimed by expiry only, never with its parent's), paced attempts to attach
+//   waiting     (beside any of the above) hello_fd_ >= 0: a hello sent, its answer not read
 // Thread safety: thread-safe. What `mu_` guards is annotated for clang's -Wthread-safety.
 #pragma once
 
@@ -43,6 +56,9 @@ void Log(int level, const std::string& line);
 class ClientImpl final : public Client {
  public:
   static constexpr uint32_t kMaxResolved = 4096;
+  // How long Open waits for the daemon's answer: with fallback_to_local (the default), and
+  // without it, when there is nothing else to do.
+  static constexpr int kOpenWaitMs = 20;
   static constexpr int kAttachTimeoutMs = 1000;
 
   ~ClientImpl() override;
@@ -105,18 +121,20 @@ class ClientImpl final : public Client {
   // degraded_ bits: why the hot path reads the clock to pace attempts to attach.
   static constexpr uint32_t kLocal = 1;     // on process-private state
   static constexpr uint32_t kDetached = 2;  // socket mode, on the host's segment, no connection
+  static constexpr uint32_t kWaiting = 4;   // socket mode, a hello sent (hello_fd_), no answer read
 
   ClientImpl() = default;
   // Rebind resolves entry `dep`'s name again after its slot stopped holding it (retired, or
   // given to another name); returns the slot to use now, and its generation as bound in
   // *generation. Cold: once per such change.
   shm::DependencySlot* Rebind(uint32_t dep, uint32_t* generation) EXCLUDES(mu_);
-  // SlowPath handles fork, retirement and fallback upgrades; returns with state current.
+  // SlowPath handles fork, retirement and fallback upgrades, never waiting for the daemon.
   void SlowPath() EXCLUDES(mu_);
   // AttachShared maps the host's segment into *out: through the socket (with the owner id and
   // the connection the daemon gave), or by name (out->connection is -1: the caller registers
-  // the process). Under mu_: see above.
-  Status AttachShared(shm::Attachment* out) REQUIRES(mu_);
+  // the process). Through the socket it starts an attach if none is waiting, and waits at most
+  // `wait_ms` for the answer: none yet is OK with *waiting set (hello_fd_ stays open).
+  Status AttachShared(int wait_ms, shm::Attachment* out, bool* waiting) REQUIRES(mu_);
   // Where names the segment, or the socket, in log lines.
   std::string Where() const;
   // ForgetConnectionInChild closes this client's connections in a forked child.
@@ -139,11 +157,12 @@ class ClientImpl final : public Client {
   std::vector<std::unique_ptr<shm::Segment>> old_ GUARDED_BY(mu_);
   std::unique_ptr<shm::Segment> private_ GUARDED_BY(mu_);  // per-process state for refused names
   std::atomic<shm::SegmentHeader*> header_{nullptr};
-  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached
+  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting
   // Socket mode: this process's connection to the daemon (-1: none), and one just made that
   // SlowPath is about to take over (its lookups run with mu_ released).
   int connection_ GUARDED_BY(mu_) = -1;
   int pending_connection_ GUARDED_BY(mu_) = -1;
+  int hello_fd_ GUARDED_BY(mu_) = -1;  // a hello sent, its answer not read yet
   bool moving_ GUARDED_BY(mu_) = false;            // SlowPath is moving to another segment
   bool attach_failure_logged_ GUARDED_BY(mu_) = false;
   std::atomic<uint16_t> owner_{shm::kUnknownOwner};

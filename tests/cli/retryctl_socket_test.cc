@@ -216,17 +216,54 @@ TEST_F(RetryctlSocket, AWorkerInAnotherPidNamespaceShowsBothPids) {
   EXPECT_EQ(doc.at("workers")[0].at("connected"), true);
 }
 
-// Nothing at the socket, and --socket with --segment: one line and exit 2.
-TEST_F(RetryctlSocket, NoDaemonAtTheSocketAndConflictingOptions) {
+// Nothing at the socket is a daemon that is down (exit 3, as by name); --socket with
+// --segment is a usage error (exit 2).
+TEST_F(RetryctlSocket, NoDaemonAtTheSocketIsDownAndConflictingOptionsAreErrors) {
   RunResult r = Retryctl({"--socket", socket_, "status"});
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("no retryd listens at retryd socket '" + socket_ + "'"));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, HasSubstr("DAEMON DOWN: no retryd listens at retryd socket '" + socket_ + "'"));
   r = Retryctl({"--socket", socket_, "--segment", "x", "status"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--segment and --socket exclude each other"));
   r = Retryctl({"--socket", "", "status"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--socket needs a non-empty path"));
+}
+
+// A daemon stopped (SIGSTOP) or killed behind its socket: status, workers and metrics exit 3
+// within their bounded wait (1 s for an answer), saying DAEMON STALE or DAEMON DOWN and naming
+// the socket; metrics still prints the daemon's pid as 0, which RetrydDaemonDown fires on.
+TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
+  StartDaemon();
+  EXPECT_EQ(Retryctl({"--socket", socket_, "metrics"}).exit_code, 0);
+  daemon_->Signal(SIGSTOP);
+  for (const char* command : {"status", "workers", "metrics"}) {
+    SCOPED_TRACE(command);
+    const uint64_t start = NowNs();
+    const RunResult r = Retryctl({"--socket", socket_, command});
+    EXPECT_LT(NowNs() - start, 10'000'000'000u) << "a bounded wait";
+    EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("DAEMON STALE"));
+    EXPECT_THAT(r.err, HasSubstr(socket_));
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("segment '")));
+  }
+  RunResult m = Retryctl({"--socket", socket_, "metrics"});
+  EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_pid 0\n"));
+  EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_heartbeat_timestamp_seconds 0\n"));
+  const RunResult j = Retryctl({"--socket", socket_, "status", "--json"});
+  EXPECT_EQ(j.exit_code, 3);
+  EXPECT_THAT(j.out, HasSubstr("\"kind\":\"error\""));
+
+  daemon_->Signal(SIGKILL);
+  daemon_->Wait(kWaitMs);
+  for (const char* command : {"status", "workers", "metrics"}) {
+    SCOPED_TRACE(command);
+    const RunResult r = Retryctl({"--socket", socket_, command});
+    EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("DAEMON DOWN"));
+  }
+  m = Retryctl({"--socket", socket_, "metrics"});
+  EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_pid 0\n"));
 }
 
 }  // namespace

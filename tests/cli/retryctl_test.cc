@@ -458,6 +458,13 @@ TEST(RetryctlStatus, StaleHeartbeatIsShownLoudly) {
   EXPECT_THAT(r.out, HasSubstr("is not running"));
   EXPECT_EQ(r.exit_code, 3) << "down is told apart from ok (0) and open (1)";
   EXPECT_EQ(Retryctl({"status", "--segment", seg.name(), "--json"}).exit_code, 3);
+  // workers and metrics still show what they read, and say the same by their exit code.
+  r = Retryctl({"workers", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.out, HasSubstr("PID"));
+  r = Retryctl({"metrics", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.out, HasSubstr("retryd_daemon_pid "));
   doc = StatusJson(seg);
   EXPECT_EQ(doc["daemon"]["state"], "down");
   EXPECT_EQ(doc["daemon"]["pid_alive"], false);

@@ -4,7 +4,9 @@
 // users, another process's descriptors) skip without it.
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -467,7 +469,8 @@ TEST_F(AttachTest, EveryPeerTellsARunningDaemonByItsLock) {
 }
 
 // Peers that connect and never say hello cannot take the daemon's descriptors: past
-// kMaxWaitingForHello of them, more are closed at once, and a worker still attaches.
+// kMaxWaitingForHello of them, the oldest silent for a second are closed for more, and a
+// worker still attaches.
 TEST_F(AttachTest, SilentConnectionsDoNotStopAWorkerAttaching) {
   StartDaemon();
   sockaddr_un addr{};
@@ -486,6 +489,85 @@ TEST_F(AttachTest, SilentConnectionsDoNotStopAWorkerAttaching) {
   Worker w(WorkerArgs("hold"));
   EXPECT_EQ(Words(w.Line()).size(), 3u) << daemon_->Log();
   for (const int fd : silent) close(fd);
+}
+
+// CpuTicks: the user + system time `pid` has used, in clock ticks.
+uint64_t CpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::vector<std::string> f;
+  for (std::string w; rest >> w;) f.push_back(w);
+  return f.size() > 12 ? std::stoull(f[11]) + std::stoull(f[12]) : 0;
+}
+
+// Read-only peers that keep their connections open cannot take the daemon's descriptors: it
+// lets each go with its welcome.
+TEST_F(AttachTest, ReadOnlyPeersDoNotHoldTheDaemonsDescriptors) {
+  StartDaemon();
+  std::vector<shm::Attachment> peers;
+  for (int i = 0; i < 400; ++i) peers.push_back(Observer());  // past max_processes + 256
+  for (shm::Attachment& a : peers) {
+    ASSERT_GE(a.connection, 0);
+    pollfd p{a.connection, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 10'000), 1) << "the daemon let the read-only peer go";
+    char c;
+    EXPECT_EQ(recv(a.connection, &c, 1, MSG_DONTWAIT), 0);
+    close(a.connection);
+  }
+  Worker w(WorkerArgs("hold"));
+  EXPECT_EQ(Words(w.Line()).size(), 3u) << daemon_->Log();
+}
+
+// A daemon out of descriptors (its limit lowered under it) neither spins on its listening
+// socket, which stays readable, nor refuses: it stops accepting, the worker queued meanwhile
+// waits in the backlog, and is answered as soon as an attached worker leaves.
+TEST_F(AttachTest, ADaemonOutOfDescriptorsNeitherSpinsNorRefuses) {
+  StartDaemon();
+  const rlimit low{48, 48};
+  ASSERT_EQ(prlimit(daemon_->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  // Read-write peers until the daemon has no descriptor left to answer one.
+  std::vector<shm::Attachment> held;
+  for (int i = 0; i < 64; ++i) {
+    shm::Attachment a;
+    bool no_answer = false;
+    const Status s =
+        shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 500, &a, {}, &no_answer);
+    if (!s.ok()) {
+      EXPECT_TRUE(no_answer) << "out of descriptors, the daemon leaves a worker waiting: "
+                             << s.ToString();
+      break;
+    }
+    held.push_back(std::move(a));
+  }
+  ASSERT_LT(held.size(), 48u) << "the daemon never ran out of descriptors";
+  // One more worker waits; the daemon, with nothing to do, stays idle.
+  int waiting = -1;
+  {
+    const Status s = shm::StartAttach(socket_, shm::Access::kReadWrite, {}, &waiting);
+    ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << daemon_->Log();
+  }
+  const uint64_t cpu = CpuTicks(daemon_->pid());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = CpuTicks(daemon_->pid()) - cpu;
+  EXPECT_LT(used, uint64_t(sysconf(_SC_CLK_TCK)) / 5) << "the daemon spun: " << used << " ticks in 1 s";
+  // Two attached workers leave: the waiting one gets in.
+  for (int i = 0; i < 2; ++i) {
+    close(held.back().connection);
+    held.pop_back();
+  }
+  shm::Attachment got;
+  bool answered = false;
+  const Status s =
+      shm::PollAttach(waiting, socket_, shm::Access::kReadWrite, 30'000, &got, &answered);
+  EXPECT_TRUE(answered) << daemon_->Log();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(got.owner, 0);
+  if (got.connection >= 0) close(got.connection);
+  for (shm::Attachment& a : held) close(a.connection);
+  // Room again: attaching is as usual.
+  Worker w(WorkerArgs("hold"));
+  EXPECT_EQ(Words(w.Line()).size(), 3u) << daemon_->Log();
 }
 
 // A second daemon on the same socket is refused by the kernel's lock, naming the socket.

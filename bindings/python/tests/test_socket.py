@@ -3,6 +3,7 @@ by ctest), a sealed segment it hands over, and limits shared with another proces
 
 import multiprocessing
 import os
+import signal
 import pathlib
 import socket as socketlib
 import subprocess
@@ -90,3 +91,45 @@ def test_no_daemon_at_the_socket_is_an_error_that_names_it(tmp_path):
     local = retryd.Client(socket=missing)
     assert local.local
     local.close()
+
+
+def _daemon_pid(sock):
+    # The daemon is the process that holds the socket's lock file open.
+    lock = os.path.realpath(sock + ".lock")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.path.realpath(f"/proc/{pid}/fd/{fd}") == lock:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_stopped_daemon_neither_fails_nor_delays_a_new_client(daemon):
+    pid = _daemon_pid(daemon)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        client = retryd.Client(socket=daemon)
+        opened = time.monotonic() - start
+        assert opened < 0.2, f"the client waited {opened:.3f} s for the stopped daemon"
+        assert client.local
+        orders = client.dependency("orders")
+        slowest = 0.0
+        for _ in range(20):
+            t = time.monotonic()
+            with orders.admit():
+                pass
+            slowest = max(slowest, time.monotonic() - t)
+        assert slowest < 0.2, f"an admit waited {slowest:.3f} s for the stopped daemon"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Resumed, the daemon answers the hello the client sent; a later call moves it over.
+    deadline = time.monotonic() + 60
+    while client.local:
+        assert time.monotonic() < deadline, "the client never attached after the daemon resumed"
+        with orders.admit():
+            pass
+        time.sleep(0.002)

@@ -107,6 +107,32 @@ class SocketTest < Minitest::Test
     client.close
   end
 
+  def test_a_stopped_daemon_neither_fails_nor_delays_a_new_client
+    Process.kill(:STOP, @pid)
+    begin
+      start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      client = Retryd::Client.new(socket: @sock)
+      opened = Process.clock_gettime(Process::CLOCK_MONOTONIC) - start
+      assert_operator opened, :<, 0.2, "the client waited #{opened} s for the stopped daemon"
+      assert client.local?
+      orders = client.dependency("orders")
+      slowest = 20.times.map do
+        t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        orders.admit { nil }
+        Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
+      end.max
+      assert_operator slowest, :<, 0.2, "an admit waited #{slowest} s for the stopped daemon"
+    ensure
+      Process.kill(:CONT, @pid)
+    end
+    # Resumed, the daemon answers the hello the client sent; a later call moves it over.
+    RetrydTest.wait_for("the client to attach after the daemon resumed", timeout: 60, interval: 0.002) do
+      orders.admit { nil }
+      !client.local?
+    end
+    client.close
+  end
+
   def test_no_daemon_at_the_socket_is_an_error_that_names_it
     missing = File.join(@dir, "none.sock")
     e = assert_raises(Retryd::ClientError) { Retryd::Client.new(socket: missing, fallback_to_local: false) }

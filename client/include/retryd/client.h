@@ -75,16 +75,21 @@ struct ClientOptions {
   // The daemon's Unix socket (its config's `socket`); empty: none if `segment` is set, else
   // $RETRYD_SOCKET if set and non-empty, else none if $RETRYD_SEGMENT is set and non-empty, else
   // /run/retryd/retryd.sock if that socket file exists (the packaged daemon's), else none; with
-  // none the segment is mapped by name. With a socket, Open attaches through it (waiting at
-  // most about 1 s for the daemon's answer): the daemon learns who the process is from the
-  // kernel, gives it its owner id and takes the close of its connection, however the process
-  // dies, as its death. The connection stays open, close-on-exec, for the Client's life.
+  // none the segment is mapped by name. With a socket, Open attaches through it: the daemon
+  // learns who the process is from the kernel, gives it its owner id and takes the close of
+  // its connection, however the process dies, as its death. The connection stays open,
+  // close-on-exec, for the Client's life. Open sends its hello without blocking and waits at
+  // most 20 ms for the answer (1 s without `fallback_to_local`); no call ever waits for it.
   std::string socket;
-  // With no segment on the host (no daemon at the socket), run on process-private state with
-  // the built-in default policy (and say so once) instead of failing. Default: true, so that a
-  // worker never fails to start because the daemon is down; it moves to the host's limits once
-  // the segment appears (the daemon answers), looking about once a second. A daemon that
-  // refuses this process (its allow rules, the socket's permissions) is an error all the same.
+  // With no segment on the host (no daemon at the socket, or none that answers within 20 ms:
+  // stopped, hung, flooded), run on process-private state with the built-in default policy
+  // (and say so once) instead of failing. Default: true, so that a worker never fails to start,
+  // or waits, because the daemon is down; it moves to the host's limits on its first call after
+  // the daemon answers (a hello sent is looked at every few milliseconds, without waiting; with
+  // no daemon at all it tries again about once a second). A daemon that refuses this process
+  // (its allow rules, the socket's permissions) is an error all the same; one that answers
+  // with a refusal only after Open returned is logged as an error, and the client stays on
+  // per-process limits.
   bool fallback_to_local = true;
 };
 
@@ -93,7 +98,8 @@ class RETRYD_EXPORT Client {
   // Open maps the segment and registers this process (or attaches through the socket, where
   // the daemon registers it). On success stores the client in *out; on error stores nullptr
   // and returns why: kNotFound (no segment, no daemon at the socket; only without
-  // `fallback_to_local`), kPermissionDenied (the segment's or the socket's permissions, or the
+  // `fallback_to_local`), kIoError (no answer within 1 s; only without `fallback_to_local`),
+  // kPermissionDenied (the segment's or the socket's permissions, or the
   // daemon refused the process, with its reason), kIncompatible (layout, protocol), kIoError.
   static Status Open(const ClientOptions& options, std::unique_ptr<Client>* out);
   virtual ~Client();

@@ -72,9 +72,10 @@ typedef struct retryd_options {
   /* Segment name. NULL: $RETRYD_SEGMENT, else "retryd". Not used with a socket. */
   const char* segment;
   /* Nonzero (the default with NULL options): when no segment exists (no daemon answers at the
-   * socket), run on process-private state with the built-in default policy instead of
-   * failing, and say so once in the log; the client moves to the host's segment once one
-   * appears (the daemon answers). Zero: retryd_open fails. A daemon that refuses the process
+   * socket within 20 ms: none, stopped, hung), run on process-private state with the built-in
+   * default policy instead of failing or waiting, and say so once in the log; the client moves
+   * to the host's segment on its first call after one appears (the daemon answers). Zero:
+   * retryd_open fails (after at most 1 s without an answer). A daemon that refuses the process
    * is an error either way (RETRYD_EPERM). */
   int fallback_to_local;
 } retryd_options_t;
@@ -88,8 +89,9 @@ typedef struct retryd_options {
 RETRYD_EXPORT int retryd_open(const retryd_options_t* options, retryd_client_t** out);
 
 /* retryd_open_socket attaches through the daemon's Unix socket `socket_path` (the daemon's
- * config `socket`; NULL or "": as retryd_open) and waits at most about a second for the
- * daemon's answer. The daemon registers the process and gives it the segment; the library
+ * config `socket`; NULL or "": as retryd_open), waiting at most 20 ms for the daemon's answer
+ * (1 s with fallback_to_local zero); an answer that comes later is taken on a later call, which
+ * never waits for it. The daemon registers the process and gives it the segment; the library
  * keeps the connection open (close-on-exec) until retryd_close, and the daemon takes its close,
  * however the process dies, as the process's death. Errors as retryd_open, and RETRYD_EPERM
  * when the daemon refuses the process (retryd_last_error() holds its reason). Thread-safe. */
