@@ -361,7 +361,9 @@ TEST_P(DaemonStoppedTest, AForkedChildOfAnAttachedWorkerNeverWaitsForAStoppedDae
   ASSERT_EQ(c[0], "child");
   EXPECT_LT(std::stoull(c[2]), kNoWaitNs) << "the child's admits waited for the stopped daemon";
   const pid_t child = pid_t(std::stoi(c[1]));
-  if (by_socket()) EXPECT_FALSE(Attached(child)) << "no daemon ran to attach it";
+  if (by_socket()) {
+    EXPECT_FALSE(Attached(child)) << "no daemon ran to attach it";
+  }
   daemon_->Signal(SIGCONT);
   const std::vector<std::string> a = Words(w.Line());
   ASSERT_EQ(a.size(), 2u) << daemon_->Log();

@@ -91,7 +91,9 @@ class AttachStormTest : public ::testing::Test {
     const bool store = !(no_store && *no_store);
     daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
                                               store ? notify_.path() : "");
-    if (store) ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
+    if (store) {
+      ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
+    }
     shm::Attachment a;
     Status s;
     ASSERT_TRUE(WaitUntil(
