@@ -183,23 +183,25 @@ const char* DecisionName(Decision d) {
 uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, Sweep sweep) {
   const uint32_t now_ms = NsToMs32(now_ns);
   uint32_t freed = 0;
-  // A probe of the current half-open that outlived its timeout failed: the breaker reopens. A
-  // probe of an earlier half-open only gives its word back.
+  // A probe of the current half-open that outlived its timeout failed: the breaker reopens,
+  // before the probe's place is free (as Complete reports before it gives a place back), so that
+  // no admit takes a second probe in a half-open whose probe has already failed. A probe of an
+  // earlier half-open only gives its word back.
   const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
-  bool current_probe_expired = false;
+  bool reopened = false;
   for (auto& word : slot.probe_leases) {
     uint64_t w = word.load(kRelaxed);
-    if (!Lease::Expired(w, now_ms) || !word.compare_exchange_strong(w, 0, kRelaxed)) continue;
+    if (!Lease::Expired(w, now_ms)) continue;
+    const bool current = b.state == BreakerState::kHalfOpen && Lease::Tag(w) == b.seq;
+    if (current && !reopened) {
+      ReportProbe(slot, ProbeOutcome::kExpired, now_ns);
+      ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, b.seq, caller.rng);
+      reopened = true;
+    }
+    if (!word.compare_exchange_strong(w, 0, kRelaxed)) continue;
     ++freed;
     Count(slot, kLeasesReclaimedExpired);
-    if (b.state == BreakerState::kHalfOpen && Lease::Tag(w) == b.seq) {
-      Count(slot, kProbeTimeouts);
-      current_probe_expired = true;
-    }
-  }
-  if (current_probe_expired) {
-    ReportProbe(slot, ProbeOutcome::kExpired, now_ns);
-    ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, b.seq, caller.rng);
+    if (current) Count(slot, kProbeTimeouts);
   }
   const uint32_t bulkhead_words =
       sweep == Sweep::kAllWords ? kMaxBulkhead : LoadKnob<Knob::bulkhead_limit>(slot.policy);

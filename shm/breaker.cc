@@ -48,11 +48,19 @@ uint64_t FloorPeriod(const DependencySlot& slot, uint64_t now_ns, const WindowSh
   return (now_ns - age_ns) / s.bucket_ns;
 }
 
-// RestartWindow empties the bucket of `now_ns`, which may hold calls from before a trip.
+// RestartWindow empties the bucket of `now_ns`, which may hold calls from before a trip. A
+// bucket that holds a later period (a close whose clock read lags the newest period, in a
+// window whose buckets that period shares) holds calls after the close: they stay.
 void RestartWindow(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
-  slot.buckets[period % s.buckets].store(Bucket::Make(period, 0, 0, 0), kRelaxed);
+  std::atomic<uint64_t>& word = slot.buckets[period % s.buckets];
+  uint64_t cur = word.load(kRelaxed);
+  for (;;) {
+    const uint16_t ahead = Bucket::Ahead(cur, period);
+    if (ahead != 0 && ahead <= Bucket::kPeriodMask / 2) return;
+    if (word.compare_exchange_weak(cur, Bucket::Make(period, 0, 0, 0), kRelaxed)) return;
+  }
 }
 
 // The newest period of a head, or kNoPeriod for a head too far ahead of `now_ns` to trust.
@@ -70,7 +78,10 @@ uint64_t NewestPeriod(uint64_t head, uint64_t now_ns, const WindowShape& s) {
   const uint64_t start_ms = WindowHead::StartMs(head);
   if (start_ms > now_ns / 1'000'000u + kMaxHeadAheadMs) return kNoPeriod;
   // The period whose start, in whole ms, is start_ms (bucket_ns is at least 1 ms).
-  return (start_ms * 1'000'000u + s.bucket_ns - 1) / s.bucket_ns;
+  const uint64_t period = (start_ms * 1'000'000u + s.bucket_ns - 1) / s.bucket_ns;
+  // A start that is no period's start under this shape was stamped under another one (a call
+  // that read the window's shape before a reload changed it): the head is not this window's.
+  return PeriodStartMs(period, s) == start_ms ? period : kNoPeriod;
 }
 
 // The period of bucket `index` in the window ending with `newest`, or kNoPeriod before the
@@ -211,7 +222,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
   for (int round = 0; round < 4; ++round) {
     const uint64_t w = st.window.load(kRelaxed);
     if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
-      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return true;  // saturated
+      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;  // full
       const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
       if (r < 0) return false;
       if (r == 0) return true;
@@ -244,8 +255,8 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
 
 // RestartStripeWindows restarts the stripes' windows at a close (or a reset) at `now_ns`, as
 // RestartWindow does the shared bucket of `now_ns`: the successes a stripe holds for that period
-// are dropped, those of an earlier period handed over to its shared bucket, where they wait for
-// the floor (FloorPeriod) like every call before the close.
+// are dropped, those of any other period handed over to its shared bucket, where those before
+// the close wait for the floor (FloorPeriod) like every call before it.
 void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
@@ -256,7 +267,9 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
     }
     if (StripeWindow::Count(w) == 0) continue;
     const uint64_t p = StripePeriod(w, now_ns / 1'000'000u, s);
-    if (p < period && period - p < s.buckets) {
+    // A period after `now_ns` (a close whose clock read lags the stripe's newest period) is
+    // after the close too: its successes count, as the shared bucket's calls of it do.
+    if (p > period || (p < period && period - p < s.buckets)) {
       // No caller's random state here: the word just taken seeds the draws.
       uint32_t rng = uint32_t(w ^ (w >> 32)) | 1;
       RecordCalls(slot, s, p, now_ns, StripeWindow::Count(w), 0, 0, rng);

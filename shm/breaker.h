@@ -305,7 +305,7 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
 
 // RecordSuccessInStripePeriod is RecordOutcome's common path, inline: a success that is not slow,
 // on a closed breaker, in the period stripe `stripe` already holds (stripes.h). True if it was
-// recorded (or the stripe is saturated: stripes.h); false if RecordOutcome must take it.
+// recorded; false if RecordOutcome must take it (a full stripe's go to the shared bucket).
 // Thread-safe.
 inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, uint16_t stripe,
                                         StripeMode mode) {
@@ -318,7 +318,7 @@ inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, u
   if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed), now_ns / 1'000'000u)) {
     return false;
   }
-  if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return true;  // saturated
+  if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;  // full: shared
   return StripeCompareStore(s.window, w, w + 1, stripe, mode) == 0;
 }
 

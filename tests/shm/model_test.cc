@@ -237,14 +237,15 @@ class ModelRun {
   bool Chance(uint64_t per_mille) { return Below(1000) < per_mille; }
 
   void Log(std::string what) {
-    if (ops_.size() == 40) ops_.pop_front();
+    if (ops_.size() == 400) ops_.pop_front();
     ops_.push_back({step_, now_ms_, std::move(what)});
   }
 
   bool Fail(const std::string& what) {
     std::ostringstream os;
     os << "shape " << shape_.name << " seed " << seed_ << " step " << step_ << " (clock "
-       << now_ms_ << " ms): " << what << "\nlast operations:\n";
+       << now_ms_ << " ms): " << what << "\nwindow " << policy_.window_ms << " ms in "
+       << policy_.window_buckets << " buckets\nlast operations:\n";
     {  // the real slot's breaker and window words
       const BreakerWord bw = BreakerWord::Decode(slot_->breaker.load());
       os << "breaker seq " << bw.seq << " time " << bw.time_ms << " state " << int(bw.state)
@@ -497,7 +498,8 @@ class ModelRun {
     Log(std::string("mode ") + ModeName(mode));
   }
 
-  // A reload: the soft knobs move around the shape's values; the window's shape, the probe
+  // A reload: the soft knobs move around the shape's values, and so does the window's shape
+  // (which starts the window anew, with the stripes holding periods of the old one); the probe
   // count and the bulkhead limit stay.
   void StorePolicyOnce() {
     const Policy& base = shape_.policy;
@@ -506,7 +508,7 @@ class ModelRun {
       const uint64_t scaled = uint64_t{v} * (1 + Below(4)) / 2;  // x0.5 .. x2
       return uint32_t(std::clamp<uint64_t>(scaled, lo, hi));
     };
-    switch (Below(8)) {
+    switch (Below(9)) {
       case 0: p.failure_rate_pct = around(base.failure_rate_pct, 1, 100); break;
       case 1: p.min_calls = around(std::max<uint32_t>(base.min_calls, 1), 0, 1'000); break;
       case 2:
@@ -522,6 +524,12 @@ class ModelRun {
         p.min_retries_per_sec = around(base.min_retries_per_sec, 0, 1'000'000);
         p.retry_burst = around(base.retry_burst, 1, 1'000'000);
         break;
+      case 8: {
+        p.window_ms = around(base.window_ms, 100, 3'600'000);
+        const uint32_t most = std::min<uint32_t>(kMaxBuckets, p.window_ms / 50);
+        p.window_buckets = 1 + uint32_t(Below(most));
+        break;
+      }
       case 7:
         if (base.slow_call_ms != 0) {
           p.slow_call_ms = around(base.slow_call_ms, 1, 86'400'000);
@@ -547,11 +555,12 @@ class ModelRun {
       }
       model_.set_budget_tokens_milli(word);
     }
-    StorePolicy(p, slot_->policy);
+    StorePolicyOf(*slot_, p);  // as the daemon's reload stores it
     model_.SetPolicy(p);
     policy_ = p;
     ResetBudgetBound();
-    Log("store policy");
+    Log("store policy: window " + std::to_string(p.window_ms) + " ms in " +
+        std::to_string(p.window_buckets) + " buckets");
   }
 
   void ResetOnce() {

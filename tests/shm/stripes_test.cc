@@ -366,21 +366,39 @@ TEST_F(StripeFoldTest, ATripCountsTheSuccessesOfEveryStripe) {
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
 }
 
-// A stripe saturated in a period (16.7 M successes there on one CPU) counts no more; the failures
-// that follow cannot trip against that many successes, and from the next period on they can.
-TEST_F(StripeFoldTest, ASaturatedStripeDelaysATripByAtMostItsPeriod) {
+// A stripe full in a period (16.7 M successes there on one CPU) sends the period's further
+// successes to the shared bucket, like its failures: the window counts every call, so failures at
+// 1 % of them never read as more (they read 5 % and tripped once the stripe counted no more and
+// the bucket counted the failures past 65,535 calls).
+TEST_F(StripeFoldTest, AFullStripeSendsItsSuccessesToTheSharedBucket) {
   const uint64_t t0 = 5'000 * kSec;
   Call(0, t0, Outcome::kSuccess);
   Stripe& st = slot_->stripes[0];
   const uint64_t w = st.window.load();
   st.window.store(StripeWindow::Make(StripeWindow::End40(w), StripeWindow::kStripeWindowMax));
-  Call(0, t0 + kMs, Outcome::kSuccess);  // counts no more
+  for (int i = 0; i < 1'000'000; ++i) {
+    Call(0, t0 + kMs, i % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess);
+  }
   EXPECT_EQ(StripeWindow::Count(st.window.load()), StripeWindow::kStripeWindowMax);
-  for (int i = 0; i < 100; ++i) Call(1, t0 + 2 * kMs, Outcome::kFailure);
+  const WindowStats read = ReadWindow(*slot_, t0 + kMs);
+  EXPECT_NEAR(double(read.calls), 17'777'215, 17'777'215 * 0.001);
+  EXPECT_NEAR(double(read.failures), 10'000, 10'000 * 0.05);
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
-  // Ten buckets of 1 s: once the saturated period has left the window, 20 failures trip it.
-  const uint64_t later = t0 + 10 * kSec;
-  for (int i = 0; i < 20; ++i) Call(1, later, Outcome::kFailure);
+}
+
+// A reload that changes the window's shape races a call that read the old shape: the call's
+// head, stamped at a period start of the old shape that is none of the new, must not blind the
+// new window (rounded up to the next hour's period, it dropped every call until then: 5,000
+// straight failures did not trip the breaker).
+TEST_F(StripeFoldTest, AHeadStampedUnderTheOldShapeDoesNotBlindTheNewWindow) {
+  const uint64_t t0 = 7'261 * kSec;  // a 1 s period start, not an hour's
+  Policy hour = policy_;
+  hour.window_ms = 3'600'000;
+  hour.window_buckets = 1;
+  testing::AddDependency(*seg_, "orders", hour);  // the reload: the window starts anew
+  // The racing call's head CAS lands after the reload, with its old-shape stamp.
+  slot_->window_head.store(WindowHead::Make(t0 / kMs, 1u << 1));
+  for (int i = 0; i < 5'000; ++i) Call(uint16_t(i % 4), t0 + 500 * kMs, Outcome::kFailure);
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
 }
 

@@ -17,7 +17,6 @@ constexpr uint32_t kMaxDeadlineAheadMs = 2 * 86'400'000u + 60'000;
 // retry_budget.h: a stamp up to a minute ahead of the clock reads as time going backwards.
 constexpr uint32_t kMaxClockSkewMs = 60'000;
 // breaker.h: a bucket counts at most this many calls.
-constexpr uint32_t kBucketMaxCalls = 0xFFFF;
 
 // LeaseExpired: the clock has reached a lease's `deadline_ms`. A lease word stores it as ms
 // modulo 2^32 and reads it as ahead when it reads as at most kMaxDeadlineAheadMs ahead
@@ -36,6 +35,11 @@ DependencyModel::DependencyModel(const shm::Policy& policy, uint64_t now_ms)
 
 void DependencyModel::SetPolicy(const shm::Policy& policy) {
   const Mode mode = mode_;
+  // A new window shape starts the window anew: a period of the old shape is none of the new.
+  if (policy.window_ms != policy_.window_ms || policy.window_buckets != policy_.window_buckets) {
+    periods_.clear();
+    any_period_ = false;
+  }
   policy_ = policy;
   mode_ = mode;
 }
@@ -303,7 +307,6 @@ void DependencyModel::RecordCall(uint64_t now_ms, bool failure, bool slow) {
   }
   if (period + buckets <= newest_period_) return;
   Counts& c = periods_[period];
-  if (c.calls == kBucketMaxCalls) return;
   ++c.calls;
   c.failures += failure ? 1 : 0;
   c.slow += slow ? 1 : 0;
