@@ -222,7 +222,16 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
   for (int round = 0; round < 4; ++round) {
     const uint64_t w = st.window.load(kRelaxed);
     if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
-      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;  // full
+      if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) {
+        // Full: the count goes to the shared bucket of its period, and the stripe counts on.
+        const int r = StripeCompareStore(st.window, w, StripeWindow::Make(StripeWindow::End40(w), 1),
+                                         i, mode);
+        if (r < 0) return false;
+        if (r > 0) continue;
+        RecordCalls(slot, s, StripePeriod(w, now_ms, s), now_ns, StripeWindow::Count(w), 0, 0,
+                    rng);
+        return true;
+      }
       const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
       if (r < 0) return false;
       if (r == 0) return true;

@@ -305,7 +305,7 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
 
 // RecordSuccessInStripePeriod is RecordOutcome's common path, inline: a success that is not slow,
 // on a closed breaker, in the period stripe `stripe` already holds (stripes.h). True if it was
-// recorded; false if RecordOutcome must take it (a full stripe's go to the shared bucket).
+// recorded; false if RecordOutcome must take it (the one that finds the stripe full included).
 // Thread-safe.
 inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, uint16_t stripe,
                                         StripeMode mode) {

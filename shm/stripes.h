@@ -34,9 +34,9 @@
 //     one stripe per kill, and never a failure: failures always go to the shared buckets).
 //
 // Stripe::window word, and Stripe::window_start:
-//   bits  0..23  successes recorded in the period, at most kStripeWindowMax (16,777,215 a
-//                period on one CPU): beyond, that CPU's successes of the period go to the
-//                shared bucket, like its failures, so a full stripe loses none
+//   bits  0..23  successes recorded in the period, at most kStripeWindowMax (16,777,215): the
+//                success that finds the stripe full hands its count to the shared bucket of the
+//                period (breaker.h: it scales) and starts the count again, so none is lost
 //   bits 24..63  the period's end, ms of the clock rounded up, modulo 2^40 (34.8 years)
 //   window_start: the period's start, ms of the clock rounded up, in full
 // A success at a time in [start, end) adds to the count without working out its period (no

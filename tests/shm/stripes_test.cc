@@ -366,10 +366,10 @@ TEST_F(StripeFoldTest, ATripCountsTheSuccessesOfEveryStripe) {
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kOpen);
 }
 
-// A stripe full in a period (16.7 M successes there on one CPU) sends the period's further
-// successes to the shared bucket, like its failures: the window counts every call, so failures at
-// 1 % of them never read as more (they read 5 % and tripped once the stripe counted no more and
-// the bucket counted the failures past 65,535 calls).
+// A stripe full in a period (16.7 M successes there on one CPU) hands its count to the shared
+// bucket and counts on: the window counts every call, so failures at 1 % of them never read as
+// more (they read 5 % and tripped once the stripe counted no more and the bucket counted the
+// failures past 65,535 calls).
 TEST_F(StripeFoldTest, AFullStripeSendsItsSuccessesToTheSharedBucket) {
   const uint64_t t0 = 5'000 * kSec;
   Call(0, t0, Outcome::kSuccess);
@@ -379,10 +379,13 @@ TEST_F(StripeFoldTest, AFullStripeSendsItsSuccessesToTheSharedBucket) {
   for (int i = 0; i < 1'000'000; ++i) {
     Call(0, t0 + kMs, i % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess);
   }
-  EXPECT_EQ(StripeWindow::Count(st.window.load()), StripeWindow::kStripeWindowMax);
+  EXPECT_NEAR(double(StripeWindow::Count(st.window.load())), 990'000, 10);
   const WindowStats read = ReadWindow(*slot_, t0 + kMs);
   EXPECT_NEAR(double(read.calls), 17'777'215, 17'777'215 * 0.001);
-  EXPECT_NEAR(double(read.failures), 10'000, 10'000 * 0.05);
+  // Past the bucket's 65,535 calls a failure counts as a whole unit (here 512 calls) with the
+  // matching probability: the count is unbiased, and the rate within a few hundredths of a
+  // percentage point.
+  EXPECT_NEAR(double(read.failures) / double(read.calls), 10'000.0 / 17'777'215, 0.0005);
   EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
 }
 
