@@ -145,11 +145,10 @@ class Segment {
                        uint32_t lock_wait_ms = kCreateLockWaitMs);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
   // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock:
-  // it waits up to `lock_wait_ms` for that lock (a worker passes a few ms: the holder may be a
-  // daemon stopped in the middle of a reload). Errors: those of PutDependency, kNotFound
-  // (auto-create off: counted in the header), kFull (table full: counted in the header).
-  Status CreateOnTheFly(std::string_view name, uint32_t* index,
-                        uint32_t lock_wait_ms = kCreateLockWaitMs);
+  // it may wait up to kCreateLockWaitMs (2 s) for that lock. Errors: those of PutDependency,
+  // kNotFound (auto-create off: counted in the header), kFull (table full: counted in the
+  // header).
+  Status CreateOnTheFly(std::string_view name, uint32_t* index);
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);
 

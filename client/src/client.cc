@@ -223,8 +223,7 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
 
 ClientImpl::Lookup ClientImpl::LookUp(shm::Segment& seg, std::string_view name) {
   Lookup found;
-  // Never the default 2 s: a daemon stopped in the middle of a reload holds the create lock.
-  found.status = seg.CreateOnTheFly(name, &found.index, kOpenWaitMs);
+  found.status = seg.CreateOnTheFly(name, &found.index);
   return found;
 }
 
