@@ -227,7 +227,7 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   return Status::Ok();
 }
 
-Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index) {
+Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index, uint32_t lock_wait_ms) {
   if (!ValidDependencyName(name)) {
     return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
                                    std::to_string(kMaxNameLen) +
@@ -246,7 +246,7 @@ Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index) {
   Policy p = LoadPolicy(header_->defaults);
   const uint32_t mode = header_->default_mode.load(kRelaxed);
   p.mode = mode < kModeCount ? Mode(mode) : Mode::kEnforce;
-  Status s = PutDependency(name, p, index);
+  Status s = PutDependency(name, p, index, lock_wait_ms);
   if (s.code() == Status::Code::kFull) header_->table_full_events.fetch_add(1, kRelaxed);
   return s;
 }

@@ -145,10 +145,12 @@ class Segment {
                        uint32_t lock_wait_ms = kCreateLockWaitMs);
   // CreateOnTheFly (client) creates `name` with the header's default policy if the daemon
   // allows it (kFlagAutoCreate), serialized with other creators by the header's create lock:
-  // it may wait up to kCreateLockWaitMs (2 s) for that lock. Errors: those of PutDependency,
-  // kNotFound (auto-create off: counted in the header), kFull (table full: counted in the
-  // header).
-  Status CreateOnTheFly(std::string_view name, uint32_t* index);
+  // a name already in the table is found without it; a new one waits at most `lock_wait_ms`
+  // for that lock (0: one try). Errors: those of PutDependency (kIoError: the lock stayed
+  // held), kNotFound (auto-create off: counted in the header), kFull (table full: counted in
+  // the header).
+  Status CreateOnTheFly(std::string_view name, uint32_t* index,
+                        uint32_t lock_wait_ms = kCreateLockWaitMs);
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);
 

@@ -197,8 +197,7 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
                                           : "; using per-process limits until it answers"));
       a.segment = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
       c->degraded_.fetch_or(kLocal, kRelaxed);
-      c->next_upgrade_ns_.store(
-          shm::CoarseNowNs() + (waiting ? kAnswerPollNs : kUpgradeIntervalNs), kRelaxed);
+      c->PaceAttach(shm::CoarseNowNs() + (waiting ? kAnswerPollNs : kUpgradeIntervalNs));
     }
     c->owner_pid_ = getpid();
     uint16_t owner = 1;
@@ -221,10 +220,29 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
   return Status::Ok();
 }
 
-ClientImpl::Lookup ClientImpl::LookUp(shm::Segment& seg, std::string_view name) {
+ClientImpl::Lookup ClientImpl::LookUp(shm::Segment& seg, std::string_view name,
+                                      uint32_t lock_wait_ms) {
   Lookup found;
-  found.status = seg.CreateOnTheFly(name, &found.index);
+  found.status = seg.CreateOnTheFly(name, &found.index, lock_wait_ms);
   return found;
+}
+
+// LockBusy: did a lookup fail only because another process held the segment's create lock?
+static bool LockBusy(const Status& s) { return s.code() == Status::Code::kIoError; }
+
+void ClientImpl::PaceAttach(uint64_t at_ns) {
+  next_attach_ns_ = at_ns;
+  PaceSlowPath();
+}
+
+void ClientImpl::PaceSlowPath() {
+  const uint32_t d = degraded_.load(kRelaxed);
+  const bool attach = (d & kAttachBits) != 0 ||
+                      (seg_ && !seg_->is_private() && seg_->header().retired.load(kRelaxed));
+  uint64_t at = next_attach_ns_;
+  // While nothing needs attaching, next_attach_ns_ stays the time a retirement is noticed.
+  if (d & kUnbound) at = attach ? std::min(at, next_lock_try_ns_) : next_lock_try_ns_;
+  next_upgrade_ns_.store(at, kRelaxed);
 }
 
 Status ClientImpl::Bind(Entry& e, shm::Segment& seg, const Lookup& found) {
@@ -233,13 +251,33 @@ Status ClientImpl::Bind(Entry& e, shm::Segment& seg, const Lookup& found) {
   shm::DependencySlot* slot = s.ok() ? seg.dependency(index) : nullptr;
   if (!slot) {
     if (s.code() == Status::Code::kInvalidArgument) return s;
-    // Refused or table full: per-process limits for this name, said once. Only this client,
-    // under mu_, creates in `private_`, so its create lock is never waited for.
+    // Refused, table full, or the create lock held: per-process limits for this name, said
+    // once. Only this client, under mu_, creates in `private_`, so its create lock is never
+    // waited for.
     if (!private_) private_ = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
     Status p = private_->CreateOnTheFly(e.name, &index);
     if (!p.ok()) return p;
     slot = private_->dependency(index);
-    Log(1, "dependency '" + e.name + "': " + s.message() + "; using per-process limits for it");
+    if (LockBusy(s)) {
+      if (!e.waits_for_lock) {
+        Log(1, "dependency '" + e.name + "': another process holds the create lock of " +
+                   Where() + " (a daemon stopped in a reload?); using per-process limits for "
+                   "it until the lock is free");
+      }
+      e.waits_for_lock = true;
+      if (!(degraded_.fetch_or(kUnbound, kRelaxed) & kUnbound)) {
+        next_lock_try_ns_ = shm::CoarseNowNs() + kLockRetryNs;
+      }
+      PaceSlowPath();
+    } else {
+      e.waits_for_lock = false;
+      Log(1, "dependency '" + e.name + "': " + s.message() + "; using per-process limits for it");
+    }
+  } else {
+    if (e.waits_for_lock) {
+      Log(0, "dependency '" + e.name + "': the create lock is free; moving it to host-wide limits");
+    }
+    e.waits_for_lock = false;
   }
   e.index.store(index, kRelaxed);
   e.generation.store(slot->generation.load(kRelaxed), kRelaxed);
@@ -264,7 +302,7 @@ shm::DependencySlot* ClientImpl::Rebind(uint32_t dep, uint32_t* generation) {
   shm::Segment* const looked_in = seg_.get();
   const std::string name = e.name;
   lock.Unlock();
-  const Lookup found = LookUp(*looked_in, name);
+  const Lookup found = LookUp(*looked_in, name, kNewNameLockWaitMs);
   lock.Lock();
   if (seg_.get() == looked_in) {
     if (Status s = Bind(e, *seg_, found); !s.ok()) {
@@ -311,12 +349,51 @@ Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
     // mapped (old_), so `looked_in` stays valid.
     looked_in = seg_.get();
     lock.Unlock();
-    found = LookUp(*looked_in, name);
+    found = LookUp(*looked_in, name, kNewNameLockWaitMs);
     lock.Lock();
   }
 }
 
 void ClientImpl::SlowPath() {
+  AttachIfDue();
+  if (degraded_.load(kRelaxed) & kUnbound) LookAgainForUnbound();
+}
+
+void ClientImpl::LookAgainForUnbound() {
+  MutexLock lock(&mu_);
+  const uint64_t now = shm::CoarseNowNs();
+  if (moving_ || !(degraded_.load(kRelaxed) & kUnbound) || now < next_lock_try_ns_) return;
+  next_lock_try_ns_ = now + kLockRetryNs;
+  std::vector<uint32_t> ids;
+  std::vector<std::string> names;
+  for (uint32_t i = 0, n = entry_count_.load(kRelaxed); i < n; ++i) {
+    if (entries_[i].waits_for_lock) {
+      ids.push_back(i);
+      names.push_back(entries_[i].name);
+    }
+  }
+  shm::Segment* const looked_in = seg_.get();
+  std::vector<Lookup> found;
+  if (!ids.empty()) {
+    lock.Unlock();
+    for (const std::string& name : names) found.push_back(LookUp(*looked_in, name, 0));
+    lock.Lock();
+  }
+  // Moved meanwhile: the move bound every name again, in the segment it moved to.
+  if (seg_.get() == looked_in) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (found[k].status.ok()) (void)Bind(entries_[ids[k]], *seg_, found[k]);
+    }
+  }
+  bool unbound = false;
+  for (uint32_t i = 0, n = entry_count_.load(kRelaxed); i < n; ++i) {
+    unbound = unbound || entries_[i].waits_for_lock;
+  }
+  if (!unbound) degraded_.fetch_and(~kUnbound, kRelaxed);
+  PaceSlowPath();
+}
+
+void ClientImpl::AttachIfDue() {
   MutexLock lock(&mu_);
   // 1. A forked child is a new process: by name it registers itself; through the socket it
   // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
@@ -331,7 +408,7 @@ void ClientImpl::SlowPath() {
       } else {
         owner_.store(shm::kUnknownOwner, kRelaxed);
         degraded_.fetch_or(kDetached, kRelaxed);
-        next_upgrade_ns_.store(0, kRelaxed);
+        PaceAttach(0);
       }
     }
     fork_generation_.store(gen, kRelaxed);
@@ -340,11 +417,11 @@ void ClientImpl::SlowPath() {
   const bool retired =
       !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
   const uint32_t degraded = degraded_.load(kRelaxed);
-  if (!(retired || degraded != 0) || moving_ ||
-      shm::CoarseNowNs() < next_upgrade_ns_.load(kRelaxed)) {
+  if (!(retired || (degraded & kAttachBits) != 0) || moving_ ||
+      shm::CoarseNowNs() < next_attach_ns_) {
     return;
   }
-  next_upgrade_ns_.store(shm::CoarseNowNs() + kUpgradeIntervalNs, kRelaxed);
+  PaceAttach(shm::CoarseNowNs() + kUpgradeIntervalNs);
   shm::Attachment fresh;
   bool waiting = false;
   // A forked child's first call waits for the answer as Open does (at most kOpenWaitMs), and
@@ -362,7 +439,7 @@ void ClientImpl::SlowPath() {
   Status s = AttachShared(wait_ms, &fresh, &waiting);
   if (waiting) {
     // The hello is out; a later slow path reads the answer. Nothing here waits for it.
-    next_upgrade_ns_.store(shm::CoarseNowNs() + kAnswerPollNs, kRelaxed);
+    PaceAttach(shm::CoarseNowNs() + kAnswerPollNs);
     return;
   }
   if (!s.ok()) {
@@ -402,7 +479,9 @@ void ClientImpl::SlowPath() {
     std::vector<std::string> names;
     for (uint32_t i = uint32_t(found.size()); i < n; ++i) names.push_back(entries_[i].name);
     lock.Unlock();
-    for (const std::string& name : names) found.push_back(LookUp(*fresh.segment, name));
+    for (const std::string& name : names) {
+      found.push_back(LookUp(*fresh.segment, name, kNewNameLockWaitMs));
+    }
     lock.Lock();
   }
   moving_ = false;
@@ -435,6 +514,7 @@ void ClientImpl::SlowPath() {
                  "; keeping the limits of the segment it was on");
     }
   }
+  PaceSlowPath();
   header_.store(&seg_->header(), std::memory_order_release);
 }
 

@@ -6,10 +6,15 @@
 // through the socket after fork, reattach to a replaced segment, moving from private state to
 // the host's segment) is a cold path taken under `mu_`, detected on the hot path with one
 // relaxed load each.
-// `mu_` is not held while waiting on another process's lock: creating a dependency in the
-// segment may wait up to 2 s for its create lock, and fork() takes `mu_` first (BeforeFork), so
-// a fork in any thread would wait that long too. Resolve and SlowPath look names up with `mu_`
-// released and take it again to publish what they found.
+// Creating a dependency in the segment takes its create lock, which the daemon holds while it
+// writes dependencies (a reload) and other workers while they create one. A client waits for
+// it at most kNewNameLockWaitMs, once per name: a holder that is stopped (a daemon stopped in
+// the middle of a reload) would otherwise hold every new name's first call. A name whose lock
+// stayed held is bound to per-process limits, marked `waits_for_lock`, and later slow paths
+// (kUnbound, about every kLockRetryNs) try the lock again without waiting, moving it to the
+// host's slot once it is free. `mu_` is not held while trying that lock either: fork() takes
+// `mu_` first (BeforeFork). Resolve and SlowPath look names up with `mu_` released and take it
+// again to publish what they found.
 //
 // Attaching through the socket never waits for the daemon on a request path (DESIGN.md,
 // invariant 7). An attach is a hello sent on a non-blocking connection (`hello_fd_`, recorded
@@ -60,6 +65,10 @@ class ClientImpl final : public Client {
   // without it, when there is nothing else to do.
   static constexpr int kOpenWaitMs = 20;
   static constexpr int kAttachTimeoutMs = 1000;
+  // How long the first lookup of a new name waits for the segment's create lock, and how often
+  // a name that did not get it tries again.
+  static constexpr uint32_t kNewNameLockWaitMs = 1;
+  static constexpr uint64_t kLockRetryNs = 10'000'000;
 
   ~ClientImpl() override;
   static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
@@ -104,6 +113,9 @@ class ClientImpl final : public Client {
     // retired) no longer holds this dependency, and the entry is bound again (Rebind).
     std::atomic<uint32_t> generation{0};
     std::string name;  // written under mu_ before the entry is published (entry_count_)
+    // Under mu_: bound to per-process limits because the segment's create lock stayed held;
+    // SlowPath looks the name up again.
+    bool waits_for_lock = false;
   };
   // The permit's private words: the shm permit plus the slot it was admitted on.
   struct PermitState {
@@ -122,14 +134,27 @@ class ClientImpl final : public Client {
   static constexpr uint32_t kLocal = 1;     // on process-private state
   static constexpr uint32_t kDetached = 2;  // socket mode, on the host's segment, no connection
   static constexpr uint32_t kWaiting = 4;   // socket mode, a hello sent (hello_fd_), no answer read
+  static constexpr uint32_t kUnbound = 8;   // an entry waits_for_lock
+  static constexpr uint32_t kAttachBits = kLocal | kDetached | kWaiting;
 
   ClientImpl() = default;
   // Rebind resolves entry `dep`'s name again after its slot stopped holding it (retired, or
   // given to another name); returns the slot to use now, and its generation as bound in
   // *generation. Cold: once per such change.
   shm::DependencySlot* Rebind(uint32_t dep, uint32_t* generation) EXCLUDES(mu_);
-  // SlowPath handles fork, retirement and fallback upgrades, never waiting for the daemon.
+  // SlowPath handles fork, retirement, fallback upgrades and names waiting for the create
+  // lock, never waiting for the daemon.
   void SlowPath() EXCLUDES(mu_);
+  // AttachIfDue is SlowPath's first half: a forked child's registration, and attaching when
+  // the segment is retired or this client is local, detached or waiting, paced.
+  void AttachIfDue() EXCLUDES(mu_);
+  // LookAgainForUnbound tries the create lock once, without waiting, for each entry that
+  // waits_for_lock, and binds those it gets to the host's slot; paced by kLockRetryNs.
+  void LookAgainForUnbound() EXCLUDES(mu_);
+  // PaceAttach sets when the next slow path may try to attach; PaceSlowPath publishes the
+  // earlier of that and the next look for unbound names to the hot path (next_upgrade_ns_).
+  void PaceAttach(uint64_t at_ns) REQUIRES(mu_);
+  void PaceSlowPath() REQUIRES(mu_);
   // AttachShared maps the host's segment into *out: through the socket (with the owner id and
   // the connection the daemon gave), or by name (out->connection is -1: the caller registers
   // the process). Through the socket it starts an attach if none is waiting, and waits at most
@@ -139,11 +164,12 @@ class ClientImpl final : public Client {
   std::string Where() const;
   // ForgetConnectionInChild closes this client's connections in a forked child.
   void ForgetConnectionInChild() NO_THREAD_SAFETY_ANALYSIS;
-  // LookUp finds or creates `name` in `seg`. It may wait for the segment's create lock, held
-  // by another process: call it without mu_.
-  static Lookup LookUp(shm::Segment& seg, std::string_view name);
+  // LookUp finds or creates `name` in `seg`. It may wait up to `lock_wait_ms` for the
+  // segment's create lock, held by another process: call it without mu_.
+  static Lookup LookUp(shm::Segment& seg, std::string_view name, uint32_t lock_wait_ms);
   // Bind points `e` at its slot in `seg`, which `found` came from, or at a per-process slot
-  // if `seg` refused the name (cold, under mu_). Leaves `e` as it was on error.
+  // if `seg` refused the name (cold, under mu_); one refused because the create lock stayed
+  // held waits_for_lock. Leaves `e` as it was on error.
   Status Bind(Entry& e, shm::Segment& seg, const Lookup& found) REQUIRES(mu_);
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
@@ -157,7 +183,7 @@ class ClientImpl final : public Client {
   std::vector<std::unique_ptr<shm::Segment>> old_ GUARDED_BY(mu_);
   std::unique_ptr<shm::Segment> private_ GUARDED_BY(mu_);  // per-process state for refused names
   std::atomic<shm::SegmentHeader*> header_{nullptr};
-  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting
+  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound
   // Socket mode: this process's connection to the daemon (-1: none), and one just made that
   // SlowPath is about to take over (its lookups run with mu_ released).
   int connection_ GUARDED_BY(mu_) = -1;
@@ -171,7 +197,11 @@ class ClientImpl final : public Client {
   uint64_t owner_word_ GUARDED_BY(mu_) = 0;
   pid_t owner_pid_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> fork_generation_{0};
+  // When the hot path next enters SlowPath while degraded_ is set: the earlier of
+  // next_attach_ns_ (kAttachBits, or a retired segment) and next_lock_try_ns_ (kUnbound).
   std::atomic<uint64_t> next_upgrade_ns_{0};
+  uint64_t next_attach_ns_ GUARDED_BY(mu_) = 0;
+  uint64_t next_lock_try_ns_ GUARDED_BY(mu_) = 0;
   std::unique_ptr<Entry[]> entries_{new Entry[kMaxResolved]};
   std::atomic<uint32_t> entry_count_{0};
 };

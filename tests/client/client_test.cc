@@ -1,17 +1,24 @@
 // The client library against real segments: fallback, resolve, admit/complete, fork, reattach.
 #include "retryd/client.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/counters.h"
+#include "shm/dependency_table.h"
 #include "shm/registry.h"
 #include "tests/shm/test_util.h"
 
@@ -195,14 +202,15 @@ TEST(ClientTest, ForkedChildRegistersItself) {
   c->Complete(&after, Outcome::kSuccess, milliseconds(1));
 }
 
+// A name resolved while another process holds the segment's create lock and keeps it (pid 1
+// in the lock word, kept fresh): Resolve returns at once on per-process limits, a fork in the
+// middle does not hang the child, and once the lock is free the name moves to the segment.
 TEST(ClientTest, ForkWhileAnotherThreadWaitsForTheCreateLockDoesNotHangTheChild) {
   testing::NamedSegment seg("forklock");
   testing::AddDependency(*seg.seg, "orders", shm::Policy{});
   auto c = OpenOrDie(seg.name, false);
   Dependency d;
   ASSERT_TRUE(c->Resolve("orders", &d).ok());
-  // Another process (pid 1 in the lock word) holds the segment's create lock and keeps it
-  // fresh until the child has been reaped, so a Resolve of a new name waits all that time.
   std::atomic<uint64_t>& create_lock = seg.seg->header().create_lock;
   const auto stamp = [] {
     return uint64_t(1) | (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32);
@@ -219,23 +227,23 @@ TEST(ClientTest, ForkWhileAnotherThreadWaitsForTheCreateLockDoesNotHangTheChild)
     if (uint32_t(mine) == 1) create_lock.compare_exchange_strong(mine, 0);
   });
   std::atomic<bool> resolving{false};
+  Dependency payments;
   std::thread resolver([&] {
     resolving.store(true);
-    Dependency other;
-    Status s;
-    // A creator refuses after 2 s without the lock; the child may take longer on a loaded box.
-    do {
-      s = c->Resolve("payments", &other);
-    } while (s.code() == Status::Code::kIoError);
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (int i = 0; i < 100; ++i) {
+      const Status s = c->Resolve("payments", &payments);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      Permit p;
+      EXPECT_TRUE(c->Admit(payments, 0, &p)) << "per-process limits admit while the lock is held";
+      c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    }
     // A thread that ended unjoined before the fork is a leak in the child's eyes (TSan): stay.
     while (!child_reaped.load()) usleep(1'000);
   });
   while (!resolving.load()) std::this_thread::yield();
   const int status = testing::RunChild([&] {
     alarm(10);  // a hang is a SIGALRM death
-    // The fork came while the resolver still waited: the name is not created yet.
-    if (seg.seg->Find("payments") >= 0) return 3;
+    if (seg.seg->Find("payments") >= 0) return 3;  // the lock is held: the name is not created
     Permit p;
     if (!c->Admit(d, 0, &p)) return 1;
     c->Complete(&p, Outcome::kSuccess, milliseconds(1));
@@ -246,7 +254,104 @@ TEST(ClientTest, ForkWhileAnotherThreadWaitsForTheCreateLockDoesNotHangTheChild)
   resolver.join();
   ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_GE(seg.seg->Find("payments"), 0);
+  // The lock is free now: the next calls on the name create it in the segment, and count there.
+  const uint64_t deadline = shm::PreciseNowNs() + 30 * testing::kSec;
+  while (seg.seg->Find("payments") < 0 && shm::PreciseNowNs() < deadline) {
+    Permit p;
+    if (c->Admit(payments, 0, &p)) c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    usleep(1'000);
+  }
+  const int32_t index = seg.seg->Find("payments");
+  ASSERT_GE(index, 0) << "the name stayed on per-process limits after the lock was freed";
+  const uint64_t before = shm::ReadCounter(*seg.seg->dependency(uint32_t(index)), shm::kSuccesses);
+  for (int i = 0; i < 5; ++i) {
+    Permit p;
+    ASSERT_TRUE(c->Admit(payments, 0, &p));
+    c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+  }
+  EXPECT_EQ(shm::ReadCounter(*seg.seg->dependency(uint32_t(index)), shm::kSuccesses) - before, 5u);
+}
+
+// A process stopped while it holds the segment's create lock (as a daemon stopped in the middle
+// of a reload would) is alive, so the lock is never taken from it. A worker that resolves a new
+// name, or admits on a dependency retired meanwhile, does not wait for it: the name runs on
+// per-process limits, and moves to the segment once the holder is gone.
+TEST(ClientTest, AStoppedHolderOfTheCreateLockNeverHoldsAWorkerAndItsNamesMoveWhenItIsGone) {
+  testing::NamedSegment seg("stoppedlock");
+  const uint32_t orders_index = testing::AddDependency(*seg.seg, "orders", shm::Policy{});
+  auto c = OpenOrDie(seg.name, false);
+  std::vector<std::string> lines;
+  SetLogCallback([&](int, std::string_view l) { lines.emplace_back(l); });
+  Dependency orders;
+  ASSERT_TRUE(c->Resolve("orders", &orders).ok());
+  const pid_t holder = fork();
+  if (holder == 0) {
+    for (;;) pause();
+  }
+  ASSERT_GT(holder, 0);
+  ASSERT_EQ(kill(holder, SIGSTOP), 0);
+  seg.seg->header().create_lock.store(
+      uint64_t(uint32_t(holder)) | (uint64_t{shm::PidNamespaceTag()} << shm::kCreateLockPidBits) |
+      (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32));
+  seg.seg->Retire(orders_index);  // the reload had got this far
+  uint64_t slowest_ns = 0;
+  const auto timed = [&](const std::function<void()>& f) {
+    const uint64_t t = shm::PreciseNowNs();
+    f();
+    slowest_ns = std::max(slowest_ns, shm::PreciseNowNs() - t);
+  };
+  Dependency payments;
+  timed([&] { ASSERT_TRUE(c->Resolve("payments", &payments).ok()); });
+  // 2 s of calls: the lock's holder stays alive and stopped all that time.
+  for (int i = 0; i < 200; ++i) {
+    for (Dependency d : {orders, payments}) {
+      timed([&] {
+        Permit p;
+        EXPECT_TRUE(c->Admit(d, 0, &p));
+        c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+      });
+    }
+    usleep(10'000);
+  }
+  EXPECT_LT(slowest_ns, 200 * testing::kMs) << "a call waited for the lock's stopped holder";
+  EXPECT_LT(seg.seg->Find("payments"), 0);
+  EXPECT_LT(seg.seg->Find("orders"), 0);
+  // The holder dies: its lock is free at once (ESRCH), and the next calls move both names.
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  const uint64_t deadline = shm::PreciseNowNs() + 30 * testing::kSec;
+  while ((seg.seg->Find("payments") < 0 || seg.seg->Find("orders") < 0) &&
+         shm::PreciseNowNs() < deadline) {
+    for (Dependency d : {orders, payments}) {
+      Permit p;
+      if (c->Admit(d, 0, &p)) c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    }
+    usleep(1'000);
+  }
+  SetLogCallback(nullptr);
+  ASSERT_GE(seg.seg->Find("payments"), 0);
+  ASSERT_EQ(seg.seg->Find("orders"), int32_t(orders_index)) << "the retired slot is taken back";
+  for (const char* name : {"orders", "payments"}) {
+    SCOPED_TRACE(name);
+    const shm::DependencySlot& slot = *seg.seg->dependency(uint32_t(seg.seg->Find(name)));
+    const uint64_t before = shm::ReadCounter(slot, shm::kSuccesses);
+    Dependency d;
+    ASSERT_TRUE(c->Resolve(name, &d).ok());
+    for (int i = 0; i < 5; ++i) {
+      Permit p;
+      ASSERT_TRUE(c->Admit(d, 0, &p));
+      c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+    }
+    EXPECT_EQ(shm::ReadCounter(slot, shm::kSuccesses) - before, 5u) << "its calls count there";
+  }
+  // Said once per name when it went local, once when it moved.
+  int local = 0, moved = 0;
+  for (const std::string& l : lines) {
+    local += l.find("until the lock is free") != std::string::npos;
+    moved += l.find("moving it to host-wide limits") != std::string::npos;
+  }
+  EXPECT_EQ(local, 2);
+  EXPECT_EQ(moved, 2);
 }
 
 TEST(ClientTest, MovesToAReplacementSegment) {

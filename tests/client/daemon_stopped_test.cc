@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -33,6 +35,7 @@
 #include "shm/attach.h"
 #include "shm/clock.h"
 #include "shm/counters.h"
+#include "shm/dependency_table.h"
 #include "shm/registry.h"
 #include "shm/stripes.h"
 #include "tests/daemon/daemon_harness.h"
@@ -148,13 +151,21 @@ class DaemonStoppedTest : public ::testing::TestWithParam<Mode> {
   }
   bool by_socket() const { return GetParam() == Mode::kSocket; }
 
-  void StartDaemon() {
+  // Config writes the daemon's config: `orders` (unless told otherwise) and `extra`.
+  void Config(const std::string& extra = "", bool orders = true) {
     WriteFile(config_, "[daemon]\n" +
                            (by_socket() ? "socket = \"" + socket_ + "\"\n"
                                         : "segment = \"" + segment_ + "\"\n") +
-                           "mode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
-                           "max_processes = 64\n[dependency.orders]\nbulkhead_limit = 4\n"
-                           "bulkhead_timeout = \"1h\"\n");
+                           "mode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 4096\n"
+                           "max_processes = 64\n" +
+                           (orders ? "[dependency.orders]\nbulkhead_limit = 4\n"
+                                     "bulkhead_timeout = \"1h\"\n"
+                                   : "") +
+                           extra);
+  }
+
+  void StartDaemon() {
+    Config();
     daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
                                               notify_.path());
     ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
@@ -376,6 +387,99 @@ TEST_P(DaemonStoppedTest, AForkedChildOfAnAttachedWorkerNeverWaitsForAStoppedDae
   EXPECT_EQ(Successes() - before, 5u) << "the child's calls count in the host's segment";
   EXPECT_EQ(w.Wait(), 0);
   prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+// Holds: does the create lock word name `pid` as its holder?
+bool Holds(const shm::Segment& seg, pid_t pid) {
+  const uint64_t lock = seg.header().create_lock.load(std::memory_order_acquire);
+  return lock != 0 && pid_t(lock & shm::kCreateLockPidMask) == pid;
+}
+
+// Stopped: has `pid` stopped (SIGSTOP delivered, every thread stopped)?
+bool Stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         (text[paren + 2] == 'T' || text[paren + 2] == 't');
+}
+
+// A daemon stopped in the middle of a reload, holding the segment's create lock: a worker that
+// resolves a new name, or admits on a dependency an earlier reload retired, does not wait for
+// it (the lock's holder is alive, so the lock is never taken from it): the name runs on
+// per-process limits, and moves to the host's segment once the daemon resumes.
+TEST_P(DaemonStoppedTest, ADaemonStoppedInTheMiddleOfAReloadNeverHoldsAWorker) {
+  StartDaemon();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Open(Options(), &c).ok());
+  ASSERT_FALSE(c->local());
+  Dependency orders;
+  ASSERT_TRUE(c->Resolve("orders", &orders).ok());
+  // The first reload retires `orders`; the worker has not called it since.
+  Config("", /*orders=*/false);
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitUntil([&] { return obs_->Find("orders") < 0; }, kWaitMs)) << daemon_->Log();
+  // Reloads that rewrite 2,000 dependencies, until one is stopped while it holds the lock.
+  bool caught = false;
+  for (int attempt = 0; attempt < 100 && !caught; ++attempt) {
+    std::string deps;
+    for (int i = 0; i < 2000; ++i) {
+      deps += "[dependency.d" + std::to_string(i) + "]\nmin_calls = " +
+              std::to_string(10 + attempt) + "\n";
+    }
+    Config(deps, /*orders=*/false);
+    const uint64_t generation = obs_->header().generation.load();
+    daemon_->Signal(SIGHUP);
+    const uint64_t give_up = shm::PreciseNowNs() + 10'000'000'000;
+    while (!Holds(*obs_, daemon_->pid()) && obs_->header().generation.load() == generation &&
+           shm::PreciseNowNs() < give_up) {
+    }
+    if (Holds(*obs_, daemon_->pid())) {
+      daemon_->Signal(SIGSTOP);
+      ASSERT_TRUE(WaitUntil([&] { return Stopped(daemon_->pid()); }, kWaitMs));
+      caught = Holds(*obs_, daemon_->pid());
+      if (caught) break;
+      daemon_->Signal(SIGCONT);
+    }
+    ASSERT_TRUE(WaitUntil([&] { return obs_->header().generation.load() != generation; },
+                          kWaitMs))
+        << daemon_->Log();
+  }
+  ASSERT_TRUE(caught) << "no reload was stopped while it held the create lock";
+  uint64_t slowest = 0;
+  Dependency payments;
+  slowest = SlowestOf(1, [&] { ASSERT_TRUE(c->Resolve("payments", &payments).ok()); });
+  slowest = std::max(slowest, SlowestOf(100, [&] {
+                       for (Dependency d : {orders, payments}) {
+                         Permit p;
+                         EXPECT_TRUE(c->Admit(d, 0, &p));
+                         c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+                       }
+                       std::this_thread::sleep_for(milliseconds(10));
+                     }));
+  EXPECT_LT(slowest, kNoWaitNs) << "a call waited for the stopped daemon's create lock";
+  EXPECT_TRUE(Holds(*obs_, daemon_->pid())) << "the lock stayed with its stopped holder";
+  EXPECT_LT(obs_->Find("payments"), 0);
+  EXPECT_LT(obs_->Find("orders"), 0);
+  // Resumed, the daemon ends its reload; the worker's next calls move both names.
+  daemon_->Signal(SIGCONT);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        for (Dependency d : {orders, payments}) {
+          Permit p;
+          if (c->Admit(d, 0, &p)) c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+        }
+        return obs_->Find("payments") >= 0 && obs_->Find("orders") >= 0;
+      },
+      kWaitMs))
+      << daemon_->Log();
+  const uint64_t before = Successes();
+  for (int i = 0; i < 5; ++i) {
+    Permit p;
+    ASSERT_TRUE(c->Admit(orders, 0, &p));
+    c->Complete(&p, Outcome::kSuccess, milliseconds(1));
+  }
+  EXPECT_EQ(Successes() - before, 5u) << "its calls count in the host's segment";
 }
 
 // A daemon killed (SIGKILL) while hellos wait in its backlog: the workers that sent them are
