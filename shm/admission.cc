@@ -186,17 +186,24 @@ uint32_t ReclaimExpired(DependencySlot& slot, uint64_t now_ns, Caller& caller, S
   // A probe of the current half-open that outlived its timeout failed: the breaker reopens,
   // before the probe's place is free (as Complete reports before it gives a place back), so that
   // no admit takes a second probe in a half-open whose probe has already failed. A probe of an
-  // earlier half-open only gives its word back.
-  const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
+  // earlier half-open only gives its word back. The breaker is read after each word: a
+  // breaker read before the word could be older than the half-open the word's probe belongs to
+  // (this sweeper descheduled while later half-opens began), and would free that probe's place
+  // without reopening.
   bool reopened = false;
+  uint16_t reopened_seq = 0;
   for (auto& word : slot.probe_leases) {
-    uint64_t w = word.load(kRelaxed);
+    uint64_t w = word.load(std::memory_order_acquire);
     if (!Lease::Expired(w, now_ms)) continue;
-    const bool current = b.state == BreakerState::kHalfOpen && Lease::Tag(w) == b.seq;
+    const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
+    const uint16_t tag = Lease::Tag(w);
+    const bool current = (b.state == BreakerState::kHalfOpen && tag == b.seq) ||
+                         (reopened && tag == reopened_seq);
     if (current && !reopened) {
       ReportProbe(slot, ProbeOutcome::kExpired, now_ns);
       ApplyBreakerEvent(slot, BreakerEvent::kProbeExpired, now_ns, b.seq, caller.rng);
       reopened = true;
+      reopened_seq = b.seq;
     }
     if (!word.compare_exchange_strong(w, 0, kRelaxed)) continue;
     ++freed;

@@ -253,6 +253,15 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
                                       st.window_start, start_ms, i, mode);
     if (r < 0) return false;
     if (r > 0) continue;
+    // A reload that changed the shape since `s` was read may have emptied the stripes before
+    // this store (StartWindowAnew): the period just stored is one of the old shape, which the
+    // window would read as a later one and skip, with every success the stripe counts in it.
+    // Put it out of reach, as StartWindowAnew does: the next success hands it over.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (const WindowShape now_shape = Shape(slot);
+        now_shape.bucket_ns != s.bucket_ns || now_shape.buckets != s.buckets) {
+      st.window_start.store(~uint64_t{0}, kRelaxed);
+    }
     if (!empty && period - old < s.buckets) {
       RecordCalls(slot, s, old, now_ns, StripeWindow::Count(w), 0, 0, rng);
     }
@@ -348,6 +357,9 @@ BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t n
 // is taken, so that a success racing this on the stripe's CPU, which may store its count back
 // (stripes.h), finds its period no longer held and goes to the shared buckets.
 void StartWindowAnew(DependencySlot& slot) {
+  // The new shape is stored before the stripes are emptied, and read by a stripe's first
+  // success after it stores a period (RecordStripeSuccess): one of the two sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
     slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
     std::atomic<uint64_t>& word = slot.stripes[i].window;

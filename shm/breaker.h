@@ -239,9 +239,11 @@ struct Bucket {
   }
   // Add adds `calls` calls (`failures` and `slow` of them) to bucket word `w`. A field that would
   // pass kMax doubles the bucket's unit instead (halving every field, up to 2^15 calls a unit:
-  // 2.1 billion calls a bucket), and calls that are not a whole number of units are rounded up
-  // or down at random (from `random`, the caller's draw), so that every count is unbiased and
-  // the rates stay those of every call given, one by one or as a stripe's lump of successes.
+  // 2.1 billion calls a bucket; past that the fields are halved in the same unit, so the
+  // bucket's rates hold and its calls are undercounted), and calls that are not a whole number
+  // of units are rounded up or down at random (from `random`, the caller's draw), so that every
+  // count is unbiased and the rates stay those of every call given, one by one or as a
+  // stripe's lump of successes.
   // The fields keep failures <= calls and slow <= calls, whatever a scribbled word held.
   // NeedsDraw: whether adding `calls` calls to `w` uses Add's `random` (a scaled bucket, or one
   // these calls would scale), so that a caller draws only then.
@@ -260,7 +262,7 @@ struct Bucket {
       // One draw for the three fields keeps failures and slow calls within the calls.
       const uint64_t draw = random & ((uint32_t{1} << scale) - 1);
       const uint64_t add_c = (calls + draw) >> scale;
-      if (c + add_c <= kMax || scale == kMaxScale || bit == 15) {
+      if (c + add_c <= kMax || bit == 15) {
         const uint64_t nc = std::min(c + add_c, kMax);
         return Make(w, nc, std::min(f + ((failures + draw) >> scale), nc),
                     std::min(s + ((slow + draw) >> scale), nc), scale);
@@ -269,7 +271,9 @@ struct Bucket {
       c = (c + half) >> 1;
       f = (f + half) >> 1;
       s = (s + half) >> 1;
-      ++scale;
+      // At the largest unit the counts are halved in it: the bucket keeps its rates, and its
+      // calls count for half as much beside the other buckets' each time it fills again.
+      if (scale < kMaxScale) ++scale;
     }
   }
 };

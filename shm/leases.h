@@ -81,7 +81,8 @@ struct Lease {
     for (uint32_t i = 0; i < count; ++i) {
       uint64_t cur = words[i].load(std::memory_order_relaxed);
       if (cur != 0 && !EarlierSeq(Tag(cur), seq)) continue;
-      if (words[i].compare_exchange_strong(cur, value, std::memory_order_acquire,
+      // acq_rel: a reader that sees this probe's word sees the half-open it was taken in.
+      if (words[i].compare_exchange_strong(cur, value, std::memory_order_acq_rel,
                                            std::memory_order_relaxed)) {
         *voided = cur != 0;
         return int(i);

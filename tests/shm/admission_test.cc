@@ -142,6 +142,28 @@ TEST_F(AdmissionTest, HalfOpenGrantsExactlyTheConfiguredProbes) {
   EXPECT_EQ(State(), BreakerState::kClosed);
 }
 
+// An ignored outcome (not the dependency's fault) says nothing of its health: a probe that ends
+// so hands its place to the next caller, which probes in the same half-open. The places bound
+// the probes out at once; each ignored probe adds one to the episode's count.
+TEST_F(AdmissionTest, AnIgnoredProbeHandsItsPlaceToTheNextCaller) {
+  for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
+  now_ += 1 * kSec;
+  for (int i = 0; i < 5; ++i) {
+    Permit probe;
+    ASSERT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+    Permit other;
+    EXPECT_EQ(Admit(1, &other), Decision::kRejectedHalfOpenBusy) << "one probe at once";
+    Complete(&probe, Outcome::kIgnored);
+    EXPECT_EQ(State(), BreakerState::kHalfOpen);
+  }
+  EXPECT_EQ(Counter(kProbesGranted), 5u);
+  EXPECT_EQ(Counter(kHalfOpened), 1u);
+  Permit probe;
+  ASSERT_EQ(Admit(0, &probe), Decision::kAdmittedProbe);
+  Complete(&probe, Outcome::kFailure);
+  EXPECT_EQ(State(), BreakerState::kOpen);
+}
+
 TEST_F(AdmissionTest, ProbeFailureReopensWithDoubledPeriod) {
   for (int i = 0; i < 10; ++i) Call(Outcome::kFailure);
   now_ += 1 * kSec;

@@ -481,6 +481,70 @@ TEST_F(StripeFoldTest, AReloadThatShortensTheBucketKeepsCountingSuccesses) {
 
 // Deposits wait in the stripes; a retry folds them first, so it finds every deposit made, each
 // taken once, and no more than the burst.
+// A reload that changes the window's shape (600 s / 10 buckets to 10 s / 10) races a stripe's
+// first success of a period, which read the old shape: that success must not leave a period of
+// the old shape in the stripe, which the new window would read as a later one and skip, with
+// every success the stripe counts in it, so that 1 % failures trip a 50 % breaker. One thread
+// starts a new stripe period at every call; another reloads once, at a different moment in each
+// of 300 trials.
+TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
+  testing::NamedSegment seg("reloadrace", 4, 8);
+  Policy wide;
+  wide.min_calls = 20;
+  wide.failure_rate_pct = 50;
+  wide.window_ms = 600'000;
+  wide.window_buckets = 10;
+  wide.open_for_ms = 60'000;
+  wide.open_for_max_ms = 60'000;
+  wide.retry_burst = 1000;
+  Policy narrow = wide;
+  narrow.window_ms = 10'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "dep", wide);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  if (StripeCount(slot) < 2) slot.stripe_count.store(2);
+  int stale = 0, tripped = 0;
+  uint64_t base = uint64_t{1} << 42;
+  for (int trial = 0; trial < 300; ++trial) {
+    base += 3'600 * kSec;
+    StorePolicyOf(slot, wide);
+    Reset(slot, base);
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> last_now{0};
+    std::thread writer([&] {
+      Caller c{1, 0, 4242, 0, StripeMode::kAtomic};
+      for (uint64_t now = base; !stop.load(std::memory_order_relaxed);) {
+        now += 60 * kSec + 7 * kMs;  // a new period of the old shape at every call
+        Permit p;
+        Admit(slot, index, 0, now, c, &p);
+        Complete(slot, &p, Outcome::kSuccess, 0, now, c);
+        last_now.store(now);
+      }
+    });
+    while (last_now.load() == 0) std::this_thread::yield();
+    for (int spin = 0; spin < (trial * 7919) % 3000; ++spin) asm volatile("" ::: "memory");
+    StorePolicyOf(slot, narrow);  // the daemon's reload
+    stop.store(true);
+    writer.join();
+    const uint64_t w = slot.stripes[0].window.load();
+    const uint64_t start = slot.stripes[0].window_start.load();
+    stale += w != 0 && start != ~uint64_t{0} &&
+             StripeWindow::End40(w) - (start & StripeWindow::kEndMask) > 1'000;
+    // Healthy traffic under the new shape: 1 % failures, on both stripes.
+    Caller ok{1, 0, 99, 0, StripeMode::kAtomic}, bad{1, 0, 77, 1, StripeMode::kAtomic};
+    uint64_t now = last_now.load() + kMs;
+    for (int i = 0; i < 2'020; ++i) {
+      now += 100'000;
+      const bool fail = i % 101 == 100;
+      Permit p;
+      if (Admit(slot, index, 0, now, fail ? bad : ok, &p) == Decision::kRejectedOpen) break;
+      Complete(slot, &p, fail ? Outcome::kFailure : Outcome::kSuccess, 0, now, fail ? bad : ok);
+    }
+    tripped += BreakerWord::Decode(slot.breaker.load()).state != BreakerState::kClosed;
+  }
+  EXPECT_EQ(stale, 0) << "trials that left a period of the old shape in the stripe";
+  EXPECT_EQ(tripped, 0) << "trials where 1 % failures tripped a 50 % breaker";
+}
+
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
   const uint64_t t0 = 3'000 * kSec;
   // Drain the burst of 2.

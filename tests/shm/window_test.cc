@@ -2,7 +2,9 @@
 // the window holds exactly the calls recorded in its buckets' periods, never a stale bucket.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -271,6 +273,33 @@ TEST(WindowTest, ABucketPast65535CallsKeepsItsCountsAndRatesAndNeverWraps) {
   EXPECT_EQ(Bucket::Calls(scribbled), 4u);
   EXPECT_EQ(Bucket::Failures(scribbled), 4u);
   EXPECT_EQ(Bucket::Slow(scribbled), 4u);
+}
+
+// Past the largest unit (2^15 calls: 2.1 billion calls in one bucket) the bucket keeps its rate:
+// its fields are halved in that unit, not pinned while failures still count. A healthy period
+// (4 % failures) fed as the slot feeds it, the failures as they come and the successes in a full
+// stripe's lumps, reads 4 % up to 4 billion calls, never the 5 % that would trip it.
+TEST(WindowTest, ABucketPastTwoBillionCallsKeepsItsRate) {
+  uint64_t w = Bucket::Make(7, 0, 0, 0);
+  uint32_t rng = 12345;
+  const uint64_t lump = StripeWindow::kStripeWindowMax;
+  uint64_t calls = 0, waiting = 0;
+  double worst = 0;
+  while (calls < 4'000'000'000ull) {
+    // 25,000 calls: 1,000 failures, 24,000 successes waiting for a lump.
+    w = Bucket::Add(w, 1'000, 1'000, 0, NextRandom(rng));
+    calls += 25'000;
+    waiting += 24'000;
+    if (waiting >= lump) {
+      waiting -= lump;
+      w = Bucket::Add(w, lump, 0, 0, NextRandom(rng));
+      const double rate = double(Bucket::Failures(w)) / double(Bucket::Calls(w));
+      worst = std::max(worst, std::abs(rate - 0.04));
+    }
+  }
+  EXPECT_EQ(Bucket::Scale(w), Bucket::kMaxScale);
+  EXPECT_LT(worst, 0.002) << "the rate drifted from 4 % by " << worst * 100 << " points";
+  EXPECT_EQ(Bucket::Period(w), 7u);
 }
 
 }  // namespace
