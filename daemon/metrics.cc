@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include "shm/layout.h"
@@ -94,15 +95,19 @@ std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns) {
 
 namespace {
 
-// DaemonFamilies: the daemon's health, the same whether a segment was read or not.
-void DaemonFamilies(Writer& w, uint32_t pid, double heartbeat_age_seconds,
+// DaemonFamilies: the daemon's health, the same whether a segment was read or not. With no
+// segment read, the heartbeat's age is not known: its family has no sample, rather than an age
+// of 0 that reads as a daemon that just ticked.
+void DaemonFamilies(Writer& w, uint32_t pid, std::optional<double> heartbeat_age_seconds,
                     double heartbeat_unix_seconds) {
   w.Family("retryd_daemon_pid", "gauge",
            "Process id of the daemon that owns the segment, 0 if stopped.");
   w.Sample("retryd_daemon_pid", "", uint64_t{pid});
   w.Family("retryd_daemon_heartbeat_age_seconds", "gauge",
            "Seconds since the daemon's last tick (grows while the daemon is stopped).");
-  w.Sample("retryd_daemon_heartbeat_age_seconds", "", heartbeat_age_seconds);
+  if (heartbeat_age_seconds) {
+    w.Sample("retryd_daemon_heartbeat_age_seconds", "", *heartbeat_age_seconds);
+  }
   w.Family("retryd_daemon_heartbeat_timestamp_seconds", "gauge",
            "Unix time of the daemon's last tick.");
   w.Sample("retryd_daemon_heartbeat_timestamp_seconds", "", heartbeat_unix_seconds);
@@ -112,7 +117,7 @@ void DaemonFamilies(Writer& w, uint32_t pid, double heartbeat_age_seconds,
 
 std::string RenderDaemonUnreachable() {
   Writer w;
-  DaemonFamilies(w, 0, 0.0, 0.0);
+  DaemonFamilies(w, 0, std::nullopt, 0.0);
   return w.Take();
 }
 

@@ -29,7 +29,8 @@ std::string RenderPrometheus(const shm::SegmentStatus& view);
 std::string RenderPrometheus(const shm::Segment& seg, uint64_t now_ns);
 // RenderDaemonUnreachable: what a scraper alerts on when no segment can be read because the
 // daemon that hands it out (through its socket) does not answer: the daemon's families with
-// pid 0 and a heartbeat at Unix time 0 (never), so that RetrydDaemonDown fires.
+// pid 0 and a heartbeat at Unix time 0 (never), so that RetrydDaemonDown fires; the heartbeat's
+// age, unknown, has no sample.
 std::string RenderDaemonUnreachable();
 // DaemonViewOptions: the view the daemon's exports are rendered from, at `now_ns`: every
 // active dependency, and no liveness check of the daemon or of any process (no syscall, no

@@ -250,6 +250,8 @@ TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
   RunResult m = Retryctl({"--socket", socket_, "metrics"});
   EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_pid 0\n"));
   EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_heartbeat_timestamp_seconds 0\n"));
+  // Its age is not known: no sample, rather than an age of 0 that reads as just ticked.
+  EXPECT_THAT(m.out, ::testing::Not(HasSubstr("\nretryd_daemon_heartbeat_age_seconds ")));
   const RunResult j = Retryctl({"--socket", socket_, "status", "--json"});
   EXPECT_EQ(j.exit_code, 3);
   EXPECT_THAT(j.out, HasSubstr("\"kind\":\"error\""));

@@ -4,9 +4,11 @@
 #include "shm/attach.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -102,16 +104,37 @@ TEST(StartAttachTest, NeitherStepWaitsAndAHangUpIsNotFound) {
   EXPECT_NE(s.message().find("hung up"), std::string::npos) << s.message();
 }
 
-// A socket the user may not connect to names the [daemon] keys that decide it.
+// A socket the user may not connect to names the [daemon] keys that decide it. Root connects
+// whatever the mode, so as root the worker is a child that runs as nobody.
 TEST(StartAttachTest, APermissionRefusalNamesTheConfigKeys) {
-  if (geteuid() == 0) GTEST_SKIP() << "root connects whatever the mode";
   Listener l(16);
   ASSERT_EQ(chmod(l.path().c_str(), 0), 0);
-  int fd = -1;
-  const Status s = StartAttach(l.path(), Access::kReadWrite, {}, &fd);
-  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << s.ToString();
-  EXPECT_NE(s.message().find("[daemon] group and mode"), std::string::npos) << s.message();
-  EXPECT_EQ(s.message().find("socket_group"), std::string::npos) << s.message();
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(out[0]);
+    if (geteuid() == 0 && (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0)) {
+      _exit(9);
+    }
+    int fd = -1;
+    const Status s = StartAttach(l.path(), Access::kReadWrite, {}, &fd);
+    const std::string text = std::to_string(int(s.code())) + " " + s.message();
+    (void)!write(out[1], text.data(), text.size());
+    _exit(0);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not become nobody";
+  EXPECT_EQ(text.substr(0, text.find(' ')), std::to_string(int(Status::Code::kPermissionDenied)))
+      << text;
+  EXPECT_NE(text.find("[daemon] group and mode"), std::string::npos) << text;
+  EXPECT_EQ(text.find("socket_group"), std::string::npos) << text;
 }
 
 TEST(AttachThroughSocketTest, NothingListeningIsNotFound) {
