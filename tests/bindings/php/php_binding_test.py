@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -224,6 +225,37 @@ def run_permission(ext, binary, env):
     return None
 
 
+def run_stopped(ext, binary, env):
+    """test_stopped.php against a daemon of its own, stopped (SIGSTOP) before the script starts
+    and resumed when the script says it runs on per-process limits."""
+    with tempfile.TemporaryDirectory(prefix="retryd-php-stopped-") as tmp:
+        daemon = Daemon(binary, tmp, {"orders": {}})
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            env = dict(env, RETRYD_STOPPED_SOCKET=daemon.sock)
+            env.pop("RETRYD_SOCKET", None)
+            p = subprocess.Popen(["php", "-d", f"extension={ext}", "-d", "zend.assertions=1",
+                                  "-d", "display_errors=stderr",
+                                  str(BINDING / "tests" / "test_stopped.php")],
+                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            said = p.stdout.readline().strip()
+            daemon.proc.send_signal(signal.SIGCONT)
+            if said != "local":
+                p.kill()
+                p.wait()
+                return f"the script said {said!r} before the daemon resumed"
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, _ = p.communicate(timeout=300)
+            sys.stdout.write(out)
+            if p.returncode != 0:
+                return f"exited {p.returncode}"
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+            daemon.stop()
+    return None
+
+
 def run_fork(ext, env):
     if not php_has("pcntl") or not php_has("posix"):
         log("SKIP test_fork.php: php-cli has no pcntl/posix extension (php -m)")
@@ -248,7 +280,8 @@ def cmd_unit(args):
                     log(f"{name} exited {r.returncode}")
             for name, run in (("test_local.php", lambda: run_local(ext, env)),
                               ("test_permission.php", lambda: run_permission(ext, args.daemon, env)),
-                              ("test_fork.php", lambda: run_fork(ext, env))):
+                              ("test_fork.php", lambda: run_fork(ext, env)),
+                              ("test_stopped.php", lambda: run_stopped(ext, args.daemon, env))):
                 err = run()
                 if err is None:
                     passed += 1
