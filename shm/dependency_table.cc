@@ -1,11 +1,13 @@
 #include "shm/dependency_table.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "shm/admission.h"
@@ -42,14 +44,48 @@ bool NameIs(const DependencySlot& slot, std::string_view name) {
 // HolderLiveness: what the checker can tell about the process that stamped `lock`.
 enum class Holder { kLive, kDead, kUnknown };
 
+// Zombie: has `pid` exited, its parent not having reaped it yet? kill(pid, 0) still succeeds
+// on such a process, which holds nothing any more (a pid is not reused before it is reaped).
+bool Zombie(pid_t pid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
 Holder CheckHolder(uint64_t lock) {
   const uint32_t tag = uint32_t(lock >> kCreateLockPidBits) & kCreateLockTagMask;
   const pid_t pid = pid_t(lock & kCreateLockPidMask);
   // Only a pid stamped in our own pid namespace names a process we can ask about; any other
   // number (another namespace, a writer that stamps no namespace) may name someone else here.
   if (tag == 0 || tag != PidNamespaceTag() || pid <= 0) return Holder::kUnknown;
-  if (kill(pid, 0) == 0 || errno == EPERM) return Holder::kLive;
+  if (kill(pid, 0) == 0 || errno == EPERM) return Zombie(pid) ? Holder::kDead : Holder::kLive;
   return errno == ESRCH ? Holder::kDead : Holder::kUnknown;
+}
+
+// Takeable: may a creator take the create lock that holds `cur`, at `now_ms`?
+bool Takeable(uint64_t cur, uint32_t now_ms) {
+  if (cur == 0) return true;
+  switch (CheckHolder(cur)) {
+    case Holder::kLive:  // stalled (stopped, throttled) is not dead: wait
+      return false;
+    case Holder::kDead:
+      return true;
+    case Holder::kUnknown: {
+      // Stale: taken too long ago, or stamped in the future (a clock from another boot, or a
+      // client's scribble), which would otherwise stall every creator.
+      const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
+      return age_ms > int32_t(kCreateLockStaleMs) || age_ms < -int32_t(kCreateLockStaleMs);
+    }
+  }
+  return false;
 }
 
 // CreateLock serializes creators of dependency slots (the daemon and clients creating on the
@@ -63,24 +99,7 @@ class CreateLock {
       const uint64_t now_ns = PreciseNowNs();
       const uint32_t now_ms = NsToMs32(now_ns);
       uint64_t cur = h_.create_lock.load(std::memory_order_acquire);
-      bool takeable = cur == 0;
-      if (!takeable) {
-        switch (CheckHolder(cur)) {
-          case Holder::kLive:  // stalled (stopped, throttled) is not dead: wait
-            break;
-          case Holder::kDead:
-            takeable = true;
-            break;
-          case Holder::kUnknown: {
-            // Stale: taken too long ago, or stamped in the future (a clock from another
-            // boot, or a client's scribble), which would otherwise stall every creator.
-            const int32_t age_ms = int32_t(now_ms - uint32_t(cur >> 32));
-            takeable = age_ms > int32_t(kCreateLockStaleMs) ||
-                       age_ms < -int32_t(kCreateLockStaleMs);
-            break;
-          }
-        }
-      }
+      const bool takeable = Takeable(cur, now_ms);
       const uint64_t mine = CreateLockStamp(now_ms);
       if (takeable &&
           h_.create_lock.compare_exchange_strong(cur, mine, std::memory_order_acquire)) {
@@ -225,6 +244,11 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
   }
   *index = uint32_t(free_slot);
   return Status::Ok();
+}
+
+bool Segment::CreateLockTakeable() const {
+  return Takeable(header_->create_lock.load(std::memory_order_acquire),
+                  NsToMs32(PreciseNowNs()));
 }
 
 Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index, uint32_t lock_wait_ms) {

@@ -11,8 +11,8 @@
 // holder by the stamp:
 //   - stamped in the waiter's own pid namespace (the tag matches): kill(pid, 0) decides. A
 //     holder that runs (0, or EPERM: it runs as another user) keeps the lock however old the
-//     stamp, so a holder stopped or throttled is never robbed; a holder that is gone (ESRCH)
-//     loses it at once.
+//     stamp, so a holder stopped or throttled is never robbed; a holder that is gone (ESRCH),
+//     or has exited and waits to be reaped (a zombie), loses it at once.
 //   - anything else (another pid namespace, whose pid numbers name other processes here; a
 //     writer of an earlier build, tag 0; no /proc to read the namespace from): the pid says
 //     nothing, and the age decides as it always did: over 1 s, or over 1 s in the future.

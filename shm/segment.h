@@ -151,6 +151,9 @@ class Segment {
   // the header).
   Status CreateOnTheFly(std::string_view name, uint32_t* index,
                         uint32_t lock_wait_ms = kCreateLockWaitMs);
+  // CreateLockTakeable: is the create lock free, or held by a process that is gone (or a
+  // stale stamp)? What a creator would find now, without taking it; a few syscalls while held.
+  bool CreateLockTakeable() const;
   // Retire marks a dependency retired: Find no longer returns it, permits in flight complete.
   void Retire(uint32_t index);
 

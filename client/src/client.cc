@@ -91,6 +91,7 @@ void ClientImpl::ForgetConnectionInChild() {
   hello_fd_ = -1;
   degraded_.fetch_and(~kWaiting, kRelaxed);
   moving_ = false;  // the thread that was moving this client does not exist in the child
+  looking_again_ = false;  // nor the one looking names up again
 }
 
 ClientImpl::~ClientImpl() {
@@ -220,15 +221,49 @@ Status ClientImpl::Create(const ClientOptions& options, std::unique_ptr<ClientIm
   return Status::Ok();
 }
 
+// LockBusy: did a lookup fail only because another process held the segment's create lock?
+static bool LockBusy(const Status& s) { return s.code() == Status::Code::kIoError; }
+
 ClientImpl::Lookup ClientImpl::LookUp(shm::Segment& seg, std::string_view name,
-                                      uint32_t lock_wait_ms) {
+                                      uint32_t lock_wait_ms, bool* lock_busy) {
   Lookup found;
+  if (*lock_busy) {
+    if (const int32_t i = seg.Find(name); i >= 0) {
+      found.index = uint32_t(i);
+    } else {
+      found.status = Status::IoError("dependency '" + std::string(name) +
+                                     "': another creator holds the segment's create lock");
+    }
+    return found;
+  }
   found.status = seg.CreateOnTheFly(name, &found.index, lock_wait_ms);
+  *lock_busy = LockBusy(found.status);
   return found;
 }
 
-// LockBusy: did a lookup fail only because another process held the segment's create lock?
-static bool LockBusy(const Status& s) { return s.code() == Status::Code::kIoError; }
+shm::DependencySlot* ClientImpl::PrivateSlot(const std::string& name, uint32_t* index,
+                                             Status* error) {
+  for (const auto& p : privates_) {
+    if (const int32_t i = p->Find(name); i >= 0) {
+      *index = uint32_t(i);
+      return p->dependency(*index);
+    }
+  }
+  for (;;) {
+    if (!privates_.empty()) {
+      *error = privates_.back()->CreateOnTheFly(name, index);
+      if (error->ok()) return privates_.back()->dependency(*index);
+      if (error->code() != Status::Code::kFull) return nullptr;
+    }
+    // Only this client, under mu_, creates in its private tables: no lock is waited for.
+    const uint32_t size =
+        privates_.empty() ? kPrivateDependencies
+                          : std::min<uint32_t>(privates_.back()->max_dependencies() * 4,
+                                               kMaxResolved);
+    if (!privates_.empty() && size == privates_.back()->max_dependencies()) return nullptr;
+    privates_.push_back(shm::Segment::CreatePrivate(size, 1, shm::Policy{}));
+  }
+}
 
 void ClientImpl::PaceAttach(uint64_t at_ns) {
   next_attach_ns_ = at_ns;
@@ -252,12 +287,10 @@ Status ClientImpl::Bind(Entry& e, shm::Segment& seg, const Lookup& found) {
   if (!slot) {
     if (s.code() == Status::Code::kInvalidArgument) return s;
     // Refused, table full, or the create lock held: per-process limits for this name, said
-    // once. Only this client, under mu_, creates in `private_`, so its create lock is never
-    // waited for.
-    if (!private_) private_ = shm::Segment::CreatePrivate(kPrivateDependencies, 1, shm::Policy{});
-    Status p = private_->CreateOnTheFly(e.name, &index);
-    if (!p.ok()) return p;
-    slot = private_->dependency(index);
+    // once.
+    Status p;
+    slot = PrivateSlot(e.name, &index, &p);
+    if (!slot) return p;
     if (LockBusy(s)) {
       if (!e.waits_for_lock) {
         Log(1, "dependency '" + e.name + "': another process holds the create lock of " +
@@ -302,7 +335,9 @@ shm::DependencySlot* ClientImpl::Rebind(uint32_t dep, uint32_t* generation) {
   shm::Segment* const looked_in = seg_.get();
   const std::string name = e.name;
   lock.Unlock();
-  const Lookup found = LookUp(*looked_in, name, kNewNameLockWaitMs);
+  // A name already waiting for the lock says it is held: find only, as they wait.
+  bool busy = (degraded_.load(kRelaxed) & kUnbound) != 0;
+  const Lookup found = LookUp(*looked_in, name, kNewNameLockWaitMs, &busy);
   lock.Lock();
   if (seg_.get() == looked_in) {
     if (Status s = Bind(e, *seg_, found); !s.ok()) {
@@ -349,7 +384,8 @@ Status ClientImpl::Resolve(std::string_view name, Dependency* out) {
     // mapped (old_), so `looked_in` stays valid.
     looked_in = seg_.get();
     lock.Unlock();
-    found = LookUp(*looked_in, name, kNewNameLockWaitMs);
+    bool busy = (degraded_.load(kRelaxed) & kUnbound) != 0;  // as in Rebind
+    found = LookUp(*looked_in, name, kNewNameLockWaitMs, &busy);
     lock.Lock();
   }
 }
@@ -362,32 +398,48 @@ void ClientImpl::SlowPath() {
 void ClientImpl::LookAgainForUnbound() {
   MutexLock lock(&mu_);
   const uint64_t now = shm::CoarseNowNs();
-  if (moving_ || !(degraded_.load(kRelaxed) & kUnbound) || now < next_lock_try_ns_) return;
+  if (moving_ || looking_again_ || !(degraded_.load(kRelaxed) & kUnbound) ||
+      now < next_lock_try_ns_) {
+    return;
+  }
   next_lock_try_ns_ = now + kLockRetryNs;
+  // The names that wait, from where the last look stopped, at most kNamesPerLookAgain.
   std::vector<uint32_t> ids;
   std::vector<std::string> names;
-  for (uint32_t i = 0, n = entry_count_.load(kRelaxed); i < n; ++i) {
+  const uint32_t n = entry_count_.load(kRelaxed);
+  for (uint32_t k = 0; k < n && ids.size() < kNamesPerLookAgain; ++k) {
+    const uint32_t i = (look_again_from_ + k) % n;
     if (entries_[i].waits_for_lock) {
       ids.push_back(i);
       names.push_back(entries_[i].name);
     }
   }
-  shm::Segment* const looked_in = seg_.get();
-  std::vector<Lookup> found;
-  if (!ids.empty()) {
-    lock.Unlock();
-    for (const std::string& name : names) found.push_back(LookUp(*looked_in, name, 0));
-    lock.Lock();
+  if (ids.empty()) {
+    degraded_.fetch_and(~kUnbound, kRelaxed);
+    PaceSlowPath();
+    return;
   }
+  look_again_from_ = (ids.back() + 1) % n;
+  PaceSlowPath();
+  shm::Segment* const looked_in = seg_.get();
+  looking_again_ = true;
+  lock.Unlock();
+  // One look at the lock first: while its holder lives, no name is looked up.
+  std::vector<Lookup> found;
+  if (bool busy = !looked_in->CreateLockTakeable(); !busy) {
+    for (const std::string& name : names) found.push_back(LookUp(*looked_in, name, 0, &busy));
+  }
+  lock.Lock();
+  looking_again_ = false;
   // Moved meanwhile: the move bound every name again, in the segment it moved to.
   if (seg_.get() == looked_in) {
-    for (size_t k = 0; k < ids.size(); ++k) {
+    for (size_t k = 0; k < found.size(); ++k) {
       if (found[k].status.ok()) (void)Bind(entries_[ids[k]], *seg_, found[k]);
     }
   }
   bool unbound = false;
-  for (uint32_t i = 0, n = entry_count_.load(kRelaxed); i < n; ++i) {
-    unbound = unbound || entries_[i].waits_for_lock;
+  for (uint32_t i = 0, count = entry_count_.load(kRelaxed); i < count && !unbound; ++i) {
+    unbound = entries_[i].waits_for_lock;
   }
   if (!unbound) degraded_.fetch_and(~kUnbound, kRelaxed);
   PaceSlowPath();
@@ -474,13 +526,16 @@ void ClientImpl::AttachIfDue() {
   // Look every resolved name up in the fresh segment before moving to it, without mu_ (see
   // client_impl.h); names resolved meanwhile are looked up in the next round. `moving_` keeps
   // other threads from moving this client meanwhile.
+  // After one name finds the create lock held, the others are only found: the move waits at
+  // most kNewNameLockWaitMs in all.
   std::vector<Lookup> found;
+  bool busy = false;
   for (uint32_t n; (n = entry_count_.load(kRelaxed)) > found.size();) {
     std::vector<std::string> names;
     for (uint32_t i = uint32_t(found.size()); i < n; ++i) names.push_back(entries_[i].name);
     lock.Unlock();
     for (const std::string& name : names) {
-      found.push_back(LookUp(*fresh.segment, name, kNewNameLockWaitMs));
+      found.push_back(LookUp(*fresh.segment, name, kNewNameLockWaitMs, &busy));
     }
     lock.Lock();
   }

@@ -8,13 +8,15 @@
 // relaxed load each.
 // Creating a dependency in the segment takes its create lock, which the daemon holds while it
 // writes dependencies (a reload) and other workers while they create one. A client waits for
-// it at most kNewNameLockWaitMs, once per name: a holder that is stopped (a daemon stopped in
+// it at most kNewNameLockWaitMs, and only while no name of its own waits for it already (a move
+// to another segment waits at most that in all): a holder that is stopped (a daemon stopped in
 // the middle of a reload) would otherwise hold every new name's first call. A name whose lock
-// stayed held is bound to per-process limits, marked `waits_for_lock`, and later slow paths
-// (kUnbound, about every kLockRetryNs) try the lock again without waiting, moving it to the
-// host's slot once it is free. `mu_` is not held while trying that lock either: fork() takes
-// `mu_` first (BeforeFork). Resolve and SlowPath look names up with `mu_` released and take it
-// again to publish what they found.
+// stayed held is bound to per-process limits (privates_, which grow), marked `waits_for_lock`,
+// and later slow paths (kUnbound, about every kLockRetryNs, one thread at a time) look at the
+// lock once and, when it is free, look up to kNamesPerLookAgain such names again, moving them
+// to the host's slots. `mu_` is not held while trying that lock: fork() takes `mu_` first
+// (BeforeFork). Resolve and SlowPath look names up with `mu_` released and take it again to
+// publish what they found.
 //
 // Attaching through the socket never waits for the daemon on a request path (DESIGN.md,
 // invariant 7). An attach is a hello sent on a non-blocking connection (`hello_fd_`, recorded
@@ -69,6 +71,9 @@ class ClientImpl final : public Client {
   // a name that did not get it tries again.
   static constexpr uint32_t kNewNameLockWaitMs = 1;
   static constexpr uint64_t kLockRetryNs = 10'000'000;
+  // At most this many names are looked up again in one slow path, so that a call that finds the
+  // lock free after a long stop does not look up thousands.
+  static constexpr uint32_t kNamesPerLookAgain = 64;
 
   ~ClientImpl() override;
   static Status Create(const ClientOptions& options, std::unique_ptr<ClientImpl>* out);
@@ -165,8 +170,15 @@ class ClientImpl final : public Client {
   // ForgetConnectionInChild closes this client's connections in a forked child.
   void ForgetConnectionInChild() NO_THREAD_SAFETY_ANALYSIS;
   // LookUp finds or creates `name` in `seg`. It may wait up to `lock_wait_ms` for the
-  // segment's create lock, held by another process: call it without mu_.
-  static Lookup LookUp(shm::Segment& seg, std::string_view name, uint32_t lock_wait_ms);
+  // segment's create lock, held by another process: call it without mu_. With *lock_busy set
+  // (an earlier lookup of the same batch found the lock held) it only finds; it sets
+  // *lock_busy when the lock kept it from creating.
+  static Lookup LookUp(shm::Segment& seg, std::string_view name, uint32_t lock_wait_ms,
+                       bool* lock_busy);
+  // PrivateSlot finds or creates `name` in privates_, adding a larger table when the last is
+  // full; nullptr (and *error) only past kMaxResolved names.
+  shm::DependencySlot* PrivateSlot(const std::string& name, uint32_t* index, Status* error)
+      REQUIRES(mu_);
   // Bind points `e` at its slot in `seg`, which `found` came from, or at a per-process slot
   // if `seg` refused the name (cold, under mu_); one refused because the create lock stayed
   // held waits_for_lock. Leaves `e` as it was on error.
@@ -181,7 +193,9 @@ class ClientImpl final : public Client {
   std::unique_ptr<shm::Segment> seg_ GUARDED_BY(mu_);  // current segment
   // Replaced segments, kept mapped for the permits and lookups still on them.
   std::vector<std::unique_ptr<shm::Segment>> old_ GUARDED_BY(mu_);
-  std::unique_ptr<shm::Segment> private_ GUARDED_BY(mu_);  // per-process state for refused names
+  // Per-process state for names the segment refused (or could not create: the create lock
+  // held), in tables of growing size: a name keeps its slot in the first that holds it.
+  std::vector<std::unique_ptr<shm::Segment>> privates_ GUARDED_BY(mu_);
   std::atomic<shm::SegmentHeader*> header_{nullptr};
   std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound
   // Socket mode: this process's connection to the daemon (-1: none), and one just made that
@@ -190,6 +204,8 @@ class ClientImpl final : public Client {
   int pending_connection_ GUARDED_BY(mu_) = -1;
   int hello_fd_ GUARDED_BY(mu_) = -1;  // a hello sent, its answer not read yet
   bool moving_ GUARDED_BY(mu_) = false;            // SlowPath is moving to another segment
+  bool looking_again_ GUARDED_BY(mu_) = false;     // LookAgainForUnbound runs in a thread
+  uint32_t look_again_from_ GUARDED_BY(mu_) = 0;   // the entry LookAgainForUnbound goes on from
   bool attach_failure_logged_ GUARDED_BY(mu_) = false;
   std::atomic<uint16_t> owner_{shm::kUnknownOwner};
   // Socket mode: owner_'s word as the daemon registered it, to resume it on connection_ when

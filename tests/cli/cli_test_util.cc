@@ -15,6 +15,7 @@
 
 #include "shm/clock.h"
 #include "shm/registry.h"
+#include "tests/reachable_copy.h"
 
 #ifndef RETRYCTL_PATH
 #error "RETRYCTL_PATH must name the retryctl binary"
@@ -62,8 +63,12 @@ RunResult Run(const std::vector<std::string>& argv, const RunOptions& opt) {
     ADD_FAILURE() << "write stdin: " << std::strerror(errno);
   }
   lseek(in_fd, 0, SEEK_SET);
+  // Another user runs a copy it can reach, wherever the build tree is.
+  const std::string program =
+      opt.uid != uid_t(-1) && !argv.empty() ? ::retryd::testing::ReachableCopy(argv[0]) : "";
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  if (!program.empty()) args[0] = const_cast<char*>(program.c_str());
   args.push_back(nullptr);
   std::fflush(nullptr);
   const pid_t pid = fork();

@@ -38,6 +38,7 @@
 #include "shm/registry.h"
 #include "daemon/attach_server.h"
 #include "tests/daemon/daemon_harness.h"
+#include "tests/reachable_copy.h"
 
 namespace retryd::daemon {
 namespace {
@@ -369,7 +370,7 @@ TEST_F(AttachTest, UnderAHidingProcTheDaemonJudgesWorkersByTheirConnection) {
                  "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 "
                  "--regid=65534 --clear-groups --pdeathsig SIGKILL \"$0\" \"$@\" 2>\"" +
                      log + "\"",
-                 RETRYD_BINARY, "--config=" + config_});
+                 ::retryd::testing::ReachableCopy(RETRYD_BINARY), "--config=" + config_});
   shm::Attachment obs;
   ASSERT_TRUE(WaitUntil(
       [&] {
@@ -410,7 +411,7 @@ TEST_F(AttachTest, ByNameUnderAHidingProcTheDaemonRefusesToStart) {
                  "mount -t proc -o hidepid=2 proc /proc && setpriv --reuid=65534 "
                  "--regid=65534 --clear-groups --pdeathsig SIGKILL \"$0\" \"$@\" 2>\"" +
                      log + "\"; echo exit $?",
-                 RETRYD_BINARY, "--config=" + config_});
+                 ::retryd::testing::ReachableCopy(RETRYD_BINARY), "--config=" + config_});
   EXPECT_EQ(daemon.Line(), "exit 1") << testing::ReadFile(log);
   const std::string err = testing::ReadFile(log);
   EXPECT_NE(err.find(config_ + ": [daemon] socket is \"\", so workers are judged alive by /proc"),

@@ -34,6 +34,7 @@
 #include "shm/segment.h"
 #include "tests/daemon/daemon_harness.h"
 #include "tests/daemon/prometheus_check.h"
+#include "tests/reachable_copy.h"
 
 namespace retryd::daemon {
 namespace {
@@ -898,6 +899,8 @@ TEST(JournalTest, EachLineCarriesItsSyslogPriorityWhenStderrIsTheJournal) {
 // groups), as the unit's ExecStartPre runs it as User=; returns the exit code and stderr.
 testing::RunResult CheckAsNobody(const std::string& config) {
   const std::string err = TempPath(".err");
+  // A copy nobody can reach, wherever the clone is.
+  const std::string binary = ::retryd::testing::ReachableCopy(RETRYD_BINARY);
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
@@ -907,7 +910,7 @@ testing::RunResult CheckAsNobody(const std::string& config) {
         setgid(65534) != 0 || setuid(65534) != 0) {
       _exit(100);
     }
-    execl(RETRYD_BINARY, RETRYD_BINARY, ("--check_config=" + config).c_str(),
+    execl(binary.c_str(), binary.c_str(), ("--check_config=" + config).c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }

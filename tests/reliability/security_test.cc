@@ -31,6 +31,7 @@
 #include "shm/clock.h"
 #include "shm/registry.h"
 #include "shm/segment.h"
+#include "tests/reachable_copy.h"
 #include "tests/reliability/reliability_util.h"
 
 namespace retryd::reliability {
@@ -154,7 +155,8 @@ TEST(PermissionTest, OutsiderIsRefusedWithAClearError) {
   EXPECT_EQ(code, 0) << message;
   std::printf("outsider sees:\n%s", message.c_str());
 #ifdef RETRYCTL_BINARY
-  const RunResult r = RunBinary(RETRYCTL_BINARY, {"--segment", name, "status"}, 10'000, [] {
+  const std::string retryctl = ::retryd::testing::ReachableCopy(RETRYCTL_BINARY);
+  const RunResult r = RunBinary(retryctl, {"--segment", name, "status"}, 10'000, [] {
     if (setgroups(0, nullptr) != 0 || setgid(kNogroup) != 0 || setuid(kNobody) != 0) _exit(100);
   });
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -188,10 +190,12 @@ TEST(PermissionTest, ReadAccessSufficesForReadOnly) {
     const gid_t g = kNogroup;
     if (setgroups(1, &g) != 0 || setgid(kNogroup) != 0 || setuid(kNobody) != 0) _exit(100);
   };
-  const RunResult status = RunBinary(RETRYCTL_BINARY, {"--segment", name, "status"}, 10'000, drop);
+  const std::string retryctl = ::retryd::testing::ReachableCopy(RETRYCTL_BINARY);
+  const RunResult status = RunBinary(retryctl, {"--segment", name, "status"}, 10'000, drop);
   EXPECT_NE(status.exit_code, 2) << status.err;
   EXPECT_NE(status.out.find("honest-bulk"), std::string::npos) << status.out;
-  const RunResult set = RunBinary(RETRYCTL_BINARY, {"--segment", name, "set-mode", "victim", "shadow"}, 10'000, drop);
+  const RunResult set =
+      RunBinary(retryctl, {"--segment", name, "set-mode", "victim", "shadow"}, 10'000, drop);
   EXPECT_EQ(set.exit_code, 2) << set.out << set.err;
   EXPECT_NE(set.err.find("permission denied"), std::string::npos) << set.err;
 #endif

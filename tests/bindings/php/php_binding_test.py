@@ -212,10 +212,16 @@ def run_permission(ext, binary, env):
     with tempfile.TemporaryDirectory(prefix="retryd-php-deny-") as tmp:
         os.chmod(tmp, 0o755)   # nobody reaches the socket, and is refused by the daemon
         daemon = Daemon(binary, tmp, {}, {"mode": "0666", "allow_users": ["root"]})
+        # nobody loads the extension and reads the scripts from here: the clone may be in a
+        # directory only root can enter.
+        shutil.copy(ext, tmp)
+        for name in ("lib.php", "test_permission.php"):
+            shutil.copy(BINDING / "tests" / name, tmp)
         try:
             env = dict(env, RETRYD_DENY_SOCKET=daemon.sock, HOME=tmp)
             env.pop("RETRYD_SOCKET", None)
-            r = php(ext, str(BINDING / "tests" / "test_permission.php"), env, cwd=tmp,
+            r = php(str(pathlib.Path(tmp) / pathlib.Path(ext).name),
+                    str(pathlib.Path(tmp) / "test_permission.php"), env, cwd=tmp,
                     user=65534, group=65534, extra_groups=[])
             if r.returncode != 0:
                 log("--- retryd log\n" + daemon.log_path.read_text()[-4000:])
