@@ -217,8 +217,14 @@ def run_permission(ext, binary, env):
         shutil.copy(ext, tmp)
         for name in ("lib.php", "test_permission.php"):
             shutil.copy(BINDING / "tests" / name, tmp)
+        # ... and the library the extension links, which the build tree holds.
+        ldd = subprocess.run(["ldd", ext], stdout=subprocess.PIPE, text=True).stdout
+        for line in ldd.splitlines():
+            parts = line.split()
+            if parts and parts[0].startswith("libretryd.so") and len(parts) >= 3:
+                shutil.copy(parts[2], pathlib.Path(tmp) / parts[0])
         try:
-            env = dict(env, RETRYD_DENY_SOCKET=daemon.sock, HOME=tmp)
+            env = dict(env, RETRYD_DENY_SOCKET=daemon.sock, HOME=tmp, LD_LIBRARY_PATH=tmp)
             env.pop("RETRYD_SOCKET", None)
             r = php(str(pathlib.Path(tmp) / pathlib.Path(ext).name),
                     str(pathlib.Path(tmp) / "test_permission.php"), env, cwd=tmp,
