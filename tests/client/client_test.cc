@@ -354,6 +354,21 @@ TEST(ClientTest, AStoppedHolderOfTheCreateLockNeverHoldsAWorkerAndItsNamesMoveWh
   EXPECT_EQ(moved, 2);
 }
 
+// CreateNamed creates (or, its name taken, adopts) the segment `name` as a daemon would, with
+// room for `dependencies`.
+std::unique_ptr<shm::Segment> CreateNamed(const std::string& name, uint32_t dependencies) {
+  shm::CreateOptions opt;
+  opt.name = name;
+  opt.max_dependencies = dependencies;
+  opt.max_processes = 8;
+  std::unique_ptr<shm::Segment> seg;
+  bool adopted;
+  std::string note;
+  const Status s = shm::Segment::CreateOrAdopt(opt, &seg, &adopted, &note);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return seg;
+}
+
 // StoppedHolder: a live process, stopped, whose pid the segment's create lock names, as a
 // daemon stopped in the middle of a reload would hold it. Killed and reaped when destroyed.
 class StoppedHolder {
@@ -454,23 +469,16 @@ TEST(ClientTest, HundredsOfNamesWaitingForTheCreateLockNeitherFailNorSlowTheOthe
 // with 2,000 names); the names the replacement holds are bound to it at once.
 TEST(ClientTest, MovingWhileTheNewSegmentsCreateLockIsHeldWaitsOnceNotPerName) {
   const std::string name = testing::UniqueSegmentName("movelock");
-  shm::CreateOptions opt;
-  opt.name = name;
-  opt.max_dependencies = 1024;
-  opt.max_processes = 8;
-  std::unique_ptr<shm::Segment> first;
-  bool adopted;
-  std::string note;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &first, &adopted, &note).ok());
+  std::unique_ptr<shm::Segment> first = CreateNamed(name, 1024);
+  ASSERT_TRUE(first);
   auto c = OpenOrDie(name, false);
   SetLogCallback([](int, std::string_view) {});
   std::vector<Dependency> deps(500);
   for (int i = 0; i < 500; ++i) {
     ASSERT_TRUE(c->Resolve("d" + std::to_string(i), &deps[size_t(i)]).ok());
   }
-  opt.max_dependencies = 2048;
-  std::unique_ptr<shm::Segment> second;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &second, &adopted, &note).ok());
+  std::unique_ptr<shm::Segment> second = CreateNamed(name, 2048);
+  ASSERT_TRUE(second);
   testing::AddDependency(*second, "d0", {});
   StoppedHolder holder(*second);
   const uint64_t slowest = SlowestCall(*c, deps[0], 1);
@@ -520,21 +528,14 @@ TEST(ClientTest, AZombieHolderOfTheCreateLockHoldsNothing) {
 
 TEST(ClientTest, MovesToAReplacementSegment) {
   const std::string name = testing::UniqueSegmentName("move");
-  shm::CreateOptions opt;
-  opt.name = name;
-  opt.max_dependencies = 8;
-  opt.max_processes = 8;
-  std::unique_ptr<shm::Segment> first;
-  bool adopted;
-  std::string note;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &first, &adopted, &note).ok());
+  std::unique_ptr<shm::Segment> first = CreateNamed(name, 8);
+  ASSERT_TRUE(first);
   auto c = OpenOrDie(name, false);
   Dependency d;
   ASSERT_TRUE(c->Resolve("orders", &d).ok());
   // A daemon with another capacity replaces it; the client moves on its next admit.
-  opt.max_dependencies = 16;
-  std::unique_ptr<shm::Segment> second;
-  ASSERT_TRUE(shm::Segment::CreateOrAdopt(opt, &second, &adopted, &note).ok());
+  std::unique_ptr<shm::Segment> second = CreateNamed(name, 16);
+  ASSERT_TRUE(second);
   shm::Policy p;
   p.min_calls = 2;
   p.open_for_ms = 60'000;
