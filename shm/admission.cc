@@ -76,12 +76,15 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
       if (ReclaimExpired(slot, now_ns, caller) > 0) continue;
       return Decision::kRejectedHalfOpenBusy;
     }
-    // The lease is ours; it is a probe only if the breaker is still in the half-open we saw.
+    // The lease is ours; it is a probe only if the breaker is still in the half-open we saw,
+    // and the word still holds it: a caller stalled here while its lease expired, was swept
+    // and 65,536 more half-opens brought the seq round again must not probe beside another.
     const BreakerWord again = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
     if (again.state != BreakerState::kHalfOpen || again.seq != b.seq) {
       Lease::Release(slot.probe_leases[i], lease);
       continue;
     }
+    if (slot.probe_leases[i].load(std::memory_order_acquire) != lease) continue;
     p->probe_lease = lease;
     p->probe_index = uint16_t(i);
     p->breaker_seq = b.seq;

@@ -100,7 +100,8 @@ inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t gene
 // the probe still held its lease (not expired and reclaimed, which counted as a failed probe,
 // nor voided because its half-open ended); the counters count every completion. A probe
 // whose outcome is kIgnored says nothing of the dependency's health: its place goes to the next
-// caller, which probes in the same half-open. Calling it twice with one permit is a no-op the
+// caller, which probes in the same half-open (as a probe's does when its process dies and the
+// daemon reclaims its lease: registry.h). Calling it twice with one permit is a no-op the
 // second time. Thread-safe.
 inline void Complete(DependencySlot& slot, Permit* permit, Outcome outcome, uint64_t latency_ns,
                      uint64_t now_ns, Caller& caller);

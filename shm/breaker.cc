@@ -256,8 +256,10 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     // A reload that changed the shape since `s` was read may have emptied the stripes before
     // this store (StartWindowAnew): the period just stored is one of the old shape, which the
     // window would read as a later one and skip, with every success the stripe counts in it.
-    // Put it out of reach, as StartWindowAnew does: the next success hands it over.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Put it out of reach, as StartWindowAnew does: the next success hands it over. The head's
+    // read-modify-write orders the store before the shape's read against StartWindowAnew's
+    // (a full barrier, where a fence would be one the thread sanitizer cannot follow).
+    slot.window_head.fetch_add(0, std::memory_order_acq_rel);
     if (const WindowShape now_shape = Shape(slot);
         now_shape.bucket_ns != s.bucket_ns || now_shape.buckets != s.buckets) {
       st.window_start.store(~uint64_t{0}, kRelaxed);
@@ -358,16 +360,20 @@ BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t n
 // (stripes.h), finds its period no longer held and goes to the shared buckets.
 void StartWindowAnew(DependencySlot& slot) {
   // The new shape is stored before the stripes are emptied, and read by a stripe's first
-  // success after it stores a period (RecordStripeSuccess): one of the two sees the other.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // success after it stores a period (RecordStripeSuccess): both read-modify-write the head in
+  // between, so the later of the two sees what the earlier stored.
+  // The buckets (failures) go before the stripes (successes): a reader that finds a stripe
+  // emptied finds the head changed when it looks again (ReadWindow), and never counts the old
+  // failures without the successes beside them.
+  slot.window_head.exchange(0, std::memory_order_acq_rel);
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
     slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
     std::atomic<uint64_t>& word = slot.stripes[i].window;
     uint64_t w = word.load(kRelaxed);
-    while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
+    while (w != 0 && !word.compare_exchange_weak(w, 0, std::memory_order_release,
+                                                 std::memory_order_relaxed)) {
     }
   }
-  slot.window_head.store(0, std::memory_order_release);
 }
 
 std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b) {
@@ -503,16 +509,17 @@ bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_
   return true;
 }
 
-WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
+namespace {
+
+WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t head) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
-  const uint64_t head = slot.window_head.load(std::memory_order_acquire);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
   WindowStats w;
   // The successes the stripes hold for their newest periods (stripes.h).
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    const uint64_t word = slot.stripes[i].window.load(kRelaxed);
+    const uint64_t word = slot.stripes[i].window.load(std::memory_order_acquire);
     if (StripeWindow::Count(word) == 0) continue;
     const uint64_t p = StripePeriod(word, now_ns / 1'000'000u, s);
     // As for a bucket: in the reader's window, and not a window behind the newest period.
@@ -537,6 +544,20 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
     w.slow += Bucket::Slow(word);
   }
   return w;
+}
+
+}  // namespace
+
+WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
+  // A window started anew (StartWindowAnew) while it was read could give the old buckets'
+  // failures without the stripes' successes: read again when the head moved meanwhile, and
+  // read nothing if it keeps moving.
+  for (int round = 0; round < 4; ++round) {
+    const uint64_t head = slot.window_head.load(std::memory_order_acquire);
+    const WindowStats w = ReadWindowOnce(slot, now_ns, head);
+    if (slot.window_head.load(std::memory_order_acquire) == head) return w;
+  }
+  return WindowStats{};
 }
 
 void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng,

@@ -1,5 +1,6 @@
 #include "shm/dependency_table.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -46,6 +47,19 @@ enum class Holder { kLive, kDead, kUnknown };
 
 // Zombie: has `pid` exited, its parent not having reaped it yet? kill(pid, 0) still succeeds
 // on such a process, which holds nothing any more (a pid is not reused before it is reaped).
+// A process whose main thread exited while others run shows its leader as a zombie too, and
+// lives: it has a task besides the leader.
+bool OtherTasks(pid_t pid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/task", int(pid));
+  DIR* dir = opendir(path);
+  if (dir == nullptr) return false;
+  int tasks = 0;
+  while (const dirent* e = readdir(dir)) tasks += e->d_name[0] != '.';
+  closedir(dir);
+  return tasks > 1;
+}
+
 bool Zombie(pid_t pid) {
   char path[32];
   std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
@@ -57,7 +71,8 @@ bool Zombie(pid_t pid) {
   if (n <= 0) return false;
   buf[n] = '\0';
   const char* paren = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
-  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X') &&
+         !OtherTasks(pid);
 }
 
 Holder CheckHolder(uint64_t lock) {
@@ -166,6 +181,11 @@ int32_t Segment::Find(std::string_view name) const {
 
 Status Segment::PutDependency(std::string_view name, const Policy& policy, uint32_t* index,
                               uint32_t lock_wait_ms) {
+  return Put(name, policy, index, lock_wait_ms, /*keep_active=*/false);
+}
+
+Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index,
+                    uint32_t lock_wait_ms, bool keep_active) {
   if (!ValidDependencyName(name)) {
     return Status::InvalidArgument("bad dependency name '" + std::string(name) + "': use 1.." +
                                    std::to_string(kMaxNameLen) +
@@ -179,8 +199,12 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
                            std::to_string(lock_wait_ms) + " ms)");
   }
   // Every slot, not only those under the shared high-water mark: a client may have lowered
-  // it, and a live dependency's slot must never be re-initialized or given another name.
-  const uint32_t high = max_dependencies_;
+  // it, and a live dependency's slot must never be re-initialized or given another name. A
+  // process-private table has no other writer: its mark is true, and the pages past it stay
+  // untouched.
+  const uint32_t high =
+      private_ ? std::min(header_->dependency_high_water.load(kRelaxed) + 1, max_dependencies_)
+               : max_dependencies_;
   // The same name, active or retired, keeps its slot and its live state.
   int32_t found = -1, free_slot = -1, retired_slot = -1;
   for (uint32_t i = 0; i < high; ++i) {
@@ -191,6 +215,11 @@ Status Segment::PutDependency(std::string_view name, const Policy& policy, uint3
     }
     if (st == SlotState::kFree && free_slot < 0) free_slot = int32_t(i);
     if (st == SlotState::kRetired && retired_slot < 0) retired_slot = int32_t(i);
+  }
+  if (found >= 0 && keep_active &&
+      SlotState(dependencies_[found].state.load(kRelaxed)) == SlotState::kActive) {
+    *index = uint32_t(found);  // another creator was first: its policy stands
+    return Status::Ok();
   }
   if (found >= 0) {
     DependencySlot& d = dependencies_[found];
@@ -270,7 +299,7 @@ Status Segment::CreateOnTheFly(std::string_view name, uint32_t* index, uint32_t 
   Policy p = LoadPolicy(header_->defaults);
   const uint32_t mode = header_->default_mode.load(kRelaxed);
   p.mode = mode < kModeCount ? Mode(mode) : Mode::kEnforce;
-  Status s = PutDependency(name, p, index, lock_wait_ms);
+  Status s = Put(name, p, index, lock_wait_ms, /*keep_active=*/true);
   if (s.code() == Status::Code::kFull) header_->table_full_events.fetch_add(1, kRelaxed);
   return s;
 }

@@ -113,7 +113,9 @@ class DeadOwnerReaper {
 };
 
 // ReclaimOwner frees every lease of owner id `owner` (counted as kLeasesReclaimedDead) and
-// then its process slot if it still holds `owner_word`. Returns leases freed.
+// then its process slot if it still holds `owner_word`. A probe among them never reported: its
+// place goes to the next caller, as an ignored probe's does (admission.h), and the live probes
+// of its half-open keep theirs. Returns leases freed.
 uint64_t ReclaimOwner(Segment& seg, uint16_t owner, uint64_t owner_word);
 
 }  // namespace retryd::shm

@@ -178,6 +178,10 @@ class Segment {
   bool holds_daemon_lock_ = false;
   std::string name_;
   void BindTables();
+  // Put is PutDependency; with `keep_active`, a name found active under the lock (created by
+  // another creator since the caller looked) keeps its policy and mode.
+  Status Put(std::string_view name, const Policy& policy, uint32_t* index, uint32_t lock_wait_ms,
+             bool keep_active);
   void Initialize(const Policy& defaults, uint32_t flags);
 };
 

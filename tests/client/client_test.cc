@@ -2,13 +2,16 @@
 #include "retryd/client.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -524,6 +527,35 @@ TEST(ClientTest, AZombieHolderOfTheCreateLockHoldsNothing) {
   ASSERT_TRUE(c->Resolve("fresh", &fresh).ok());
   EXPECT_GE(seg.seg->Find("fresh"), 0) << "created in the segment, not on per-process limits";
   waitpid(holder, nullptr, 0);
+}
+
+// A holder whose main thread exited while another thread of it holds the lock shows its leader
+// as a zombie in /proc, and lives: its lock is never taken from it.
+TEST(ClientTest, AHolderWhoseMainThreadExitedKeepsTheCreateLock) {
+  testing::NamedSegment seg("leaderlock");
+  const pid_t holder = fork();
+  if (holder == 0) {
+    std::thread([] {
+      for (;;) pause();
+    }).detach();
+    syscall(SYS_exit, 0);  // this thread only, without unwinding through the test
+  }
+  seg.seg->header().create_lock.store(
+      uint64_t(uint32_t(holder)) | (uint64_t{shm::PidNamespaceTag()} << shm::kCreateLockPidBits) |
+      (uint64_t{shm::NsToMs32(shm::PreciseNowNs())} << 32));
+  // Wait until the leader shows as a zombie.
+  const std::string stat = "/proc/" + std::to_string(holder) + "/stat";
+  for (int i = 0; i < 10'000; ++i) {
+    std::ifstream in(stat);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z') break;
+    usleep(1'000);
+  }
+  EXPECT_FALSE(seg.seg->CreateLockTakeable()) << "a live holder was judged gone";
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  EXPECT_TRUE(seg.seg->CreateLockTakeable()) << "a holder gone holds nothing";
 }
 
 TEST(ClientTest, MovesToAReplacementSegment) {

@@ -171,6 +171,109 @@ TEST(MultiProcessTest, BulkheadNeverExceedsTheLimit) {
 // come back by expiry; with the daemon's reaper, as soon as the owners are seen dead.
 class CrashTest : public ::testing::TestWithParam<bool> {};
 
+// Worker processes create a name on the fly while the daemon's reload puts it with its
+// configured policy: whoever comes first, the configured policy stands. A creator whose Find
+// missed the name used to store the header's defaults over it under the lock (an unlimited
+// bulkhead where 2 were configured), until the next reload.
+TEST(MultiProcessTest, ACreatorRacingTheDaemonsPutNeverReplacesItsPolicy) {
+  testing::NamedSegment seg("createrace", 512, 64);
+  auto* go = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  Policy configured;
+  configured.bulkhead_limit = 2;
+  configured.bulkhead_timeout_ms = 60'000;
+  int replaced = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::string name = "dep-" + std::to_string(trial);
+    go->store(0);
+    std::vector<pid_t> kids;
+    for (int w = 0; w < 4; ++w) {
+      const pid_t kid = fork();
+      if (kid == 0) {
+        while (go->load() == 0) {
+        }
+        uint32_t index;
+        _exit(seg.seg->CreateOnTheFly(name, &index).ok() ? 0 : 3);
+      }
+      kids.push_back(kid);
+    }
+    for (volatile int spin = 0; spin < 20'000; spin = spin + 1) {
+    }
+    go->store(1);
+    for (volatile int spin = 0; spin < (trial % 40) * 200; spin = spin + 1) {
+    }
+    uint32_t index;
+    ASSERT_TRUE(seg.seg->PutDependency(name, configured, &index).ok());
+    for (const pid_t kid : kids) {
+      int status = 0;
+      waitpid(kid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    replaced += LoadKnob<Knob::bulkhead_limit>(seg.seg->dependency(index)->policy) != 2;
+  }
+  munmap(go, 4096);
+  EXPECT_EQ(replaced, 0) << "trials of 200 where the defaults replaced the configured policy";
+}
+
+// A probe's holder SIGKILLed while its probe is out: its call never reported, so, as for an
+// ignored outcome, the reaper hands its place to the next caller, which probes in the same
+// half-open; the breaker is not reopened, which would void the live probes of that half-open
+// while their calls are still out. At most `half_open_probes` probes are out at once.
+TEST(MultiProcessTest, AProbeWhoseProcessDiedHandsItsPlaceOn) {
+  testing::NamedSegment seg("deadprobe", 4, 64);
+  Policy p;
+  p.half_open_probes = 1;
+  p.close_after = 1;
+  p.min_calls = 1;
+  p.open_for_ms = 20;
+  p.open_for_max_ms = 20;
+  p.open_jitter_ms = 0;
+  p.probe_timeout_ms = 60'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "dep", p);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  Caller me{RegisterProcess(*seg.seg, getpid()), 0, 12345};
+  DeadOwnerReaper reaper;
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(round);
+    for (int i = 0; i < 5 && BreakerWord::Decode(slot.breaker.load()).state ==
+                                 BreakerState::kClosed; ++i) {
+      Permit permit;
+      Admit(slot, index, 0, PreciseNowNs(), me, &permit);
+      Complete(slot, &permit, Outcome::kFailure, 0, PreciseNowNs(), me);
+    }
+    usleep(30'000);  // the open period passes
+    int fd[2];
+    ASSERT_EQ(pipe(fd), 0);
+    const pid_t kid = fork();
+    if (kid == 0) {
+      Caller k{RegisterProcess(*seg.seg, getpid()), 0, 777};
+      Permit permit;
+      const uint16_t msg[2] = {uint16_t(Admit(slot, index, 0, PreciseNowNs(), k, &permit)),
+                               permit.breaker_seq};
+      if (write(fd[1], msg, sizeof msg) != sizeof msg) _exit(3);
+      pause();  // the probe is out ...
+      _exit(0);
+    }
+    uint16_t msg[2];
+    ASSERT_EQ(read(fd[0], msg, sizeof msg), ssize_t(sizeof msg));
+    close(fd[0]);
+    close(fd[1]);
+    reaper.Tick(*seg.seg);  // the daemon's tick verifies the new worker
+    ASSERT_EQ(Decision(msg[0]), Decision::kAdmittedProbe);
+    Permit busy;
+    EXPECT_EQ(Admit(slot, index, 0, PreciseNowNs(), me, &busy), Decision::kRejectedHalfOpenBusy);
+    Complete(slot, &busy, Outcome::kSuccess, 0, PreciseNowNs(), me);
+    kill(kid, SIGKILL);  // ... and its holder dies
+    waitpid(kid, nullptr, 0);
+    EXPECT_EQ(reaper.Tick(*seg.seg), 1u);
+    EXPECT_EQ(BreakerWord::Decode(slot.breaker.load()).state, BreakerState::kHalfOpen);
+    Permit next;
+    EXPECT_EQ(Admit(slot, index, 0, PreciseNowNs(), me, &next), Decision::kAdmittedProbe);
+    EXPECT_EQ(next.breaker_seq, msg[1]) << "the place is handed on in the same half-open";
+    Complete(slot, &next, Outcome::kFailure, 0, PreciseNowNs(), me);
+  }
+}
+
 TEST_P(CrashTest, LeasesOfKilledWorkersComeBack) {
   const bool with_reaper = GetParam();
   testing::NamedSegment seg(with_reaper ? "crash-reaper" : "crash-expiry");

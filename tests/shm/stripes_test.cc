@@ -18,6 +18,8 @@
 
 #include "shm/admission.h"
 #include "shm/breaker.h"
+#include "shm/counters.h"
+#include "shm/registry.h"
 #include "shm/retry_budget.h"
 #include "shm/segment.h"
 #include "shm/stripes.h"
@@ -543,6 +545,56 @@ TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
   }
   EXPECT_EQ(stale, 0) << "trials that left a period of the old shape in the stripe";
   EXPECT_EQ(tripped, 0) << "trials where 1 % failures tripped a 50 % breaker";
+}
+
+// Two worker processes call flat out through their CPUs' stripes on the real clock, 1 % of the
+// calls failing against a 50 % threshold, while a third reloads the policy every 5 ms through
+// four window shapes. A trip check racing a reload's StartWindowAnew read the old buckets'
+// failures after the stripes' successes were gone, and tripped the healthy dependency (4 runs
+// of 6 of 15 s); a reload now empties the buckets first, and a read that sees the head move
+// reads again.
+TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape) {
+  testing::NamedSegment seg("healthyreload", 4, 64);
+  Policy p;
+  p.min_calls = 20;
+  p.failure_rate_pct = 50;
+  p.open_for_ms = 1'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "dep", p);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  auto* stop = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::vector<pid_t> kids;
+  for (int w = 0; w < 2; ++w) {
+    const pid_t kid = fork();
+    if (kid == 0) {
+      Caller c{RegisterProcess(*seg.seg, getpid()), 0, uint32_t(777 + w)};
+      for (uint64_t n = 1; !stop->load(std::memory_order_relaxed); ++n) {
+        c.stripe = CurrentCpu();
+        Permit permit;
+        Admit(slot, index, 0, CoarseNowNs(), c, &permit);
+        Complete(slot, &permit, n % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess, 0,
+                 CoarseNowNs(), c);
+      }
+      _exit(0);
+    }
+    kids.push_back(kid);
+  }
+  const struct {
+    uint32_t window_ms, buckets;
+  } shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}};
+  const uint64_t end = PreciseNowNs() + 3 * kSec;
+  for (int k = 0; PreciseNowNs() < end; ++k) {
+    usleep(5'000);
+    Policy q = p;
+    q.window_ms = shapes[k % 4].window_ms;
+    q.window_buckets = shapes[k % 4].buckets;
+    StorePolicyOf(slot, q);
+  }
+  stop->store(1);
+  for (const pid_t kid : kids) waitpid(kid, nullptr, 0);
+  munmap(stop, 4096);
+  EXPECT_GT(ReadCounter(slot, kFirstAttempts), 10'000u);
+  EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
