@@ -197,11 +197,9 @@ TEST(MultiProcessTest, ACreatorRacingTheDaemonsPutNeverReplacesItsPolicy) {
       }
       kids.push_back(kid);
     }
-    for (volatile int spin = 0; spin < 20'000; spin = spin + 1) {
-    }
+    for (int spin = 0; spin < 20'000; ++spin) asm volatile("" ::: "memory");
     go->store(1);
-    for (volatile int spin = 0; spin < (trial % 40) * 200; spin = spin + 1) {
-    }
+    for (int spin = 0; spin < (trial % 40) * 200; ++spin) asm volatile("" ::: "memory");
     uint32_t index;
     ASSERT_TRUE(seg.seg->PutDependency(name, configured, &index).ok());
     for (const pid_t kid : kids) {
