@@ -12,6 +12,7 @@
 #include "shm/breaker.h"
 #include "shm/leases.h"
 #include "shm/retry_budget.h"
+#include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
 // Counts the allocations of the thread that sets `count_allocations` (admission.h promises
@@ -357,7 +358,7 @@ TEST_F(AdmissionTest, EveryProbeSuccessCountsWhenAllProbesCompleteAtOnce) {
   constexpr int kProbes = int(kMaxProbes);
   slot_->policy.half_open_probes.store(kProbes);
   slot_->policy.close_after.store(kProbes);
-  for (int round = 0; round < 500; ++round) {
+  for (int round = 0; round < Rounds(500); ++round) {
     slot_->breaker.store(
         BreakerWord{BreakerState::kHalfOpen, 0, 0, uint16_t(round), NsToMs32(now_)}.Encode());
     std::vector<Permit> permits(kProbes);

@@ -42,6 +42,7 @@
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
 #include "shm/segment.h"
+#include "tests/sanitized.h"
 #include "tests/shm/model/dependency_model.h"
 #include "tests/shm/test_util.h"
 
@@ -52,17 +53,7 @@ using model::DependencyModel;
 using model::ModelPermit;
 using model::ModelThread;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = kSanitizedBuild;
 
 constexpr uint64_t kDefaultSteps = 1'000'000;
 

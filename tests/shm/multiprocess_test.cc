@@ -15,6 +15,7 @@
 #include "shm/clock.h"
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
+#include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -183,7 +184,7 @@ TEST(MultiProcessTest, ACreatorRacingTheDaemonsPutNeverReplacesItsPolicy) {
   configured.bulkhead_limit = 2;
   configured.bulkhead_timeout_ms = 60'000;
   int replaced = 0;
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < Rounds(200); ++trial) {
     const std::string name = "dep-" + std::to_string(trial);
     go->store(0);
     std::vector<pid_t> kids;
