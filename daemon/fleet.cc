@@ -12,6 +12,7 @@
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/policy.h"
+#include "shm/stripes.h"
 
 namespace retryd::daemon {
 namespace {
@@ -24,21 +25,34 @@ constexpr uint64_t kMinBackoffMs = 250;
 constexpr uint64_t kMaxBackoffMs = 30'000;
 // A host's report counts for this many syncs; its lease lives as long unless renewed.
 constexpr uint32_t kFreshSyncs = 3;
+// A lease whose holder's breaker has not gone half-open this many syncs after it was taken
+// (no admit came: the host went quiet) is given back, and that host asks again only after
+// its workers call once more: the fleet's probe goes to a host with traffic.
+constexpr uint32_t kUnusedLeaseSyncs = 2;
 
 // Every script reads the store's own clock (TIME), so hosts' clocks need not agree.
+//
+// KEYS[1] the windows, KEYS[2] the outcome; ARGV: host, "calls failures slow opened_at", the
+// key's expiry, the freshness. opened_at is -1 for a closed host; for an open one, the outcome
+// count it read when its open period began. An open host's window is the failures it opened
+// on: it counts until the fleet's probe succeeds (the outcome's success_n), not after, so that
+// the hosts closing on that success do not trip again on the past.
 constexpr const char* kPublishWindow = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local success_n = tonumber(redis.call('HGET', KEYS[2], 'success_n') or '0')
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
-  local ms = tonumber(string.match(all[i + 1], '(%d+)$')) or 0
+  local v = all[i + 1]
+  local ms = tonumber(string.match(v, '(%d+)$')) or 0
+  local opened_at = tonumber(string.match(v, '^%d+ %d+ %d+ (%-?%d+) %d+$') or '-1')
   if now - ms > tonumber(ARGV[4]) then
     redis.call('HDEL', KEYS[1], all[i])
-  else
-    table.insert(out, all[i + 1])
+  elseif opened_at < 0 or opened_at >= success_n then
+    table.insert(out, v)
   end
 end
 return out
@@ -74,12 +88,14 @@ return 0
 
 // KEYS[1] the outcome, KEYS[2] the lease; ARGV: result, host, token, and the round: the outcome
 // count the lease was taken at. Publishes only while the lease is this host's: a prober whose
-// lease expired speaks for itself alone. Returns the new outcome count, or -1.
+// lease expired speaks for itself alone. A success also becomes success_n, before which no open
+// host's window counts (kPublishWindow). Returns the new outcome count, or -1.
 constexpr const char* kPublishOutcome = R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
 redis.call('DEL', KEYS[2])
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('HSET', KEYS[1], 'result', ARGV[1], 'host', ARGV[2], 'round', ARGV[4])
+if ARGV[1] == 'success' then redis.call('HSET', KEYS[1], 'success_n', n) end
 return n
 )lua";
 
@@ -132,7 +148,10 @@ struct Fleet::Run {
   bool held = false;                // its end moved by this daemon
   int32_t lease = -1;               // the fleet probe lease held, or -1
   int64_t lease_round = 0;          // the outcome count it was taken at: its round
+  uint64_t lease_taken_ns = 0;
   uint64_t next_renew_ns = 0;
+  uint64_t rejected_seen = 0;       // the breaker's rejections counted at the last step
+  uint64_t called_ns = 0;           // when a step last saw a new rejection: the host's demand
   int64_t outcome_n = 0;            // the fleet's outcome count when this open began
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
   uint32_t hosts = 0;               // live hosts at the last sync
@@ -331,14 +350,23 @@ bool Fleet::Sync(uint64_t now_ns) {
     if (slot == nullptr) continue;  // not in the segment yet (pending), or retired
     const shm::BreakerWord b =
         shm::BreakerWord::Decode(slot->breaker.load(std::memory_order_acquire));
-    // An open host's window is its past: it reports nothing until it closes again.
+    // An open host's window holds the failures it opened on (no call lands in it while open):
+    // it counts as a failing host's until the fleet's probe succeeds, so that a host too quiet
+    // to trip opens with hosts that tripped on their own. Its open period is the one this
+    // thread follows (run.seq), or it reports nothing until the next sync.
     shm::WindowStats w;
-    if (b.state == shm::BreakerState::kClosed) w = shm::ReadWindow(*slot, now_ns);
+    int64_t opened_at = -1;
+    if (b.state == shm::BreakerState::kClosed) {
+      w = shm::ReadWindow(*slot, now_ns);
+    } else if (run.seen && run.seq == b.seq) {
+      w = shm::ReadWindow(*slot, now_ns);
+      opened_at = run.outcome_n;
+    }
     const std::string mine = std::to_string(w.calls) + " " + std::to_string(w.failures) + " " +
-                             std::to_string(w.slow);
-    if (Status st = store_.Command(
-            {"EVAL", kPublishWindow, "1", Key(name, "window"), host_id_, mine, keep_ms, fresh_ms},
-            &reply);
+                             std::to_string(w.slow) + " " + std::to_string(opened_at);
+    if (Status st = store_.Command({"EVAL", kPublishWindow, "2", Key(name, "window"),
+                                    Key(name, "outcome"), host_id_, mine, keep_ms, fresh_ms},
+                                   &reply);
         !st.ok()) {
       GoLocal(st.message());
       return false;
@@ -453,7 +481,34 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
   }
 
+  // The host's demand: a call refused since the last step (held or open, its workers still
+  // call). Only a host with calls can probe: a lease goes to one that has them.
+  if (const uint64_t rejected = shm::ReadCounter(*slot, shm::kRejectedOpen);
+      rejected != run.rejected_seen) {
+    run.rejected_seen = rejected;
+    run.called_ns = now_ns;
+  }
+  const bool calling = run.called_ns != 0 && now_ns - run.called_ns <= sync_ms * kMsNs;
+
   shm::FleetRole role = shm::FleetRole::kMember;
+  if (run.lease >= 0 && b.state == shm::BreakerState::kOpen && b.seq == run.seq &&
+      now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
+      shm::SetOpenUntil(*slot, run.seq, now_ms + sync_ms, now_ns)) {
+    // No admit took the breaker half-open since the lease was taken: this host went quiet. It
+    // is held again first (the breaker cannot go half-open once this succeeds), then the lease
+    // goes back, for a host whose workers call.
+    if (Status st = store_.Command({"EVAL", kReleaseLease, "1",
+                                    Key(name, "lease:" + std::to_string(run.lease)), token_},
+                                   nullptr);
+        !st.ok()) {
+      return fail(st);
+    }
+    LOG(INFO) << "fleet: dependency " << name << ": no call came to probe with in "
+              << kUnusedLeaseSyncs << " syncs: the fleet probe lease is given back";
+    run.lease = -1;
+    run.held = true;
+    run.called_ns = 0;
+  }
   if (run.lease >= 0) {
     role = shm::FleetRole::kProbing;
     if (now_ns >= run.next_renew_ns) {
@@ -499,7 +554,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       }
       return true;
     }
-    if (run.close_at_ms == 0 && now_ms >= run.due_ms) {
+    if (run.close_at_ms == 0 && now_ms >= run.due_ms && calling) {
       std::vector<std::string> argv = {"EVAL", kAcquireLease,
                                        std::to_string(1 + run.cfg.fleet.half_open_probes),
                                        outcome_key};
@@ -513,6 +568,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       if (reply.integer >= 0) {
         run.lease = int32_t(reply.integer);
         run.lease_round = run.outcome_n;
+        run.lease_taken_ns = now_ns;
         run.next_renew_ns = now_ns + sync_ms * kMsNs;
         segment_.header().fleet_leases.fetch_add(1, kRelaxed);
         LOG(INFO) << "fleet: dependency " << name << ": this host probes for the fleet (lease "

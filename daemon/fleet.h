@@ -8,13 +8,17 @@
 //   trip     the fleet's window (the sum of every live host's) has >= min_calls calls and a
 //            rate at or over its threshold, and failures come from >= fleet_min_hosts hosts:
 //            a closed breaker here opens (kTrip: the breaker's own rules: seq, open period,
-//            jitter), so that a host too quiet to fill its own window opens with the fleet
+//            jitter), so that a host too quiet to fill its own window opens with the fleet.
+//            An open host reports the window it opened on, which counts until the fleet's
+//            probe next succeeds: hosts that tripped on their own open the quiet ones too
 //   probe    an open breaker is held open (SetOpenUntil, never past one sync period from the
-//            last step that reached the store) until its own open period is over; then the
-//            host asks for one of fleet_half_open_probes fleet probe leases (a key with an
-//            expiry and this daemon's owner token). A host that wins lets its breaker go
-//            half-open (its workers probe under the breaker's own rules); one that does not
-//            stays held until the fleet learns the outcome
+//            last step that reached the store) until its own open period is over; then a host
+//            whose workers called within the last sync asks for one of fleet_half_open_probes
+//            fleet probe leases (a key with an expiry and this daemon's owner token). A host
+//            that wins lets its breaker go half-open (its workers probe under the breaker's own
+//            rules); one whose breaker is still open kUnusedLeaseSyncs syncs later (no call
+//            came) is held again and gives the lease back. A host that does not win stays held
+//            until the fleet learns the outcome
 //   outcome  the prober's breaker closing publishes "success": every held host closes, each
 //            after its own uniform [0, open_jitter] (kFleetClosed); its breaker reopening
 //            publishes "failure": every held host reopens with its backed-off period
@@ -31,8 +35,9 @@
 // 30 s (through the Sentinels again, so a failover is followed) and logs the rejoin once.
 //
 // Keys, all under "PREFIX:" ([fleet] key_prefix): hosts (sorted set, server time),
-// dep:NAME:window (hash host -> "calls failures slow ms"), dep:NAME:lease:K (owner token, with
-// an expiry of three syncs, renewed every sync), dep:NAME:outcome (hash n, result, host).
+// dep:NAME:window (hash host -> "calls failures slow opened_at ms"), dep:NAME:lease:K (owner
+// token, with an expiry of three syncs, renewed every sync), dep:NAME:outcome (hash n, result,
+// host, round, success_n).
 //
 // Thread safety: Fleet's public functions may be called from the daemon's thread while the
 // fleet thread runs; the fleet thread touches the segment only through its atomic words.

@@ -158,6 +158,7 @@ struct Downstream {
   std::atomic<uint64_t> calls;
   std::atomic<uint64_t> failed;                 // calls answered while failing
   std::atomic<uint64_t> probes[kMaxHosts];      // admitted as probes, per host
+  std::atomic<uint64_t> calls_from[kMaxHosts];  // calls that reached it, per host
   std::atomic<uint64_t> slowest_admit_ns[kMaxHosts];
   std::atomic<uint64_t> retries_granted[kMaxHosts];
 };
@@ -250,6 +251,7 @@ class FleetTest : public ::testing::Test {
         if (plan.retries_only) ds_->retries_granted[i].fetch_add(1);
         if (d == shm::Decision::kAdmittedProbe) ds_->probes[i].fetch_add(1);
         ds_->calls.fetch_add(1);
+        ds_->calls_from[i].fetch_add(1);
         const bool fail = ds_->failing.load() != 0;
         if (fail) ds_->failed.fetch_add(1);
         // A hanging call ends early when the test stops or lifts the hang.
@@ -519,6 +521,102 @@ TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
     EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
     EXPECT_EQ(hosts_[size_t(i)].seg->header().fleet_trips.load(), 0u) << "host " << i;
   }
+}
+
+// Hosts that trip on their own windows open the quiet ones. Two busy hosts (20 calls/s each)
+// open on their own failures; then a quiet host (1 call/s) joins, as a host starting or
+// coming back during the incident would. An open host used to report an empty window, so the
+// fleet's sum never again had two failing hosts and the quiet host kept calling into the
+// outage; now an open host's window, the failures it opened on, counts until the fleet's probe
+// succeeds. The quiet host opens within its first syncs; once the downstream recovers, the
+// fleet's probe closes all three and the old windows trip nobody again.
+TEST_F(FleetTest, AQuietHostOpensWithBusyHostsThatTrippedOnTheirOwn) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 20\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+      "open_for = \"1s\"\nopen_for_max = \"1s\"\nopen_jitter = \"0s\"\n"
+      "half_open_probes = 1\nclose_after = 1\nfleet = true\nfleet_min_hosts = 2\n";
+  StartHosts(2, store, orders);
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  for (int i = 0; i < 2; ++i) StartWorker(i, {20, false});
+  ASSERT_TRUE(WaitUntil([&] {
+    return State(0) != shm::BreakerState::kClosed && State(1) != shm::BreakerState::kClosed;
+  }, 10'000));
+
+  StartHosts(1, store, orders);
+  ASSERT_TRUE(WaitJoined());
+  const uint64_t joined_ns = shm::PreciseNowNs();
+  StartWorker(2, {1, false});
+  ASSERT_TRUE(WaitUntil([&] { return State(2) != shm::BreakerState::kClosed; }, 10 * kSyncMs))
+      << "the quiet host stayed closed through 10 syncs of the busy hosts' outage; its log:\n"
+      << hosts_[2].daemon->Log();
+  const double took_ms = double(shm::PreciseNowNs() - joined_ns) / 1e6;
+  std::printf("the quiet host opened %.0f ms after it joined (sync %u ms), after %llu calls\n",
+              took_ms, kSyncMs, static_cast<unsigned long long>(ds_->calls_from[2].load()));
+  EXPECT_GE(hosts_[2].seg->header().fleet_trips.load(), 1u);
+  // Its first sync publishes, the next reads the others' windows: two syncs and the scripts'
+  // round trips on a loaded machine.
+  EXPECT_LE(took_ms, 3 * kSyncMs + 300);
+
+  ds_->failing = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 20'000)) << hosts_[0].daemon->Log();
+  // Closed on the fleet's success, none trips again on the windows the open hosts reported.
+  const uint64_t trips = hosts_[2].seg->header().fleet_trips.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 * kSyncMs));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
+  EXPECT_EQ(hosts_[2].seg->header().fleet_trips.load(), trips);
+}
+
+// The fleet's probe goes to a host that has calls. A quiet host whose open period ends first
+// takes the lease while its worker calls (2 calls/s), and then its worker is gone: no admit
+// comes to take its breaker half-open. Such a holder used to renew the lease at every sync and
+// hold every host open indefinitely; now it gives the lease back after kUnusedLeaseSyncs
+// syncs, a quiet host does not ask for it at all, and the busy host probes when its own open
+// period ends: the downstream, healthy again, closes every host.
+TEST_F(FleetTest, AQuietHostHoldingTheFleetsProbeLeaseHandsItOn) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 10\nfailure_rate_threshold = 50\nwindow = \"60s\"\nopen_jitter = \"0s\"\n"
+      "half_open_probes = 1\nclose_after = 1\nfleet = true\nfleet_min_hosts = 2\n";
+  // Host 0, quiet: its open period ends first. Host 1, busy: 3 s.
+  StartHosts(1, store, orders + "open_for = \"1s\"\nopen_for_max = \"1s\"\n");
+  StartHosts(1, store, orders + "open_for = \"3s\"\nopen_for_max = \"3s\"\n");
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  StartWorker(0, {2, false});
+  StartWorker(1, {20, false});
+  ASSERT_TRUE(WaitUntil([&] {
+    return State(0) != shm::BreakerState::kClosed && State(1) != shm::BreakerState::kClosed;
+  }, 20'000));
+  ds_->failing = 0;  // healthy again: the first probe closes the fleet
+  // The quiet host takes the lease (its worker's refused call is its demand); its next call
+  // would come 500 ms later: the worker is killed before.
+  ASSERT_TRUE(WaitUntil([&] { return Role(0) == shm::FleetRole::kProbing; }, 10'000))
+      << hosts_[0].daemon->Log();
+  kill(hosts_[0].workers[0], SIGKILL);
+  const uint64_t taken_ns = shm::PreciseNowNs();
+  const uint64_t quiet_probes = ds_->probes[0].load();
+  const uint64_t busy_probes = ds_->probes[1].load();
+  ASSERT_EQ(State(0), shm::BreakerState::kOpen) << "the quiet host probed before its worker went";
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 15'000)) << "the quiet host held the fleet open; its log:\n" << hosts_[0].daemon->Log();
+  const double held_ms = double(shm::PreciseNowNs() - taken_ns) / 1e6;
+  std::printf("every host closed %.0f ms after the quiet host took the lease (sync %u ms)\n",
+              held_ms, kSyncMs);
+  // The busy host's open period (3 s from its trip, so at most 3 s from here), the quiet
+  // holder's kUnusedLeaseSyncs (2) syncs, then one sync for the busy host to take the lease,
+  // probe and publish, and one for the quiet host to follow.
+  EXPECT_LE(held_ms, 3'000 + 4 * kSyncMs + 500);
+  EXPECT_GE(ds_->probes[1].load(), busy_probes + 1);
+  EXPECT_EQ(ds_->probes[0].load(), quiet_probes);
 }
 
 // Redis killed mid-run: every host decides alone within a sync, no admit waits on the store,
