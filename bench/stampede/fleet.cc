@@ -10,7 +10,7 @@ namespace {
 
 constexpr int64_t kMsNs = 1'000'000;
 constexpr int64_t kFreshSyncs = 3;  // a report is fresh for 3 syncs (the daemon's rule)
-constexpr int64_t kLeaseSyncs = 2;  // a lease lasts 2 syncs from its grant
+constexpr int64_t kLeaseSyncs = 3;  // a lease lasts 3 syncs from its grant or last renewal
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -182,7 +182,8 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       if (l.holder == int32_t(host)) l.holder = -1;
       h.lease = -1;
     } else {
-      return {};  // still probing
+      l.expires_ns = now_ns + kLeaseSyncs * sync_ns_;  // still probing: renewed
+      return {};
     }
   }
   if (b.state != shm::BreakerState::kOpen) return {};

@@ -14,9 +14,10 @@
 //   floor    fleet_min_retries_per_sec and fleet_retry_burst, when set, are divided (rounded
 //            up) among the hosts with a fresh report; the ratio stays the host's.
 //   hold     an open breaker is held open (SetOpenUntil) past its open period until a sync
-//            grants it one of fleet_half_open_probes leases (free, or expired: a lease lasts
-//            2 x sync_ms), and only if no outcome came since it opened. The lease holder goes
-//            half-open and probes under its own half_open_probes and close_after.
+//            grants it one of fleet_half_open_probes leases (free, or expired: its holder renews
+//            it at every sync, and it lasts 3 syncs past the last), and only if no outcome came
+//            since it opened. The lease holder goes half-open and probes under its own
+//            half_open_probes and close_after.
 //   outcome  at the holder's next sync, its breaker closed publishes "success", reopened
 //            publishes "failure" (not if its lease expired first: it is lost). A held host
 //            that finds an outcome newer than its open period closes after uniform

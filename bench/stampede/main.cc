@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (FLAGS_duration_s > 0) sc.duration_s = FLAGS_duration_s;
+  if (FLAGS_hosts > 0 && !sc.host_traffic.empty()) {
+    std::fprintf(stderr, "retryd_stampede: --hosts: %s gives each host its traffic ([[host_traffic]])\n",
+                 FLAGS_scenario.c_str());
+    return 2;
+  }
   if (FLAGS_hosts > 0) sc.hosts = FLAGS_hosts;
   if (FLAGS_sync_ms > 0) {
     if (FLAGS_sync_ms < 100 || FLAGS_sync_ms > 60'000) {

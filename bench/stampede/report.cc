@@ -150,6 +150,22 @@ Summary Summarize(const Scenario& sc, const Result& r) {
     s.probes_each_reopening += (i ? " " : "") + std::to_string(r.reopenings[i].probes);
   }
   s.probes_per_reopening = s.reopenings ? double(reopening_probes) / double(s.reopenings) : 0;
+  if (!r.reopenings.empty()) {
+    const double end = r.reopenings.back().end_s;
+    s.closed_after_s = end < 0 ? -1 : std::max(0.0, end - stall_end_s);
+  }
+  for (size_t i = 0; i < r.hosts.size(); ++i) {
+    if (i == 12) {
+      s.open_s_each_host += " ...";
+      s.stall_sent_each_host += " ...";
+      break;
+    }
+    const HostFigures& h = r.hosts[i];
+    const std::string sep = i ? " " : "";
+    s.open_s_each_host += sep + (h.first_open_s < 0 ? std::string("never")
+                                                    : Fmt("%.1f", h.first_open_s - first_stall_s));
+    s.stall_sent_each_host += sep + std::to_string(h.sent_in_stall);
+  }
   s.fleet_trips = r.fleet.trips;
   s.fleet_leases = r.fleet.leases;
   s.fleet_leases_lost = r.fleet.leases_lost;
@@ -194,6 +210,11 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
       {"probes in each reopening", [](const Summary& x) {
          return x.probes_each_reopening.empty() ? std::string("-") : x.probes_each_reopening;
        }},
+      {"every breaker closed after stall end", [](const Summary& x) {
+         return x.reopenings == 0 ? std::string("-")
+                : x.closed_after_s < 0 ? std::string("not by the end")
+                                       : Fmt("%.1f s", x.closed_after_s);
+       }},
       {"retries denied by budget", [](const Summary& x) { return std::to_string(x.retries_denied); }},
       {"attempts rejected by breaker", [](const Summary& x) { return std::to_string(x.rejected_open); }},
   };
@@ -205,6 +226,14 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
                     }});
     rows.push_back({"fleet: closed / reopened by outcome", [](const Summary& x) {
                       return std::to_string(x.fleet_closed) + " / " + std::to_string(x.fleet_reopened);
+                    }});
+  }
+  if (!sc.host_traffic.empty()) {  // hosts that differ: each one's figures
+    rows.push_back({"each host opened after stall start", [](const Summary& x) {
+                      return x.open_s_each_host.empty() ? std::string("-") : x.open_s_each_host;
+                    }});
+    rows.push_back({"each host's attempts during stalls", [](const Summary& x) {
+                      return x.stall_sent_each_host.empty() ? std::string("-") : x.stall_sent_each_host;
                     }});
   }
   if (!sc.callers.empty()) {
@@ -249,7 +278,8 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open,"
        "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
        "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
-       "fleet_leases_lost,fleet_closed,fleet_reopened\n";
+       "fleet_leases_lost,fleet_closed,fleet_reopened,closed_after_s,open_s_each_host,"
+       "stall_sent_each_host\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -264,7 +294,9 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << Fmt("%.1f", x.outage_s) << ',' << (x.outage_over ? 1 : 0) << ',' << x.other_user_requests << ','
       << x.other_user_failed << ',' << x.reopenings << ',' << Fmt("%.3f", x.probes_per_reopening)
       << ',' << x.probes_each_reopening << ',' << x.fleet_trips << ',' << x.fleet_leases << ','
-      << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << '\n';
+      << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << ','
+      << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
+      << x.stall_sent_each_host << '\n';
   }
   return o.str();
 }

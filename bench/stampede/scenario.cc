@@ -350,6 +350,43 @@ Status Parse(const std::string& text, const std::string& source, int depth, Scen
     }
   }
 
+  if (const toml::array* traffic = st.ok() ? top.Array("host_traffic") : nullptr) {
+    s.host_traffic.clear();
+    uint32_t covered = 0;
+    double qps = 0;
+    for (size_t i = 0; i < traffic->size() && st.ok(); ++i) {
+      HostTraffic h;
+      Reader r((*traffic)[i].as_table(), "host_traffic[" + std::to_string(i) + "]", source);
+      if (!(*traffic)[i].as_table()) r.Fail("", "must be a table ([[host_traffic]])");
+      r.Uint("hosts", &h.hosts, 1, 10'000);
+      r.Double("qps", &h.qps, 0, 10'000'000);
+      r.Double("from_s", &h.from_s, 0, 3'600);
+      r.Double("until_s", &h.until_s, 0, 3'600);
+      r.Finish();
+      if (r.status().ok() && !r.Has("qps")) r.Fail("qps", "must be given");
+      if (r.status().ok() && h.until_s <= h.from_s) {
+        r.Fail("until_s", "must be after from_s (" + Reader::Num(h.from_s) + ")");
+      }
+      st = Merge(st, r.status());
+      covered += h.hosts;
+      qps += h.qps * h.hosts;
+      s.host_traffic.push_back(h);
+    }
+    if (st.ok() && covered != s.hosts) {
+      st = Status::InvalidArgument(source + ": [[host_traffic]] covers " + std::to_string(covered) +
+                                   " hosts, and [fleet] hosts = " + std::to_string(s.hosts) +
+                                   ": every host must be in exactly one entry");
+    }
+    if (st.ok() && fleet.Has("baseline_qps")) {
+      st = Status::InvalidArgument(source + ": [fleet] baseline_qps and [[host_traffic]] are both "
+                                   "given: with [[host_traffic]], the baseline is the sum of its rates");
+    }
+    if (st.ok() && qps <= 0) {
+      st = Status::InvalidArgument(source + ": [[host_traffic]]: every host is idle (qps = 0)");
+    }
+    if (st.ok()) s.baseline_qps = qps;
+  }
+
   if (st.ok() && top.Has("store_outage")) {
     ReadStoreOutages(top, "store_outage", &s.store_outages);
     st = Merge(st, top.status());
@@ -412,6 +449,17 @@ Status Load(const std::string& path, int depth, Scenario* out) {
 }
 
 }  // namespace
+
+HostTraffic TrafficOf(const Scenario& sc, uint32_t host) {
+  uint32_t first = 0;
+  for (const HostTraffic& h : sc.host_traffic) {
+    if (host < first + h.hosts) return h;
+    first += h.hosts;
+  }
+  HostTraffic all;
+  all.qps = sc.baseline_qps / sc.hosts;
+  return all;
+}
 
 const char* ScopeName(Scope s) {
   switch (s) {

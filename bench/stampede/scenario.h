@@ -126,6 +126,17 @@ struct Caller {
   Strategy strategy;  // its name is the caller's
 };
 
+// The traffic of some hosts of the [fleet] under study, where hosts differ: a [[host_traffic]]
+// entry gives its `hosts` hosts (the next ones in order: the first entry's are hosts 0 to
+// hosts - 1) their own Poisson rate, and the time they call in. Given, the entries cover every
+// host exactly, and the fleet's baseline_qps is the sum of their rates.
+struct HostTraffic {
+  uint32_t hosts = 1;
+  double qps = 0;          // each host's arrival rate, over its workers; 0: an idle host
+  double from_s = 0;       // arrivals only in [from_s, until_s)
+  double until_s = 3'600;
+};
+
 struct Scenario {
   std::string name = "seed000";
   std::string description;
@@ -136,6 +147,7 @@ struct Scenario {
   uint32_t workers_per_host = 8;
   double baseline_qps = 3'200.0;
   double timeout_ms = 500.0;
+  std::vector<HostTraffic> host_traffic;  // empty: every host calls baseline_qps / hosts
   Downstream downstream;
   std::vector<Stall> stalls;
   // When the fleet's store is unreachable, for every scope = "fleet" strategy without a list
@@ -160,6 +172,10 @@ const char* ScopeName(Scope s);  // "process", "host", "fleet"
 // scenario's); empty for a scope other than kFleet.
 const std::vector<StoreOutage>& StoreOutagesOf(const Scenario& sc, const Strategy& st);
 const char* StallKindName(StallKind k);
+
+// TrafficOf: the arrival rate of host `host` of the [fleet] under study, and the time it calls
+// in (every host's share of baseline_qps, all run long, without [[host_traffic]]).
+HostTraffic TrafficOf(const Scenario& sc, uint32_t host);
 
 // InWindow reports whether some window of `kind` in `stalls` covers second `t_s`.
 bool InWindow(const std::vector<Stall>& stalls, StallKind kind, double t_s);

@@ -129,6 +129,8 @@ struct Worker {
   uint32_t group;         // 0: the [fleet] under study; i > 0: the scenario's caller i - 1
   const Strategy* st;     // its retry strategy
   double qps;             // its Poisson arrival rate
+  int64_t from_ns;        // arrivals only in [from_ns, until_ns)
+  int64_t until_ns;
 };
 
 class Sim {
@@ -173,6 +175,13 @@ class Sim {
   bool DropExpired(uint32_t attempt);
   int64_t ServiceTime(const Pod& p);
   int64_t WithStalls(int64_t start, int64_t finish) const;
+  bool InAnyStall(int64_t t) const {
+    for (const Stall& st : sc_.stalls) {
+      const int64_t a = MsToNs(st.start_s * 1e3);
+      if (t >= a && t < a + MsToNs(st.duration_s * 1e3)) return true;
+    }
+    return false;
+  }
 
   const Scenario& sc_;
   const Strategy& st_;
@@ -196,6 +205,7 @@ class Sim {
   uint32_t slot_index_ = 0;
   std::vector<Worker> workers_;
   std::vector<uint32_t> host_probes_;
+  std::vector<uint32_t> segment_host_;  // the host of each segment of the [fleet] under study
   std::vector<Call> calls_;
   std::vector<Attempt> attempts_;
   std::vector<Pod> pods_;
@@ -252,7 +262,13 @@ void Sim::Setup() {
       // The slot was stamped with the real clock; restart it in virtual time.
       shm::Reset(*segments_.back()->dependency(index), kEpochNs);
     }
-    if (g == 0) main_segments_ = n_segments;
+    if (g == 0) {
+      main_segments_ = n_segments;
+      for (uint32_t i = 0; i < n_segments; ++i) {
+        segment_host_.push_back(per_host ? i : i / gr.workers_per_host);
+      }
+      result_.hosts.resize(gr.hosts);
+    }
     for (uint32_t w = 0; w < n_workers; ++w) {
       Worker wk;
       wk.host = host_base + w / gr.workers_per_host;
@@ -261,6 +277,14 @@ void Sim::Setup() {
       wk.group = g;
       wk.st = gr.st;
       wk.qps = gr.qps / n_workers;
+      wk.from_ns = 0;
+      wk.until_ns = INT64_MAX;
+      if (g == 0) {  // the [fleet] under study: its hosts' own traffic
+        const HostTraffic t = TrafficOf(sc_, wk.host);
+        wk.qps = t.qps / gr.workers_per_host;
+        wk.from_ns = MsToNs(t.from_s * 1e3);
+        wk.until_ns = MsToNs(t.until_s * 1e3);
+      }
       workers_.push_back(wk);
     }
     host_base += gr.hosts;
@@ -279,7 +303,11 @@ void Sim::Setup() {
   for (uint32_t p = 0; p < ds_.pods; ++p) ready_.push_back(p);
 
   for (uint32_t w = 0; w < workers_.size(); ++w) {
-    Push(int64_t(rng_.Exponential(workers_[w].qps) * 1e9), Ev::kArrival, w);
+    const Worker& wk = workers_[w];
+    const double gap = rng_.Exponential(std::max(wk.qps, 1e-12));  // drawn for every worker
+    if (wk.qps <= 0) continue;  // an idle host
+    const int64_t first = wk.from_ns + int64_t(gap * 1e9);
+    if (first < wk.until_ns) Push(first, Ev::kArrival, w);
   }
   for (const Stall& s : sc_.stalls) {
     if (s.kind != StallKind::kStall) continue;  // the others are looked up as they happen
@@ -361,6 +389,10 @@ void Sim::Observe(uint32_t segment) {
   breaker_words_[segment] = word;
   const bool was_closed = was.state == shm::BreakerState::kClosed;
   const bool is_closed = is.state == shm::BreakerState::kClosed;
+  if (was_closed && !is_closed) {
+    HostFigures& h = result_.hosts[segment_host_[segment]];
+    if (h.first_open_s < 0) h.first_open_s = double(now_) / 1e9;
+  }
   if (was_closed && !is_closed && not_closed_++ == 0) {
     result_.reopenings.push_back(Reopening{double(now_) / 1e9, -1, 0});
     reopening_probes_from_ = result_.probes;
@@ -383,7 +415,8 @@ void Sim::OnFleetSync(uint32_t host) {
 
 void Sim::OnArrival(uint32_t worker) {
   const Worker& wk = workers_[worker];
-  Push(now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(wk.qps) * 1e9)), Ev::kArrival, worker);
+  const int64_t next = now_ + std::max<int64_t>(1, int64_t(rng_.Exponential(wk.qps) * 1e9));
+  if (next < wk.until_ns) Push(next, Ev::kArrival, worker);
   const int64_t deadline = wk.st->deadline_ms > 0 ? now_ + MsToNs(wk.st->deadline_ms) : INT64_MAX;
   calls_.push_back(Call{now_, worker, 0, deadline});
   ++Of(wk).user_requests;
@@ -418,6 +451,10 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
   ++mine.attempts_sent;
   if (number == 0) ++mine.first_attempts_sent;
   else ++BinOf(mine, now_).retries;
+  if (wk.group == 0) {
+    if (a.probe) ++result_.hosts[wk.host].probes;
+    if (InAnyStall(now_)) ++result_.hosts[wk.host].sent_in_stall;
+  }
   if (a.probe) {
     ++mine.probes;
     ++BinOf(mine, now_).probes;

@@ -43,6 +43,15 @@ struct Reopening {
   uint64_t probes = 0;
 };
 
+// What one host of the [fleet] under study went through: when its breaker (the first of its
+// breakers, for a per-process strategy) first opened, and the attempts it sent while a stall
+// was on (what a breaker that does not open sends into a failing downstream).
+struct HostFigures {
+  double first_open_s = -1;  // -1: never
+  uint64_t sent_in_stall = 0;
+  uint64_t probes = 0;
+};
+
 struct Result {
   std::string strategy;
   std::vector<Bin> bins;
@@ -65,6 +74,7 @@ struct Result {
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t breakers_per_host = 0;  // 1 for a host scope, workers_per_host for a process scope
   std::vector<Reopening> reopenings;
+  std::vector<HostFigures> hosts;  // per host of the [fleet] under study
   FleetCounters fleet;             // scope kFleet: what the fleet's store and daemons did
   uint64_t events = 0;
   // The scenario's other callers (every figure above is the [fleet]'s, but for the pods'):
