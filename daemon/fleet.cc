@@ -152,7 +152,8 @@ struct Fleet::Run {
   uint64_t next_renew_ns = 0;
   uint64_t rejected_seen = 0;       // the breaker's rejections counted at the last step
   uint64_t called_ns = 0;           // when a step last saw a new rejection: the host's demand
-  int64_t outcome_n = 0;            // the fleet's outcome count when this open began
+  int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
+  int64_t open_round = 0;           // the outcome count when this open period began
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
   uint32_t hosts = 0;               // live hosts at the last sync
 };
@@ -359,8 +360,10 @@ bool Fleet::Sync(uint64_t now_ns) {
     if (b.state == shm::BreakerState::kClosed) {
       w = shm::ReadWindow(*slot, now_ns);
     } else if (run.seen && run.seq == b.seq) {
+      // The round it opened in, not the last outcome read: a host that has read the fleet's
+      // success and waits for its jittered close reports a past that no longer counts.
       w = shm::ReadWindow(*slot, now_ns);
-      opened_at = run.outcome_n;
+      opened_at = run.open_round;
     }
     const std::string mine = std::to_string(w.calls) + " " + std::to_string(w.failures) + " " +
                              std::to_string(w.slow) + " " + std::to_string(opened_at);
@@ -384,7 +387,11 @@ bool Fleet::Sync(uint64_t now_ns) {
       if (failures > 0 || slow > 0) ++failing;
     }
     run.hosts = hosts;
-    if (b.state == shm::BreakerState::kClosed && failing >= run.cfg.fleet.min_hosts &&
+    // A lease holder's breaker answers for the fleet: closed by its probe, it publishes the
+    // success at its next step, and must not trip first on the reports of hosts that have not
+    // heard it yet.
+    if (run.lease < 0 && b.state == shm::BreakerState::kClosed &&
+        failing >= run.cfg.fleet.min_hosts &&
         shm::ShouldTrip(*slot, fleet) &&
         shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kTrip, now_ns, 0, rng_)) {
       h.fleet_trips.fetch_add(1, kRelaxed);
@@ -478,6 +485,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       std::string result;
       int64_t round = 0;
       if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
+      run.open_round = run.outcome_n;
     }
   }
 

@@ -11,6 +11,8 @@ namespace {
 constexpr int64_t kMsNs = 1'000'000;
 constexpr int64_t kFreshSyncs = 3;  // a report is fresh for 3 syncs (the daemon's rule)
 constexpr int64_t kLeaseSyncs = 3;  // a lease lasts 3 syncs from its grant or last renewal
+// A holder whose breaker is still open this many syncs after the grant gives the lease back.
+constexpr int64_t kUnusedLeaseSyncs = 2;
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -69,6 +71,7 @@ void FleetModel::Register(Host& h, const shm::DependencySlot& slot, const shm::B
   h.open_seq = b.seq;
   h.due_ms = FullUntilMs(slot, b, ShmNs(now_ns));
   h.outcome_n = outcome_n_;  // what is in the store when the period begins
+  h.open_round = outcome_n_;
   h.close_at_ns = -1;
   ++h.close_token;
 }
@@ -119,22 +122,39 @@ FleetModel::Close FleetModel::Sync(uint32_t host, shm::DependencySlot& slot, int
   ++h.syncs_joined;
   const uint64_t shm_now = ShmNs(now_ns);
 
-  // Publish, then read the fleet: the fresh reports, this one included. An open host's window
-  // is its past: it reports nothing until it closes again (the daemon's rule).
-  h.report = Read(slot).state == shm::BreakerState::kClosed ? shm::ReadWindow(slot, shm_now)
-                                                            : shm::WindowStats{};
+  // The host's demand: a call refused as open since its last sync.
+  const uint64_t rejected = shm::ReadCounter(slot, shm::kRejectedOpen);
+  h.calling = rejected != h.rejected_seen;
+  h.rejected_seen = rejected;
+
+  // Publish, then read the fleet: the fresh reports, this one included, but for those of open
+  // hosts that opened before the fleet's last success. An open host's window is the one it
+  // opened on, if the model follows its open period (the daemon's rule).
+  const shm::BreakerWord now_b = Read(slot);
+  h.report = {};
+  h.report_opened_at = -1;
+  if (now_b.state == shm::BreakerState::kClosed) {
+    h.report = shm::ReadWindow(slot, shm_now);
+  } else if (h.open_known && now_b.seq == h.open_seq) {
+    h.report = shm::ReadWindow(slot, shm_now);
+    h.report_opened_at = int64_t(h.open_round);
+  }
   h.published_ns = now_ns;
   shm::WindowStats fleet;
   uint32_t live = 0, failing = 0;
   for (const Host& o : hosts_) {
     if (now_ns - o.published_ns >= kFreshSyncs * sync_ns_) continue;
     ++live;
+    if (o.report_opened_at >= 0 && uint64_t(o.report_opened_at) < success_n_) continue;
     fleet.calls += o.report.calls;
     fleet.failures += o.report.failures;
     fleet.slow += o.report.slow;
     if (o.report.failures > 0 || o.report.slow > 0) ++failing;
   }
-  if (Read(slot).state == shm::BreakerState::kClosed && failing >= knobs_.fleet_min_hosts &&
+  // A lease holder's breaker answers for the fleet: closed by its probe, it publishes the
+  // success below and must not trip first on the reports of hosts that have not heard it.
+  if (h.lease < 0 && Read(slot).state == shm::BreakerState::kClosed &&
+      failing >= knobs_.fleet_min_hosts &&
       shm::ShouldTrip(slot, fleet) &&
       shm::ApplyBreakerEvent(slot, shm::BreakerEvent::kTrip, shm_now, 0, rng_)) {
     ++counters_.trips;
@@ -172,6 +192,7 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       // The prober's half-open ended: its outcome is the fleet's.
       ++outcome_n_;
       outcome_success_ = b.state == shm::BreakerState::kClosed;
+      if (outcome_success_) success_n_ = outcome_n_;
       ++counters_.outcomes;
       l.holder = -1;
       h.lease = -1;
@@ -181,6 +202,16 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       ++counters_.leases_lost;  // expired before an outcome: another host may probe
       if (l.holder == int32_t(host)) l.holder = -1;
       h.lease = -1;
+    } else if (b.state == shm::BreakerState::kOpen && b.seq == h.lease_seq &&
+               now_ns - h.lease_taken_ns >= kUnusedLeaseSyncs * sync_ns_) {
+      // No admit took it half-open: the host went quiet. Held again, and the lease goes back
+      // for a host whose workers call.
+      ++counters_.leases_unused;
+      l.holder = -1;
+      h.lease = -1;
+      h.calling = false;
+      Hold(h, slot, now_ns, NextSync(h, now_ns));
+      return {};
     } else {
       l.expires_ns = now_ns + kLeaseSyncs * sync_ns_;  // still probing: renewed
       return {};
@@ -210,7 +241,7 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
     }
     return {};
   }
-  if (now_ms >= h.due_ms) {
+  if (now_ms >= h.due_ms && h.calling) {
     for (size_t k = 0; k < leases_.size(); ++k) {
       Lease& l = leases_[k];
       if (l.holder >= 0 && now_ns < l.expires_ns) continue;
@@ -218,6 +249,7 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       l.expires_ns = now_ns + kLeaseSyncs * sync_ns_;
       h.lease = int32_t(k);
       h.lease_seq = b.seq;
+      h.lease_taken_ns = now_ns;
       ++counters_.leases;
       // Let it go: the next admit takes the breaker half-open.
       shm::SetOpenUntil(slot, h.open_seq, std::max(h.due_ms, now_ms), shm_now);

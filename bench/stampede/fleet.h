@@ -4,20 +4,26 @@
 // Each host syncs every `sync_ms`, at its own phase (uniform in [0, sync_ms), drawn once). All
 // the fleet decides, it decides at a host's sync tick, so every step costs up to a sync period:
 //
-//   publish  the host stores its breaker window totals (calls, failures, slow) in the store,
-//            zeros while its breaker is not closed (an open host's window is its past); others
-//            see them from their next sync on. A report is fresh for 3 syncs.
-//   trip     the fleet's window (the fresh reports summed) has >= min_calls calls and a rate at
-//            or over its threshold, and >= fleet_min_hosts hosts report failures (or slow
-//            calls): a closed breaker opens (kTrip: its own open period and jitter). The
-//            breaker's own trip rule stays, between syncs.
+//   publish  the host stores its breaker window totals (calls, failures, slow) in the store;
+//            others see them from their next sync on. A report is fresh for 3 syncs. An open
+//            host whose open period the model follows reports the window it opened on (no call
+//            lands in it while open) with the fleet's outcome count at the time: it counts until
+//            the fleet's probe next succeeds, not after (the daemon's opened_at and success_n)
+//   trip     the fleet's window (the counted reports summed) has >= min_calls calls and a rate
+//            at or over its threshold, and >= fleet_min_hosts hosts report failures (or slow
+//            calls): a closed breaker opens (kTrip: its own open period and jitter), but for a
+//            lease holder's, whose own probe answers for the fleet. The breaker's own trip
+//            rule stays, between syncs.
 //   floor    fleet_min_retries_per_sec and fleet_retry_burst, when set, are divided (rounded
 //            up) among the hosts with a fresh report; the ratio stays the host's.
 //   hold     an open breaker is held open (SetOpenUntil) past its open period until a sync
-//            grants it one of fleet_half_open_probes leases (free, or expired: its holder renews
-//            it at every sync, and it lasts 3 syncs past the last), and only if no outcome came
-//            since it opened. The lease holder goes half-open and probes under its own
-//            half_open_probes and close_after.
+//            grants it one of fleet_half_open_probes leases, and only if no outcome came since
+//            it opened and its workers called since its last sync (a call refused as open: the
+//            host has traffic to probe with). A lease is free or expired: its holder renews it
+//            at every sync, and it lasts 3 syncs past the last. The lease holder goes half-open
+//            and probes under its own half_open_probes and close_after; a holder whose breaker
+//            is still open (no admit came) 2 syncs after the grant is held again and gives the
+//            lease back.
 //   outcome  at the holder's next sync, its breaker closed publishes "success", reopened
 //            publishes "failure" (not if its lease expired first: it is lost). A held host
 //            that finds an outcome newer than its open period closes after uniform
@@ -49,6 +55,7 @@ struct FleetCounters {
   uint64_t trips = 0;        // breakers a sync opened on the fleet's window
   uint64_t leases = 0;       // fleet probe leases granted
   uint64_t leases_lost = 0;  // leases that expired before their holder's outcome was published
+  uint64_t leases_unused = 0;  // leases given back: no admit came to probe with
   uint64_t outcomes = 0;     // outcomes published ("success" or "failure")
   uint64_t closed = 0;       // held breakers closed on the fleet's success (kFleetClosed)
   uint64_t reopened = 0;     // held breakers reopened on the fleet's failure (kFleetReopened)
@@ -93,11 +100,16 @@ class FleetModel {
     uint16_t open_seq = 0;
     uint64_t due_ms = 0;  // shm clock, full ms
     uint64_t outcome_n = 0;
+    uint64_t open_round = 0;  // the outcome count when the period began (news does not move it)
     int64_t close_at_ns = -1;  // a close is scheduled (virtual ns); -1: none
     uint32_t close_token = 0;  // bumped to void a scheduled close
     int32_t lease = -1;        // the fleet lease held, or -1
     uint16_t lease_seq = 0;    // the open word it was granted under
     shm::WindowStats report;   // the last published window
+    int64_t report_opened_at = -1;  // with it: -1 closed, else the outcome count it opened at
+    uint64_t rejected_seen = 0;  // its breaker's open rejections at its last sync
+    bool calling = false;        // some came since the sync before (its workers call)
+    int64_t lease_taken_ns = 0;
     int64_t published_ns = INT64_MIN / 2;
   };
   struct Lease {
@@ -127,6 +139,7 @@ class FleetModel {
   // The store's outcome: how many were published, and the last one.
   uint64_t outcome_n_ = 0;
   bool outcome_success_ = false;
+  uint64_t success_n_ = 0;  // the count of the last success: open reports before it are past
   uint32_t rng_;
   FleetCounters counters_;
 };

@@ -169,6 +169,7 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   s.fleet_trips = r.fleet.trips;
   s.fleet_leases = r.fleet.leases;
   s.fleet_leases_lost = r.fleet.leases_lost;
+  s.fleet_leases_unused = r.fleet.leases_unused;
   s.fleet_closed = r.fleet.closed;
   s.fleet_reopened = r.fleet.reopened;
   s.retries_denied = r.retries_denied;
@@ -221,8 +222,9 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
   if (std::any_of(sc.strategies.begin(), sc.strategies.end(),
                   [](const Strategy& st) { return st.scope == Scope::kFleet; })) {
     rows.push_back({"fleet: trips on the fleet's window", [](const Summary& x) { return std::to_string(x.fleet_trips); }});
-    rows.push_back({"fleet: probe leases (lost)", [](const Summary& x) {
-                      return std::to_string(x.fleet_leases) + " (" + std::to_string(x.fleet_leases_lost) + ")";
+    rows.push_back({"fleet: probe leases (lost, unused)", [](const Summary& x) {
+                      return std::to_string(x.fleet_leases) + " (" + std::to_string(x.fleet_leases_lost) +
+                             ", " + std::to_string(x.fleet_leases_unused) + ")";
                     }});
     rows.push_back({"fleet: closed / reopened by outcome", [](const Summary& x) {
                       return std::to_string(x.fleet_closed) + " / " + std::to_string(x.fleet_reopened);
@@ -278,7 +280,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "max_probes_in_flight_per_host,max_probes_per_bin,breakers_per_host,retries_denied,rejected_open,"
        "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
        "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
-       "fleet_leases_lost,fleet_closed,fleet_reopened,closed_after_s,open_s_each_host,"
+       "fleet_leases_lost,fleet_closed,fleet_reopened,fleet_leases_unused,closed_after_s,open_s_each_host,"
        "stall_sent_each_host\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
@@ -295,7 +297,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << x.other_user_failed << ',' << x.reopenings << ',' << Fmt("%.3f", x.probes_per_reopening)
       << ',' << x.probes_each_reopening << ',' << x.fleet_trips << ',' << x.fleet_leases << ','
       << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << ','
-      << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
+      << x.fleet_leases_unused << ',' << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
       << x.stall_sent_each_host << '\n';
   }
   return o.str();

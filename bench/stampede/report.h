@@ -62,6 +62,7 @@ struct Summary {
   uint64_t fleet_trips = 0;            // scope "fleet": FleetCounters (fleet.h)
   uint64_t fleet_leases = 0;
   uint64_t fleet_leases_lost = 0;
+  uint64_t fleet_leases_unused = 0;
   uint64_t fleet_closed = 0;
   uint64_t fleet_reopened = 0;
   uint64_t retries_denied = 0;
