@@ -6,8 +6,12 @@
 #  (b) with the store unreachable for the whole run, retryd-fleet's results are retryd's, figure
 #      for figure and bin for bin (same seed);
 #  (c) on fleet200.toml, the fleet-wide floor and burst bring 200 hosts' peak back down;
-#  (d) a bad key or value in a [[store_outage]] or a fleet key is refused, naming the file, the
-#      key, its line and its value.
+#  (d) a bad key or value in a [[store_outage]], a [[host_traffic]] or a fleet key is refused,
+#      naming the file, the key, its line and its value;
+#  (e) the fleet's promise over 10 seeds: a quiet host opens with busy hosts that tripped on
+#      their own (fleet_quiet.toml; alone, it never opens), a host that goes quiet cannot hold
+#      the fleet open (fleet_quiet_prober.toml), and no host trips again on the windows of the
+#      failure once the fleet's probe succeeded (fleet_recovery.toml).
 # Usage: fleet_test.sh BINARY SCENARIO_DIR WORKDIR
 set -euo pipefail
 bin=$1 scenarios=$(cd "$2" && pwd) dir=$3
@@ -119,4 +123,32 @@ bad fleet_typo "strategy[0].fleet_half_open_probe is not a known key (line 5: fl
   '[[strategy]]' 'name = "f"' 'scope = "fleet"' 'fleet_half_open_probe = 2'
 bad caller_fleet "caller[0].scope must be \"process\" or \"host\"" \
   '[[caller]]' 'name = "c"' 'baseline_qps = 10' 'scope = "fleet"'
-echo "stampede_fleet: OK (probes per reopening, store down all along = retryd, fleet floor, errors)"
+bad traffic_cover "[[host_traffic]] covers 2 hosts, and [fleet] hosts = 5: every host must be in exactly one entry" \
+  '[[host_traffic]]' 'hosts = 2' 'qps = 10'
+bad traffic_order "host_traffic[0].until_s must be after from_s (4) (line 6: until_s = 3)" \
+  '[[host_traffic]]' 'hosts = 5' 'qps = 10' 'from_s = 4' 'until_s = 3'
+bad traffic_qps "host_traffic[0].qps must be given" '[[host_traffic]]' 'hosts = 5'
+bad traffic_both "[fleet] baseline_qps and [[host_traffic]] are both given" \
+  '[fleet]' 'baseline_qps = 100' '[[host_traffic]]' 'hosts = 5' 'qps = 10'
+
+# (e) The fleet's promise, over seeds 1..10. field ROWS_CSV COLUMN: that column of every row.
+field() { awk -F, -v c="$2" 'NR == 1 { for (i = 1; i <= NF; ++i) idx[$i] = i; next } { print $idx[c] }' "$1"; }
+"$bin" --scenario="$scenarios/fleet_quiet.toml" --runs=10 --runs_csv="$dir/quiet.csv" >"$dir/quiet.txt"
+awk -F, 'NR > 1 && $1 == "retryd-fleet" { n++ } END { exit n != 10 }' "$dir/quiet.csv" ||
+  fail "fleet_quiet: expected 10 runs of retryd-fleet"
+paste -d' ' <(field "$dir/quiet.csv" strategy) <(field "$dir/quiet.csv" open_s_each_host) \
+    <(field "$dir/quiet.csv" stall_sent_each_host) | awk '
+  $1 == "retryd-fleet" && ($4 == "never" || $4 > 2.5 || $7 > 5) { print "fleet: " $0; bad = 1 }
+  $1 == "retryd" && $4 != "never" { print "host-wide: " $0; bad = 1 }
+  END { exit bad }' >&2 ||
+  fail "fleet_quiet: the quiet host must open with the fleet within 2.5 s of the failure, sending at most 5 attempts into it (and, host-wide, never open)"
+"$bin" --scenario="$scenarios/fleet_quiet_prober.toml" --strategies=retryd-fleet --runs=10 \
+  --runs_csv="$dir/prober.csv" >"$dir/prober.txt"
+field "$dir/prober.csv" closed_after_s | awk '$1 < 0 || $1 > 3.5 { bad = 1 } END { exit bad }' ||
+  fail "fleet_quiet_prober: every breaker must close within open_for + 3 syncs (3.5 s) of the recovery: $(field "$dir/prober.csv" closed_after_s | tr '\n' ' ')"
+"$bin" --scenario="$scenarios/fleet_recovery.toml" --strategies=retryd-fleet --runs=10 \
+  --runs_csv="$dir/recovery.csv" >"$dir/recovery.txt"
+field "$dir/recovery.csv" closed_after_s | sort -n | awk '
+  { v[NR] = $1; if ($1 < 0 || $1 > 5) bad = 1 } END { if (v[5] > 3.5) bad = 1; exit bad }' ||
+  fail "fleet_recovery: every breaker must close within 5 s of the recovery (median 3.5 s): $(field "$dir/recovery.csv" closed_after_s | tr '\n' ' ')"
+echo "stampede_fleet: OK (probes per reopening, store down all along = retryd, fleet floor, errors, quiet hosts, recovery)"

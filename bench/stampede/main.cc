@@ -35,6 +35,7 @@ DEFINE_string(real_csv, "", "with --svg: the real fleet's time series of the sam
                             "(retryd_fleet --csv; comma-separated files), drawn beside the simulation");
 DEFINE_string(real_summary_csv, "", "with --real_csv: the real fleet's figures (retryd_fleet "
                                     "--summary_csv), for the bar chart");
+DEFINE_bool(print_hosts, false, "print the scenario's [fleet] hosts and exit");
 DEFINE_bool(list_strategies, false, "print the selected strategies, one \"NAME SCOPE\" per line, "
                                     "and exit");
 
@@ -145,6 +146,10 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   std::vector<Summary> summaries;
   std::vector<const Strategy*> selected;
+  if (FLAGS_print_hosts) {
+    std::printf("%u\n", sc.hosts);
+    return 0;
+  }
   if (FLAGS_list_strategies) {
     for (const Strategy& st : sc.strategies) {
       if (Selected(st.name)) std::printf("%s %s\n", st.name.c_str(), ScopeName(st.scope));

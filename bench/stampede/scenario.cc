@@ -485,6 +485,13 @@ const char* StallKindName(StallKind k) {
   return "?";
 }
 
+bool InAnyStall(const std::vector<Stall>& stalls, double t_s) {
+  for (const Stall& s : stalls) {
+    if (s.start_s <= t_s && t_s < s.start_s + s.duration_s) return true;
+  }
+  return false;
+}
+
 bool InWindow(const std::vector<Stall>& stalls, StallKind kind, double t_s) {
   for (const Stall& s : stalls) {
     if (s.kind == kind && s.start_s <= t_s && t_s < s.start_s + s.duration_s) return true;

@@ -179,5 +179,7 @@ HostTraffic TrafficOf(const Scenario& sc, uint32_t host);
 
 // InWindow reports whether some window of `kind` in `stalls` covers second `t_s`.
 bool InWindow(const std::vector<Stall>& stalls, StallKind kind, double t_s);
+// InAnyStall: whether some window of `stalls`, of any kind, covers second `t_s`.
+bool InAnyStall(const std::vector<Stall>& stalls, double t_s);
 
 }  // namespace retryd::stampede

@@ -175,13 +175,7 @@ class Sim {
   bool DropExpired(uint32_t attempt);
   int64_t ServiceTime(const Pod& p);
   int64_t WithStalls(int64_t start, int64_t finish) const;
-  bool InAnyStall(int64_t t) const {
-    for (const Stall& st : sc_.stalls) {
-      const int64_t a = MsToNs(st.start_s * 1e3);
-      if (t >= a && t < a + MsToNs(st.duration_s * 1e3)) return true;
-    }
-    return false;
-  }
+
 
   const Scenario& sc_;
   const Strategy& st_;
@@ -453,7 +447,7 @@ void Sim::OnAttempt(uint32_t call_id, uint32_t number) {
   else ++BinOf(mine, now_).retries;
   if (wk.group == 0) {
     if (a.probe) ++result_.hosts[wk.host].probes;
-    if (InAnyStall(now_)) ++result_.hosts[wk.host].sent_in_stall;
+    if (InAnyStall(sc_.stalls, double(now_) / 1e9)) ++result_.hosts[wk.host].sent_in_stall;
   }
   if (a.probe) {
     ++mine.probes;

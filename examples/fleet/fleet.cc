@@ -3,15 +3,18 @@
 // report code (bench/stampede/report.h), so that the two can be compared line by line.
 //
 // It reads the scenario file the simulator reads (bench/stampede/scenario.h) and takes from it
-// the fleet (`hosts` must be 1: this machine is the host), the arrival rate, the timeout, the
-// stalls, the health rules and the strategy named by --strategy. It starts retryd_downstream on
-// the same file, forks `workers_per_host` worker processes of --threads threads each (Poisson
-// arrivals summing to `baseline_qps`), and when they are done stops the downstream and merges
-// the counts of both sides into one stampede::Result.
+// the fleet, the arrival rates, the timeout, the stalls, the health rules and the strategy named
+// by --strategy. It starts retryd_downstream on the same file, forks `workers_per_host` worker
+// processes of --threads threads each per host (Poisson arrivals at the host's rate:
+// `baseline_qps` over the hosts, or its [[host_traffic]]), and when they are done stops the
+// downstream and merges the counts of both sides into one stampede::Result. `hosts` must be 1
+// (this machine is the host) but for a `fleet` strategy, whose hosts are daemons on this
+// machine, one segment each (--segments), joined to one store: fleet_compare.sh starts them.
 //
 // Each worker admits every attempt through the real algorithms before sending it:
 //   - a `host` strategy goes through retryd::Client on the segment of the retryd that runs on
-//     this host (--segment); its policy must be the strategy's (checked at the start);
+//     this host (--segment); its policy must be the strategy's (checked at the start); a
+//     `fleet` strategy likewise, each host's workers on that host's daemon's segment;
 //   - a `process` strategy keeps its breaker and budget in a process-private segment with the
 //     strategy's policy, as a per-process library would (shm::Segment::CreatePrivate).
 // Between attempts it waits as the strategy says (retryd::BackoffWait for jitter). With a
@@ -19,6 +22,10 @@
 // most `timeout_ms`), it is sent downstream as `grpc-timeout`, and a retry is taken only if,
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
 // A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
+//
+// For a fleet, a thread of this process reads every host's breaker word every millisecond
+// (read-only) to time each host's first open and the fleet-wide reopenings, as the simulator
+// does; the probes of a reopening are those the workers sent in the bins it spans.
 //
 // Output: the simulator's summary table for this one run, the downstream's own counts, with
 // --summary_csv one row in the simulator's --summary_csv format (appended), and with --csv the
@@ -62,6 +69,11 @@ DEFINE_string(scenario, "", "scenario file (bench/stampede/scenarios/*.toml), ho
 DEFINE_string(strategy, "", "the scenario's strategy to run (its name)");
 DEFINE_string(downstream, "", "the retryd_downstream binary (default: next to this one)");
 DEFINE_string(segment, "retryd", "the host's retryd segment, for a host-scope strategy");
+DEFINE_string(segments, "", "for a fleet strategy: each host's retryd segment, comma-separated, "
+                            "one per host of the scenario");
+DEFINE_string(redis, "", "with --print_config, for a fleet strategy: the store's HOST:PORT");
+DEFINE_int32(host_index, 0, "with --print_config, for a fleet strategy: the host to configure");
+DEFINE_string(key_prefix, "retryd-fleet", "with --print_config: the fleet's key prefix in the store");
 DEFINE_string(dependency, "fleet-downstream", "dependency name, for a host-scope strategy");
 DEFINE_int32(threads, 128, "threads per worker: calls in flight per worker at most (a call that "
                            "finds none free waits, and is counted late)");
@@ -94,7 +106,7 @@ struct Counts {
   std::vector<std::atomic<uint32_t>> sent, retries, attempt_ok, attempt_fail, user_ok, user_fail,
       rejected, probes, latency;
   size_t buckets;
-  std::atomic<uint64_t> late{0}, calls{0};
+  std::atomic<uint64_t> late{0}, calls{0}, sent_in_stall{0};
 };
 
 size_t WriteDiscard(char*, size_t size, size_t n, void*) { return size * n; }
@@ -185,9 +197,10 @@ constexpr double kDrainS = 6;
 
 // OpenHostClient opens a client on the host's retryd (never falling back to private state) and
 // resolves the dependency.
-retryd::Status OpenHostClient(std::unique_ptr<retryd::Client>* client, retryd::Dependency* dep) {
+retryd::Status OpenHostClient(const std::string& segment, std::unique_ptr<retryd::Client>* client,
+                              retryd::Dependency* dep) {
   retryd::ClientOptions options;
-  options.segment = FLAGS_segment;
+  options.segment = segment;
   options.fallback_to_local = false;
   retryd::Status s = retryd::Client::Open(options, client);
   if (s.ok()) s = (*client)->Resolve(FLAGS_dependency, dep);
@@ -200,21 +213,25 @@ struct RunContext {
   int port;
   double t0;
   size_t bins;  // the scenario's duration and the drain
+  std::vector<std::string> segments;  // each host's daemon's (host and fleet scopes)
 };
 
 int RunWorker(const RunContext& ctx, int index) {
   const Scenario& sc = *ctx.sc;
   const Strategy& st = *ctx.st;
+  const uint32_t host = uint32_t(index) / sc.workers_per_host;
+  const retryd::stampede::HostTraffic traffic = retryd::stampede::TrafficOf(sc, host);
   retryd::SetLogCallback([index](int, std::string_view line) {
     if (index == 0) std::fprintf(stderr, "worker: %.*s\n", int(line.size()), line.data());
   });
   std::unique_ptr<retryd::Client> client;
   std::unique_ptr<Admission> admission;
   PrivateAdmission* private_admission = nullptr;
-  if (st.scope == Scope::kHost) {
+  if (st.scope != Scope::kProcess) {
     retryd::Dependency dep;
-    if (retryd::Status s = OpenHostClient(&client, &dep); !s.ok()) {
-      std::fprintf(stderr, "worker %d: segment %s: %s\n", index, FLAGS_segment.c_str(), s.ToString().c_str());
+    const std::string& segment = ctx.segments[host];
+    if (retryd::Status s = OpenHostClient(segment, &client, &dep); !s.ok()) {
+      std::fprintf(stderr, "worker %d: segment %s: %s\n", index, segment.c_str(), s.ToString().c_str());
       return 1;
     }
     admission = std::make_unique<HostAdmission>(*client, dep);
@@ -274,6 +291,7 @@ int RunWorker(const RunContext& ctx, int index) {
             break;
           }
           ++counts.sent[bin_of(t)];
+          if (retryd::stampede::InAnyStall(sc.stalls, t - ctx.t0)) ++counts.sent_in_stall;
           if (attempt > 0) ++counts.retries[bin_of(t)];
           if (admitted == 2) ++counts.probes[bin_of(t)];
           const std::chrono::nanoseconds attempt_timeout = deadline.Clamp(timeout);
@@ -334,8 +352,10 @@ int RunWorker(const RunContext& ctx, int index) {
   }
   {
     std::mt19937_64 rng(uint64_t(getpid()) * 2654435761u + uint64_t(ctx.t0 * 1000));
-    std::exponential_distribution<double> gap(sc.baseline_qps / sc.workers_per_host);
-    for (double next = ctx.t0 + gap(rng); next < end; next += gap(rng)) {
+    const double qps = traffic.qps / sc.workers_per_host;
+    std::exponential_distribution<double> gap(std::max(qps, 1e-9));
+    const double from = ctx.t0 + traffic.from_s, until = std::min(end, ctx.t0 + traffic.until_s);
+    for (double next = from + gap(rng); qps > 0 && next < until; next += gap(rng)) {
       const double wait = next - NowUnix();
       if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
       {
@@ -354,7 +374,7 @@ int RunWorker(const RunContext& ctx, int index) {
   BreakerCounts bc;
   if (private_admission) bc = ReadBreaker(private_admission->slot());
   out << "# " << counts.calls << ' ' << counts.late << ' ' << bc.opened << ' ' << bc.half_opened << ' '
-      << bc.retries_denied << ' ' << bc.rejected_open << '\n';
+      << bc.retries_denied << ' ' << bc.rejected_open << ' ' << counts.sent_in_stall << '\n';
   for (size_t i = 0; i < ctx.bins; ++i) {
     out << counts.sent[i] << ' ' << counts.retries[i] << ' ' << counts.attempt_ok[i] << ' '
         << counts.attempt_fail[i] << ' ' << counts.user_ok[i] << ' ' << counts.user_fail[i] << ' '
@@ -363,6 +383,78 @@ int RunWorker(const RunContext& ctx, int index) {
     out << '\n';
   }
   return out ? 0 : 1;
+}
+
+// BreakerWatch reads every host's breaker word every millisecond, read-only, and times what the
+// simulator times when a breaker moves (sim.cc's Observe): each host's first open, and the
+// fleet-wide reopenings (a maximal interval in which some host's breaker is not closed).
+class BreakerWatch {
+ public:
+  BreakerWatch(const std::vector<std::string>& segments, const std::string& dependency, double t0)
+      : t0_(t0), first_open_s_(segments.size(), -1) {
+    namespace shm = retryd::shm;
+    for (const std::string& name : segments) {
+      std::unique_ptr<shm::Segment> seg;
+      if (!shm::Segment::Attach(name, shm::Access::kReadOnly, &seg).ok()) continue;
+      const int32_t i = seg->Find(dependency);
+      if (i < 0) continue;
+      slots_.push_back(seg->dependency(uint32_t(i)));
+      segments_.push_back(std::move(seg));
+    }
+    ok_ = slots_.size() == segments.size();
+    if (ok_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~BreakerWatch() { Stop(); }
+  bool ok() const { return ok_; }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // After Stop: seconds since t0.
+  const std::vector<double>& first_open_s() const { return first_open_s_; }
+  const std::vector<std::pair<double, double>>& reopenings() const { return reopenings_; }  // end -1: not over
+
+ private:
+  void Loop() {
+    namespace shm = retryd::shm;
+    std::vector<bool> open(slots_.size(), false);
+    size_t not_closed = 0;
+    while (!stop_) {
+      const double t = NowUnix() - t0_;
+      for (size_t h = 0; h < slots_.size(); ++h) {
+        const shm::BreakerWord b =
+            shm::BreakerWord::Decode(slots_[h]->breaker.load(std::memory_order_acquire));
+        const bool is_open = b.state != shm::BreakerState::kClosed;
+        if (is_open == open[h]) continue;
+        open[h] = is_open;
+        if (is_open) {
+          if (first_open_s_[h] < 0) first_open_s_[h] = t;
+          if (not_closed++ == 0) reopenings_.push_back({t, -1});
+        } else if (--not_closed == 0) {
+          reopenings_.back().second = t;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  const double t0_;
+  std::vector<std::unique_ptr<retryd::shm::Segment>> segments_;
+  std::vector<const retryd::shm::DependencySlot*> slots_;
+  std::vector<double> first_open_s_;
+  std::vector<std::pair<double, double>> reopenings_;
+  std::atomic<bool> stop_{false};
+  bool ok_ = false;
+  std::thread thread_;
+};
+
+std::vector<std::string> SplitCommas(const std::string& list) {
+  std::vector<std::string> out;
+  std::istringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 std::string SelfDir() {
@@ -384,32 +476,45 @@ std::string ConfigToml(const Strategy& st) {
     if (k.kind == shm::KnobKind::kDuration) v = "\"" + v + "\"";
     out += std::string(k.key) + " = " + v + "\n";
   }
+  if (st.scope == Scope::kFleet) {
+    const retryd::stampede::FleetKnobs& f = st.fleet;
+    out += "fleet = true\nfleet_half_open_probes = " + std::to_string(f.fleet_half_open_probes) +
+           "\nfleet_min_hosts = " + std::to_string(f.fleet_min_hosts) +
+           "\nfleet_min_retries_per_sec = " + std::to_string(f.fleet_min_retries_per_sec) +
+           "\nfleet_retry_burst = " + std::to_string(f.fleet_retry_burst) + "\n";
+    // The daemon's command timeout must be shorter than its sync.
+    const uint32_t timeout_ms = std::min<uint32_t>(250, f.sync_ms / 2);
+    out += "\n[fleet]\nredis = \"" + FLAGS_redis + "\"\nhost_id = \"host-" +
+           std::to_string(FLAGS_host_index) + "\"\nsync = \"" + std::to_string(f.sync_ms) +
+           "ms\"\ntimeout = \"" + std::to_string(timeout_ms) + "ms\"\nkey_prefix = \"" +
+           FLAGS_key_prefix + "\"\n";
+  }
   return out;
 }
 
 // CheckHostPolicy refuses to run a host-scope strategy against a retryd whose policy for the
 // dependency is not the strategy's: the figures would be those of another policy. The
 // dependency is resolved first, so that a retryd that creates it on first use has done so.
-bool CheckHostPolicy(const Strategy& st) {
+bool CheckHostPolicy(const Strategy& st, const std::string& segment) {
   namespace shm = retryd::shm;
   {
     std::unique_ptr<retryd::Client> client;
     retryd::Dependency dep;
-    if (retryd::Status s = OpenHostClient(&client, &dep); !s.ok()) {
-      std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", FLAGS_segment.c_str(),
+    if (retryd::Status s = OpenHostClient(segment, &client, &dep); !s.ok()) {
+      std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", segment.c_str(),
                    s.ToString().c_str());
       return false;
     }
   }
   std::unique_ptr<shm::Segment> seg;
-  if (retryd::Status s = shm::Segment::Attach(FLAGS_segment, shm::Access::kReadOnly, &seg); !s.ok()) {
-    std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", FLAGS_segment.c_str(),
+  if (retryd::Status s = shm::Segment::Attach(segment, shm::Access::kReadOnly, &seg); !s.ok()) {
+    std::fprintf(stderr, "retryd_fleet: segment %s: %s (is retryd running?)\n", segment.c_str(),
                  s.ToString().c_str());
     return false;
   }
   const int32_t index = seg->Find(FLAGS_dependency);
   if (index < 0) {
-    std::fprintf(stderr, "retryd_fleet: segment %s has no dependency %s\n", FLAGS_segment.c_str(),
+    std::fprintf(stderr, "retryd_fleet: segment %s has no dependency %s\n", segment.c_str(),
                  FLAGS_dependency.c_str());
     return false;
   }
@@ -419,13 +524,13 @@ bool CheckHostPolicy(const Strategy& st) {
     if (have.*k.field != want.*k.field) {
       std::fprintf(stderr, "retryd_fleet: strategy %s wants %s = %s, the retryd on segment %s has %s\n",
                    st.name.c_str(), k.key, shm::FormatKnobValue(k, want.*k.field).c_str(),
-                   FLAGS_segment.c_str(), shm::FormatKnobValue(k, have.*k.field).c_str());
+                   segment.c_str(), shm::FormatKnobValue(k, have.*k.field).c_str());
       return false;
     }
   }
   if (have.mode != want.mode) {
     std::fprintf(stderr, "retryd_fleet: strategy %s wants mode %s, the retryd on segment %s has %s\n",
-                 st.name.c_str(), shm::ModeName(want.mode), FLAGS_segment.c_str(), shm::ModeName(have.mode));
+                 st.name.c_str(), shm::ModeName(want.mode), segment.c_str(), shm::ModeName(have.mode));
     return false;
   }
   return true;
@@ -439,11 +544,6 @@ int main(int argc, char** argv) {
   Scenario sc;
   if (retryd::Status s = retryd::stampede::LoadScenario(FLAGS_scenario, &sc); !s.ok()) {
     std::fprintf(stderr, "retryd_fleet: %s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (sc.hosts != 1) {
-    std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; the real fleet is this one host (hosts = 1)\n",
-                 FLAGS_scenario.c_str(), sc.hosts);
     return 2;
   }
   if (!sc.callers.empty()) {
@@ -470,15 +570,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "retryd_fleet: --threads must be positive\n");
     return 2;
   }
-  if (st->scope == Scope::kFleet) {
-    std::fprintf(stderr,
-                 "retryd_fleet: strategy \"%s\" coordinates hosts through a store, and this "
-                 "fleet is one host: run it in the simulator (tests/daemon/fleet_test.cc runs "
-                 "several daemons against a real Redis)\n",
-                 st->name.c_str());
+  if (sc.hosts != 1 && st->scope != Scope::kFleet) {
+    std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; the real fleet is this one host (hosts = 1), "
+                 "but for a fleet strategy (a daemon per host, --segments)\n",
+                 FLAGS_scenario.c_str(), sc.hosts);
     return 2;
   }
-  if (st->scope == Scope::kHost && !CheckHostPolicy(*st)) return 2;
+  std::vector<std::string> segments;
+  if (st->scope == Scope::kHost) segments = {FLAGS_segment};
+  if (st->scope == Scope::kFleet) {
+    segments = SplitCommas(FLAGS_segments);
+    if (segments.size() != sc.hosts) {
+      std::fprintf(stderr,
+                   "retryd_fleet: strategy \"%s\" coordinates hosts through a store: --segments "
+                   "must name one daemon's segment per host (%u), not %zu "
+                   "(examples/fleet/fleet_compare.sh starts them)\n",
+                   st->name.c_str(), sc.hosts, segments.size());
+      return 2;
+    }
+  }
+  for (const std::string& segment : segments) {
+    if (!CheckHostPolicy(*st, segment)) return 2;
+  }
   curl_global_init(CURL_GLOBAL_DEFAULT);
 
   // The downstream, on the same scenario; its start is everyone's t = 0.
@@ -511,10 +624,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t bins = size_t(std::ceil(sc.duration_s * 1e3 / sc.bin_ms));
-  RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms))};
+  RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms)), segments};
+  std::unique_ptr<BreakerWatch> watch;
+  if (st->scope == Scope::kFleet) {
+    watch = std::make_unique<BreakerWatch>(segments, FLAGS_dependency, t0);
+    if (!watch->ok()) {
+      std::fprintf(stderr, "retryd_fleet: cannot read every host's breaker (--segments=%s)\n",
+                   FLAGS_segments.c_str());
+      kill(server, SIGTERM);
+      return 1;
+    }
+  }
 
+  const uint32_t workers = sc.hosts * sc.workers_per_host;
   std::vector<pid_t> children;
-  for (uint32_t i = 0; i < sc.workers_per_host; ++i) {
+  for (uint32_t i = 0; i < workers; ++i) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("fork");
@@ -545,6 +669,7 @@ int main(int argc, char** argv) {
   }
   running = false;
   if (status.joinable()) status.join();
+  if (watch) watch->Stop();
   kill(server, SIGTERM);
   int wstatus = 0;
   waitpid(server, &wstatus, 0);
@@ -559,15 +684,19 @@ int main(int argc, char** argv) {
   r.bins.resize(bins);
   r.latency_buckets = uint32_t(std::ceil(sc.timeout_ms)) + 2;
   r.latency_ms.assign(bins, std::vector<uint32_t>(r.latency_buckets, 0));
-  r.breakers_per_host = st->scope == Scope::kHost ? 1 : sc.workers_per_host;
+  r.breakers_per_host = st->scope != Scope::kProcess ? 1 : sc.workers_per_host;
+  r.hosts.resize(sc.hosts);
   uint64_t calls = 0, late = 0;
-  for (uint32_t i = 0; i < sc.workers_per_host; ++i) {
+  for (uint32_t i = 0; i < workers; ++i) {
+    retryd::stampede::HostFigures& host = r.hosts[i / sc.workers_per_host];
     const std::string path = FLAGS_workdir + "/fleet-worker-" + std::to_string(i) + ".txt";
     std::ifstream in(path);
     std::string hash;
     uint64_t c = 0, l = 0;
     BreakerCounts bc;
-    in >> hash >> c >> l >> bc.opened >> bc.half_opened >> bc.retries_denied >> bc.rejected_open;
+    uint64_t in_stall = 0;
+    in >> hash >> c >> l >> bc.opened >> bc.half_opened >> bc.retries_denied >> bc.rejected_open >> in_stall;
+    host.sent_in_stall += in_stall;
     calls += c;
     late += l;
     r.breaker_opened += bc.opened;
@@ -593,6 +722,7 @@ int main(int argc, char** argv) {
       r.attempts_sent += v[0];
       r.first_attempts_sent += v[0] - v[1];
       r.probes += v[7];
+      host.probes += v[7];
       r.user_failed += v[5];
     }
     if (!in) {
@@ -627,16 +757,35 @@ int main(int argc, char** argv) {
     }
     std::remove(bins_file.c_str());
   }
-  if (st->scope == Scope::kHost) {  // the host's breaker: read its counters from the segment
+  // The hosts' breakers: their counters from the segments, since each daemon started (run each
+  // strategy on fresh ones), and for a fleet what its daemons did.
+  for (const std::string& name : segments) {
     std::unique_ptr<retryd::shm::Segment> seg;
-    if (retryd::shm::Segment::Attach(FLAGS_segment, retryd::shm::Access::kReadOnly, &seg).ok()) {
-      if (const int32_t i = seg->Find(FLAGS_dependency); i >= 0) {
-        const BreakerCounts bc = ReadBreaker(*seg->dependency(uint32_t(i)));
-        r.breaker_opened = bc.opened;  // since the daemon started: run each strategy on a fresh one
-        r.half_opened = bc.half_opened;
-        r.retries_denied = bc.retries_denied;
-        r.rejected_open = bc.rejected_open;
-      }
+    if (!retryd::shm::Segment::Attach(name, retryd::shm::Access::kReadOnly, &seg).ok()) continue;
+    if (const int32_t i = seg->Find(FLAGS_dependency); i >= 0) {
+      const BreakerCounts bc = ReadBreaker(*seg->dependency(uint32_t(i)));
+      r.breaker_opened += bc.opened;
+      r.half_opened += bc.half_opened;
+      r.retries_denied += bc.retries_denied;
+      r.rejected_open += bc.rejected_open;
+    }
+    const retryd::shm::SegmentHeader& h = seg->header();
+    r.fleet.trips += h.fleet_trips.load(std::memory_order_relaxed);
+    r.fleet.leases += h.fleet_leases.load(std::memory_order_relaxed);
+  }
+  if (watch) {
+    // The simulator's figures of the same: times since t0, the run's end as its horizon.
+    for (uint32_t h = 0; h < sc.hosts; ++h) {
+      const double t = watch->first_open_s()[h];
+      r.hosts[h].first_open_s = t >= 0 && t < sc.duration_s ? t : -1;
+    }
+    for (const auto& [start, end] : watch->reopenings()) {
+      if (start >= sc.duration_s) break;
+      retryd::stampede::Reopening o{start, end >= 0 && end < sc.duration_s ? end : -1, 0};
+      const size_t from = size_t(start * 1e3 / sc.bin_ms);
+      const size_t to = o.end_s < 0 ? bins - 1 : std::min(bins - 1, size_t(o.end_s * 1e3 / sc.bin_ms));
+      for (size_t b = from; b <= to && b < bins; ++b) o.probes += r.bins[b].probes;
+      r.reopenings.push_back(o);
     }
   }
   const retryd::stampede::Summary s = retryd::stampede::Summarize(sc, r);

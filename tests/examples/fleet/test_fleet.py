@@ -324,6 +324,12 @@ def test_fleet_refuses_what_it_cannot_run(tmp_path):
     path = scenario(tmp_path, name="t.toml")
     out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=nope"], capture_output=True, text=True)
     assert out.returncode == 2 and 'no strategy "nope"' in out.stderr and "plain" in out.stderr, out.stderr
+    # A fleet strategy runs one daemon per host: it needs each host's segment.
+    path = scenario(tmp_path, name="f.toml", fleet={"hosts": "3"},
+                    strategies='[[strategy]]\nname = "f"\nscope = "fleet"\n')
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=f", "--segments=a,b"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "one daemon's segment per host (3), not 2" in out.stderr, out.stderr
     path = scenario(tmp_path, name="u.toml", downstream={"process_abandoned": "false"})
     out = subprocess.run([DOWNSTREAM, f"--scenario={path}"], capture_output=True, text=True)
     assert out.returncode == 2 and "process_abandoned" in out.stderr, out.stderr

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Prints a fleet strategy's figures on real daemons beside the simulator's (Markdown).
+
+Usage: fleet_compare.py REAL_CSV SIM_CSV [--check=1] [--open_tol=S] [--probe_tol=N]
+                        [--close_tol=S] [--sent_tol=F]
+Both files have the simulator's --summary_csv columns, one row per run. Each cell is the
+median over the runs, with the range in brackets. With --check=1 the exit status is 1 if a
+figure disagrees beyond its tolerance:
+  - each host: opened in most runs on both sides, or in few on both; when it opened, the
+    medians of its first open (seconds after the stall began) within --open_tol (default 1 s);
+  - probes per fleet-wide reopening: medians within --probe_tol (default 1);
+  - every breaker closed after the stall: closed on both sides in most runs, medians within
+    --close_tol (default 1.5 s);
+  - each host's attempts during the stall: medians within --sent_tol (default 25 %) or 5.
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+
+def rows_of(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def median_range(vals, fmt):
+    if not vals:
+        return "-"
+    return "%s [%s, %s]" % (fmt % statistics.median(vals), fmt % min(vals), fmt % max(vals))
+
+
+class Side:
+    def __init__(self, rows):
+        self.n = len(rows)
+        self.hosts = len(rows[0]["open_s_each_host"].split()) if rows else 0
+        self.open = [[] for _ in range(self.hosts)]   # first open times, when it opened
+        self.sent = [[] for _ in range(self.hosts)]
+        self.probes = []
+        self.closed = []                              # closed_after_s, when closed
+        self.not_closed = 0
+        for r in rows:
+            for h, v in enumerate(r["open_s_each_host"].split()[:self.hosts]):
+                if v != "never":
+                    self.open[h].append(float(v))
+            for h, v in enumerate(r["stall_sent_each_host"].split()[:self.hosts]):
+                self.sent[h].append(int(v))
+            self.probes.append(float(r["probes_per_reopening"]))
+            c = float(r["closed_after_s"])
+            if c < 0:
+                self.not_closed += 1
+            else:
+                self.closed.append(c)
+
+    def opened_mostly(self, h):
+        return 2 * len(self.open[h]) > self.n
+
+    def open_cell(self, h):
+        never = self.n - len(self.open[h])
+        cell = median_range(self.open[h], "%.1f s")
+        return cell + (" (never in %d of %d)" % (never, self.n) if never else "")
+
+    def closed_cell(self):
+        cell = median_range(self.closed, "%.1f s")
+        return cell + (" (not by the end in %d of %d)" % (self.not_closed, self.n) if self.not_closed else "")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("real")
+    ap.add_argument("sim")
+    ap.add_argument("--check", type=int, default=0)
+    ap.add_argument("--open_tol", type=float, default=1.0)
+    ap.add_argument("--probe_tol", type=float, default=1.0)
+    ap.add_argument("--close_tol", type=float, default=1.5)
+    ap.add_argument("--sent_tol", type=float, default=0.25)
+    a = ap.parse_args()
+    real, sim = Side(rows_of(a.real)), Side(rows_of(a.sim))
+    if real.n == 0 or sim.n == 0 or real.hosts != sim.hosts:
+        print("fleet_compare.py: no runs, or not the same hosts", file=sys.stderr)
+        return 2
+    out = ["| figure | real (%d runs) | simulated (%d seeds) | agrees |" % (real.n, sim.n),
+           "|---|---|---|---|"]
+    bad = []
+
+    def row(name, r, s, ok):
+        out.append("| %s | %s | %s | %s |" % (name, r, s, "yes" if ok else "NO"))
+        if not ok:
+            bad.append(name)
+
+    for h in range(real.hosts):
+        ok = real.opened_mostly(h) == sim.opened_mostly(h)
+        if ok and real.opened_mostly(h):
+            ok = abs(statistics.median(real.open[h]) - statistics.median(sim.open[h])) <= a.open_tol
+        row("host %d: first open after the stall began" % h, real.open_cell(h), sim.open_cell(h), ok)
+    for h in range(real.hosts):
+        mr, ms = statistics.median(real.sent[h]), statistics.median(sim.sent[h])
+        ok = abs(mr - ms) <= max(5, a.sent_tol * max(mr, ms))
+        row("host %d: attempts sent during the stall" % h, median_range(real.sent[h], "%.0f"),
+            median_range(sim.sent[h], "%.0f"), ok)
+    ok = abs(statistics.median(real.probes) - statistics.median(sim.probes)) <= a.probe_tol
+    row("probes per fleet-wide reopening", median_range(real.probes, "%.1f"),
+        median_range(sim.probes, "%.1f"), ok)
+    closed_real, closed_sim = 2 * len(real.closed) > real.n, 2 * len(sim.closed) > sim.n
+    ok = closed_real == closed_sim
+    if ok and closed_real:
+        ok = abs(statistics.median(real.closed) - statistics.median(sim.closed)) <= a.close_tol
+    row("every breaker closed after the stall ended", real.closed_cell(), sim.closed_cell(), ok)
+    print("\n".join(out))
+    print("tolerances: first open %.1f s, probes %.1f, closed %.1f s, attempts %.0f %% or 5"
+          % (a.open_tol, a.probe_tol, a.close_tol, 100 * a.sent_tol))
+    if bad:
+        print("disagree: " + "; ".join(bad), file=sys.stderr)
+        return 1 if a.check else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
