@@ -9,8 +9,10 @@
 //            rate at or over its threshold, and failures come from >= fleet_min_hosts hosts:
 //            a closed breaker here opens (kTrip: the breaker's own rules: seq, open period,
 //            jitter), so that a host too quiet to fill its own window opens with the fleet.
-//            An open host reports the window it opened on, which counts until the fleet's
-//            probe next succeeds: hosts that tripped on their own open the quiet ones too
+//            An open host reports the window it opened on, stamped with the round its open
+//            period began in, and it counts until the fleet's probe next succeeds: hosts that
+//            tripped on their own open the quiet ones too. A lease holder never trips on the
+//            fleet's window (its probe answers for the fleet)
 //   probe    an open breaker is held open (SetOpenUntil, never past one sync period from the
 //            last step that reached the store) until its own open period is over; then a host
 //            whose workers called within the last sync asks for one of fleet_half_open_probes
