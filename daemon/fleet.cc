@@ -154,6 +154,7 @@ struct Fleet::Run {
   uint64_t called_ns = 0;           // when a step last saw a new rejection: the host's demand
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
   int64_t open_round = 0;           // the outcome count when this open period began
+  int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
   uint32_t hosts = 0;               // live hosts at the last sync
 };
@@ -231,6 +232,7 @@ void Fleet::Release(Run& run, uint64_t now_ns) {
   }
   run.held = false;
   run.lease = -1;
+  run.lost_round = -1;
   run.close_at_ms = 0;
   run.seen = false;
 }
@@ -465,6 +467,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       }
       LOG(INFO) << "fleet: dependency " << name << ": this host's fleet probe: " << result
                 << (reply.integer < 0 ? " (its lease had expired: not published)" : "");
+      if (reply.integer < 0) run.lost_round = run.lease_round;
       run.lease = -1;
     } else if (run.lease >= 0 && !run.seen) {
       // The slot was looked up again (reassigned): the lease is given back.
@@ -486,7 +489,22 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       int64_t round = 0;
       if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
       run.open_round = run.outcome_n;
+      // A prober whose lease lapsed before its probe reported (its daemon stopped, or too slow
+      // to renew) sees that probe's failure only when its daemon runs again, and the outcome it
+      // reads here, as its new open period's start, may already be the fleet's success by the
+      // host that took the lease after it. That success is news to it, as to a held host: it
+      // closes with the fleet. Without this it stayed open for its backed-off open period, then
+      // probed on its own and published a second outcome for the fleet's one recovery.
+      if (run.lost_round >= 0 && result == "success" && round >= run.lost_round) {
+        run.open_round = run.lost_round;  // its report, until it closes, is of that past round
+        const uint32_t jitter = shm::LoadKnob<shm::Knob::open_jitter_ms>(slot->policy);
+        run.close_at_ms = now_ms + (jitter > 0 ? shm::NextRandom(rng_) % (jitter + 1) : 0);
+        LOG(INFO) << "fleet: dependency " << name << ": the fleet's probe succeeded after this "
+                  << "host's lease lapsed: it closes with the fleet";
+      }
     }
+    // A lost round counts until the breaker next leaves half-open, its probe's end.
+    if (b.state != shm::BreakerState::kHalfOpen) run.lost_round = -1;
   }
 
   // The host's demand: a call refused since the last step (held or open, its workers still
@@ -531,6 +549,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       if (reply.integer == 0) {
         LOG(WARNING) << "fleet: dependency " << name
                      << ": this host's fleet probe lease expired before its probe reported";
+        run.lost_round = run.lease_round;
         run.lease = -1;
         role = shm::FleetRole::kMember;
       }
