@@ -1,0 +1,671 @@
+// The fleet (daemon/fleet.h) while its store fails in the middle of its work, on real processes
+// (tests/daemon/redis_harness.h): a Sentinel failover while a host's fleet probe is in flight,
+// the prober's daemon stopped (SIGSTOP) for longer than its lease, one host cut from the store
+// while the others are not, and a store that answers one host too slowly. The last two go
+// through a TCP proxy the test controls (TcpProxy, below), between one daemon and the store.
+//
+// Every test checks what each host does, and that no admit ever waits: workers decide from
+// their host's segment alone, so the slowest admit stays under kAdmitBoundNs, far below any
+// network wait (every store timeout here is 250 ms). Bounds are those the design guarantees,
+// with a margin for a loaded 2-core machine, and each measured figure is printed.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shm/breaker.h"
+#include "shm/clock.h"
+#include "shm/policy.h"
+#include "shm/segment.h"
+#include "shm/stripes.h"
+#include "tests/daemon/daemon_harness.h"
+#include "tests/daemon/redis_harness.h"
+
+namespace retryd::daemon {
+namespace {
+
+using testing::FleetTest;
+using testing::FreePort;
+using testing::kMaxHosts;
+using testing::kSyncMs;
+using testing::Redis;
+using testing::WaitUntil;
+
+constexpr uint32_t kTimeoutMs = 250;         // [fleet] timeout, every test
+constexpr uint32_t kStepMs = kSyncMs / 4;    // the fleet thread's step at this sync (fleet.cc)
+constexpr uint64_t kAdmitBoundNs = 5'000'000;  // an admit that waited on anything would exceed it
+// What a loaded 2-core machine adds to a bound the design guarantees: scheduling of the
+// daemon's fleet thread, the workers, the store and the proxy.
+constexpr uint32_t kLoadMarginMs = 250;
+
+double MsSince(uint64_t t_ns) { return double(shm::PreciseNowNs() - t_ns) / 1e6; }
+
+// TcpProxy relays 127.0.0.1:port() to a store on 127.0.0.1:`upstream_port`, in a forked
+// process of its own: the test's workers are forked too, and a copy of a relayed socket in a
+// worker would keep a connection the proxy cuts open. The test steers it through a shared page:
+//   Relay   relays both ways; each reply (store to daemon) is held DelayReplies ms first
+//   Freeze  relays nothing and keeps every connection open; new ones are accepted and get
+//           nothing (a partition that drops packets: the daemon's commands time out)
+//   Cut     closes every connection, and each new one at once (a partition that refuses)
+// Every connection accepted is logged with its time (Accepts): the daemon's connection attempts.
+class TcpProxy {
+ public:
+  enum class Mode : uint32_t { kRelay, kFreeze, kCut };
+
+  explicit TcpProxy(int upstream_port) {
+    void* p = mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    ctl_ = new (p) Control();
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(listen(fd, 64), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    pid_ = fork();
+    if (pid_ == 0) {
+      Run(fd, upstream_port);
+      _exit(0);
+    }
+    close(fd);
+  }
+  ~TcpProxy() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    munmap(ctl_, sizeof(Control));
+  }
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  void Relay() { ctl_->mode = uint32_t(Mode::kRelay); }
+  void Freeze() { ctl_->mode = uint32_t(Mode::kFreeze); }
+  void Cut() { ctl_->mode = uint32_t(Mode::kCut); }
+  void DelayReplies(uint32_t ms) { ctl_->delay_ms = ms; }
+  // Accepts: when each connection was accepted (shm::PreciseNowNs), oldest first.
+  std::vector<uint64_t> Accepts() const {
+    std::vector<uint64_t> out;
+    const uint32_t n = std::min<uint32_t>(ctl_->accepts.load(), kMaxAccepts);
+    for (uint32_t i = 0; i < n; ++i) out.push_back(ctl_->accepted_ns[i].load());
+    return out;
+  }
+
+ private:
+  static constexpr uint32_t kMaxAccepts = 4096;
+  struct Control {
+    std::atomic<uint32_t> mode;
+    std::atomic<uint32_t> delay_ms;
+    std::atomic<uint32_t> accepts;
+    std::atomic<uint64_t> accepted_ns[kMaxAccepts];
+  };
+  struct Reply {
+    uint64_t due_ns;
+    std::string bytes;
+  };
+  struct Pair {
+    int client;
+    int upstream;
+    std::string requests;       // read from the daemon, not yet written to the store
+    std::deque<Reply> replies;  // read from the store, held until due
+    bool dead = false;
+  };
+
+  static int ConnectUpstream(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      close(fd);
+      return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+  }
+
+  // Run is the proxy process: a poll loop that looks at the control page at least every 2 ms.
+  void Run(int listen_fd, int upstream_port) {
+    std::vector<Pair> pairs;
+    std::vector<char> buf(1 << 16);
+    auto gone = [](ssize_t n) { return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK); };
+    for (;;) {
+      const Mode mode = Mode(ctl_->mode.load());
+      if (mode == Mode::kCut) {
+        for (Pair& p : pairs) p.dead = true;
+      }
+      std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
+      if (mode == Mode::kRelay) {
+        for (const Pair& p : pairs) {
+          fds.push_back({p.client, POLLIN, 0});
+          fds.push_back({p.upstream, POLLIN, 0});
+        }
+      }
+      poll(fds.data(), fds.size(), 2);
+      for (int c; (c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
+        const uint32_t k = ctl_->accepts.load();
+        if (k < kMaxAccepts) ctl_->accepted_ns[k] = shm::PreciseNowNs();
+        ctl_->accepts = k + 1;
+        const int u = mode == Mode::kCut ? -1 : ConnectUpstream(upstream_port);
+        if (u < 0) {
+          close(c);
+          continue;
+        }
+        pairs.push_back({c, u, {}, {}, false});
+      }
+      const uint64_t now = shm::PreciseNowNs();
+      const uint64_t delay_ns = uint64_t{ctl_->delay_ms.load()} * 1'000'000;
+      for (Pair& p : pairs) {
+        if (mode != Mode::kRelay || p.dead) continue;
+        ssize_t n = recv(p.client, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n > 0) p.requests.append(buf.data(), size_t(n));
+        if (gone(n)) p.dead = true;
+        if (!p.requests.empty()) {
+          n = send(p.upstream, p.requests.data(), p.requests.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n > 0) p.requests.erase(0, size_t(n));
+          if (n < 0 && gone(n)) p.dead = true;
+        }
+        n = recv(p.upstream, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n > 0) p.replies.push_back({now + delay_ns, std::string(buf.data(), size_t(n))});
+        if (gone(n)) p.dead = true;
+        while (!p.replies.empty() && p.replies.front().due_ns <= now) {
+          Reply& r = p.replies.front();
+          n = send(p.client, r.bytes.data(), r.bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n < 0) {
+            if (gone(n)) p.dead = true;
+            break;
+          }
+          r.bytes.erase(0, size_t(n));
+          if (!r.bytes.empty()) break;
+          p.replies.pop_front();
+        }
+      }
+      for (auto it = pairs.begin(); it != pairs.end();) {
+        if (it->dead) {
+          close(it->client);
+          close(it->upstream);
+          it = pairs.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  Control* ctl_ = nullptr;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+class FleetChaosTest : public FleetTest {
+ protected:
+  shm::SegmentHeader& Header(int i) { return hosts_[size_t(i)].seg->header(); }
+  // The live hosts host i counted at its last sync (0 while it decides alone).
+  uint32_t LiveHosts(int i) { return shm::FleetWord::Hosts(Orders(i).fleet.load()); }
+  uint32_t Floor(int i) { return Orders(i).policy.min_retries_per_sec.load(); }
+  uint64_t SlowestAdmitNs() {
+    uint64_t slowest = 0;
+    for (int i = 0; i < int(hosts_.size()); ++i) {
+      slowest = std::max(slowest, ds_->slowest_admit_ns[i].load());
+    }
+    return slowest;
+  }
+  uint64_t Admits() {
+    uint64_t n = 0;
+    for (int i = 0; i < int(hosts_.size()); ++i) n += ds_->admits[i].load();
+    return n;
+  }
+  // ExpectAdmitsNeverWaited: the slowest of every admit so far, printed and bounded.
+  void ExpectAdmitsNeverWaited(const char* during) {
+    const uint64_t slowest = SlowestAdmitNs();
+    std::printf("slowest of %llu admits %s: %.3f ms\n",
+                static_cast<unsigned long long>(Admits()), during, double(slowest) / 1e6);
+    EXPECT_LT(slowest, kAdmitBoundNs) << "an admit waited " << double(slowest) / 1e6 << " ms";
+  }
+  std::string Outcome(Redis& redis, const char* field) {
+    const StoreReply r = redis.Command({"HGET", prefix_ + ":dep:orders:outcome", field});
+    return r.str;
+  }
+};
+
+// 1. A Sentinel failover while the fleet's probe is in flight: the master is killed while one
+// host holds the fleet probe lease and its probe hangs (half-open), the two others held.
+//
+// What must happen, and does: every host goes local at its next command (the old master's
+// connections are closed), which gives every hold back and makes the prober forget its lease:
+// no host is held through the failover, and the prober's probe, still in flight, speaks for
+// that host alone. Until the hosts rejoin, the fleet is a set of host-local breakers: each held
+// host probes on its own, one probe each (half_open_probes = 1), so the probes in flight at
+// once are at most hosts x half_open_probes (here 3: fleet_half_open_probes = 1, plus one per
+// host that lost the store once its open period was over), never more than without the fleet.
+// The lease key cannot outlive the failover for long: its expiry (three syncs) replicates with
+// it, so if the replica had it, it expires on the new master at the same moment, and if the
+// replica lagged and lacks it, a host may take a new lease at once; either way the old prober
+// holds none. Once every host has rejoined, the probes in flight (all hung) fail when the hang
+// ends; each host reopens on its own probe (nothing is published: no host holds a lease) and
+// the fleet starts a new round: exactly fleet_half_open_probes probe, one success published,
+// and every host closes, within open_for_max (the backed-off period its probe's failure drew)
+// plus two syncs of the downstream being healthy.
+TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
+  SKIP_WITHOUT_REDIS();
+  auto master = std::make_unique<Redis>(FreePort());
+  Redis replica(FreePort(), master->address());
+  Redis sentinel(FreePort(), "", master->port());
+  constexpr int kHosts = 3;
+  constexpr uint32_t kOpenForMaxMs = 2'000;
+  // Each probe hangs until the test lifts the hang (60 s at most, and no probe_timeout before).
+  const int prober = HangTheFleetsProbe(
+      "sentinels = [\"127.0.0.1:" + std::to_string(sentinel.port()) +
+          "\"]\nmaster_name = \"fleet\"\ntimeout = \"" + std::to_string(kTimeoutMs) + "ms\"\n",
+      "open_for_max = \"2s\"\nhalf_open_probes = 1\nclose_after = 1\nprobe_timeout = \"60s\"\n"
+      "fleet_half_open_probes = 1\n",
+      60'000);
+  ASSERT_GE(prober, 0) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitUntil([&] {
+    return Role((prober + 1) % kHosts) == shm::FleetRole::kHolding &&
+           Role((prober + 2) % kHosts) == shm::FleetRole::kHolding;
+  }, 10'000)) << hosts_[size_t(prober)].daemon->Log();
+  // A second worker per host: it keeps admitting while the first hangs in a probe.
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
+  const std::string lease_key = prefix_ + ":dep:orders:lease:0";
+  // The replica has the lease (replication is asynchronous: this is the case where it did not
+  // lag), and the fleet's outcome count so far.
+  ASSERT_TRUE(WaitUntil([&] { return replica.Command({"GET", lease_key}).type == StoreReply::Type::kString; }, 5'000));
+  const std::string n_before = Outcome(*master, "n");
+  uint64_t probes_before[kMaxHosts];
+  for (int i = 0; i < kHosts; ++i) probes_before[i] = ds_->probes[i].load();
+  ASSERT_EQ(ds_->probes_in_flight.load(), 1u);
+
+  master->Kill();
+  const uint64_t killed_ns = shm::PreciseNowNs();
+  const uint64_t killed_unix_ms = shm::UnixNowMs();
+  // Every host local at its next command; none held (a held host's role is gone with its hold).
+  uint64_t local_ns[kMaxHosts] = {};
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int i = 0; i < kHosts; ++i) {
+      if (local_ns[i] == 0 && FleetStateOf(i) == shm::FleetState::kLocal) {
+        local_ns[i] = shm::PreciseNowNs();
+        EXPECT_EQ(Role(i), shm::FleetRole::kNone) << "host " << i;
+      }
+    }
+    return All([&](int i) { return local_ns[i] != 0; });
+  }, 10'000));
+  double slowest_local_ms = 0;
+  for (int i = 0; i < kHosts; ++i) {
+    slowest_local_ms = std::max(slowest_local_ms, double(local_ns[i] - killed_ns) / 1e6);
+  }
+  std::printf("every host local %.0f ms after the master died (the prober's next command is at "
+              "its next sync, %u ms)\n", slowest_local_ms, kSyncMs);
+  EXPECT_LE(slowest_local_ms, kSyncMs + kLoadMarginMs);
+
+  // Through the failover each held host probes on its own, once: its breaker's own
+  // half_open_probes, as a host-local retryd would.
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return i == prober || ds_->probes[i].load() > probes_before[i]; });
+  }, 10'000));
+  const double own_probe_ms = MsSince(killed_ns);
+  std::printf("each held host sent its own probe %.0f ms after the master died\n", own_probe_ms);
+
+  // Every host back, on the promoted replica.
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) {
+      return FleetStateOf(i) == shm::FleetState::kJoined &&
+             Header(i).fleet_synced_unix_ms.load() > killed_unix_ms;
+    });
+  }, 30'000)) << hosts_[0].daemon->Log();
+  const double rejoined_ms = MsSince(killed_ns);
+  const StoreReply pttl = replica.Command({"PTTL", lease_key});
+  std::printf("every host synced with the new master %.0f ms after the old one died; the old "
+              "lease there: %s\n", rejoined_ms,
+              pttl.integer == -2 ? "gone (expired: three syncs after its last renewal)"
+                                 : ("still there, PTTL " + std::to_string(pttl.integer)).c_str());
+  EXPECT_NE(hosts_[0].daemon->Log().find("127.0.0.1:" + std::to_string(replica.port())),
+            std::string::npos);
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_EQ(ds_->probes[i].load(), probes_before[i] + (i == prober ? 0 : 1))
+        << "host " << i << ": one probe of its own, still in flight";
+    EXPECT_NE(Role(i), shm::FleetRole::kHolding) << "host " << i << " held while its own probe hangs";
+  }
+  const uint32_t most_in_flight = ds_->most_probes_in_flight.load();
+  std::printf("probes in flight at once across the failover: %u (hosts x half_open_probes = %d)\n",
+              most_in_flight, kHosts);
+  EXPECT_LE(most_in_flight, uint32_t(kHosts));
+  // The prober's round was never published, by it or by anyone.
+  EXPECT_EQ(Outcome(replica, "n"), n_before);
+
+  // The downstream heals: the hung probes end (as failures: they were sent into the outage).
+  const uint64_t probes_at_heal = ProbesSoFar();
+  ds_->failing = 0;
+  ds_->hang_ms = 0;
+  const uint64_t healed_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 20'000)) << hosts_[size_t(prober)].daemon->Log();
+  const double closed_ms = MsSince(healed_ns);
+  const uint64_t round_probes = ProbesSoFar() - probes_at_heal;
+  std::printf("every host closed %.0f ms after the downstream healed, on %llu probe(s) "
+              "(open_for_max %u ms, sync %u ms)\n", closed_ms,
+              static_cast<unsigned long long>(round_probes), kOpenForMaxMs, kSyncMs);
+  EXPECT_LE(closed_ms, kOpenForMaxMs + 2 * kSyncMs + kLoadMarginMs);
+  EXPECT_EQ(round_probes, 1u) << "the new round sent more than fleet_half_open_probes";
+  // One outcome for the new round: a success.
+  EXPECT_EQ(Outcome(replica, "result"), "success");
+  EXPECT_EQ(std::stoll(Outcome(replica, "n")), (n_before.empty() ? 0 : std::stoll(n_before)) + 1);
+  ExpectAdmitsNeverWaited("across the failover");
+}
+
+// 2. The prober's daemon stopped (SIGSTOP) for longer than its lease, while its probe hangs.
+// Its workers go on (they touch only the segment) and never wait. Its lease expires three syncs
+// after its last renewal, and a held host takes it and probes; the downstream answers new calls
+// again, so that probe's success is the fleet's outcome and the others close. The stopped host's
+// own probe, sent into the outage, then fails, and its workers reopen its breaker while its
+// daemon is still stopped. Continued, the daemon must not publish that stale failure over the
+// fleet's success (kPublishOutcome checks the lease is still its own), and its breaker must
+// close on the fleet's success, which came in the round its lost lease began, at its first step:
+// not wait out its backed-off open period and send a probe of its own.
+TEST_F(FleetChaosTest, AProberStoppedPastItsLeaseNeitherHoldsTheFleetNorOverridesItsOutcome) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 3;
+  const int prober = HangTheFleetsProbe(
+      "redis = \"" + redis.address() + "\"\ntimeout = \"" + std::to_string(kTimeoutMs) + "ms\"\n",
+      "open_for_max = \"2s\"\nhalf_open_probes = 1\nclose_after = 1\nprobe_timeout = \"60s\"\n",
+      60'000);
+  ASSERT_GE(prober, 0) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitUntil([&] {
+    return Role((prober + 1) % kHosts) == shm::FleetRole::kHolding &&
+           Role((prober + 2) % kHosts) == shm::FleetRole::kHolding;
+  }, 10'000)) << hosts_[size_t(prober)].daemon->Log();
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
+  uint64_t leases_before[kMaxHosts];
+  for (int i = 0; i < kHosts; ++i) leases_before[i] = Header(i).fleet_leases.load();
+
+  // New calls succeed from now on; the hung probe, sent into the outage, still hangs.
+  ds_->failing = 0;
+  hosts_[size_t(prober)].daemon->Signal(SIGSTOP);
+  const uint64_t stopped_ns = shm::PreciseNowNs();
+  ds_->slowest_admit_ns[prober] = 0;
+  const uint64_t admits_before = ds_->admits[prober].load();
+
+  int heir = -1;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int i = 0; i < kHosts; ++i) {
+      if (i != prober && Header(i).fleet_leases.load() > leases_before[i]) heir = i;
+    }
+    return heir >= 0;
+  }, 10'000)) << hosts_[(prober + 1) % kHosts].daemon->Log();
+  const double lease_ms = MsSince(stopped_ns);
+  std::printf("host %d took the fleet probe lease %.0f ms after the prober's daemon stopped "
+              "(its lease lives %u ms past its last renewal)\n", heir, lease_ms, 3 * kSyncMs);
+  EXPECT_LE(lease_ms, 3 * kSyncMs + kStepMs + kLoadMarginMs);
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return i == prober || State(i) == shm::BreakerState::kClosed; });
+  }, 10'000)) << hosts_[size_t(heir)].daemon->Log();
+  std::printf("the other hosts closed %.0f ms after the prober's daemon stopped\n",
+              MsSince(stopped_ns));
+  const std::string n_success = Outcome(redis, "n");
+  ASSERT_EQ(Outcome(redis, "result"), "success");
+  ASSERT_EQ(Outcome(redis, "host"), "host-" + std::to_string(heir));
+
+  // The stale probe fails; the stopped host's workers reopen its breaker on their own.
+  ds_->hang_ms = 0;
+  ASSERT_TRUE(WaitUntil([&] { return State(prober) == shm::BreakerState::kOpen; }, 5'000));
+  const uint64_t stopped_admits = ds_->admits[prober].load() - admits_before;
+  const uint64_t stopped_slowest = ds_->slowest_admit_ns[prober].load();
+  std::printf("the stopped host's workers: %llu admits while its daemon was stopped (%.0f ms), "
+              "the slowest %.3f ms\n", static_cast<unsigned long long>(stopped_admits),
+              MsSince(stopped_ns), double(stopped_slowest) / 1e6);
+  EXPECT_GE(stopped_admits, 10u);
+  EXPECT_LT(stopped_slowest, kAdmitBoundNs);
+
+  const uint64_t own_probes = ds_->probes[prober].load();
+  hosts_[size_t(prober)].daemon->Signal(SIGCONT);
+  const uint64_t continued_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] { return State(prober) == shm::BreakerState::kClosed; }, 10'000))
+      << hosts_[size_t(prober)].daemon->Log();
+  const double closed_ms = MsSince(continued_ns);
+  std::printf("the continued host closed %.0f ms after its daemon ran again, on the fleet's "
+              "success (its own open period: %u ms)\n", closed_ms, 2'000u);
+  // Its first step after it runs again, and a loaded machine.
+  EXPECT_LE(closed_ms, kStepMs + kLoadMarginMs);
+  EXPECT_EQ(ds_->probes[prober].load(), own_probes) << "it probed on its own";
+  const std::string log = hosts_[size_t(prober)].daemon->Log();
+  EXPECT_NE(log.find("this host's fleet probe: failure (its lease had expired: not published)"),
+            std::string::npos) << log;
+  // The fleet's outcome is still the heir's success, and stays so.
+  const uint64_t synced = Header(prober).fleet_synced_unix_ms.load();
+  ASSERT_TRUE(WaitUntil([&] { return Header(prober).fleet_synced_unix_ms.load() > synced + 2 * kSyncMs; }, 10'000));
+  EXPECT_EQ(Outcome(redis, "n"), n_success);
+  EXPECT_EQ(Outcome(redis, "result"), "success");
+  EXPECT_EQ(Outcome(redis, "host"), "host-" + std::to_string(heir));
+  for (int i = 0; i < kHosts; ++i) EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
+  ExpectAdmitsNeverWaited("through the stop");
+}
+
+// 3. One host cut from the store (through the proxy) while the others reach it. A partition
+// that drops packets (Freeze) is the slowest to notice: the cut host's next command, at its next
+// sync, waits out the timeout, so it is local within sync + timeout; one that refuses (Cut)
+// within a sync. It then decides alone: its own floor, its breaker trips on its own window (its
+// calls fail too: its own network), and goes half-open on its own open period with no lease.
+// The others keep the fleet: the cut host's report goes stale three syncs after its last, and
+// at their next sync they count one host less (and share the fleet's floor among two) and never
+// trip on its failures. Through the proxy again, it rejoins within its reconnect backoff (which
+// doubles from 250 ms: at most twice the time it has been local, plus 250 ms, plus a timeout),
+// and every host counts three again.
+class FleetPartitionTest : public FleetChaosTest,
+                           public ::testing::WithParamInterface<TcpProxy::Mode> {};
+
+TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
+  SKIP_WITHOUT_REDIS();
+  const bool freeze = GetParam() == TcpProxy::Mode::kFreeze;
+  Redis redis(FreePort());
+  TcpProxy proxy(redis.port());
+  constexpr int kHosts = 3;
+  const std::string orders =
+      "min_calls = 20\nfailure_rate_threshold = 50\nwindow = \"60s\"\nopen_for = \"1s\"\n"
+      "open_for_max = \"2s\"\nopen_jitter = \"0s\"\nhalf_open_probes = 1\nclose_after = 1\n"
+      "fleet = true\nfleet_min_hosts = 2\nfleet_min_retries_per_sec = 30\n"
+      "fleet_retry_burst = 30\n";
+  const std::string timeout = "timeout = \"" + std::to_string(kTimeoutMs) + "ms\"\n";
+  StartHosts(1, "redis = \"" + proxy.address() + "\"\n" + timeout, orders);
+  StartHosts(kHosts - 1, "redis = \"" + redis.address() + "\"\n" + timeout, orders);
+  ASSERT_TRUE(WaitJoined());
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return LiveHosts(i) == 3 && Floor(i) == 10; });
+  }, 10'000));
+  for (int i = 1; i < kHosts; ++i) StartWorker(i, {20, false});
+
+  ds_->failing_at[0] = 1;  // the cut host's own calls fail too
+  if (freeze) {
+    proxy.Freeze();
+  } else {
+    proxy.Cut();
+  }
+  const uint64_t cut_ns = shm::PreciseNowNs();
+  StartWorker(0, {20, false});
+  ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kLocal; }, 10'000));
+  const uint64_t local_ns = shm::PreciseNowNs();
+  const double local_ms = double(local_ns - cut_ns) / 1e6;
+  std::printf("%s: the cut host local %.0f ms after the cut (sync %u ms, timeout %u ms)\n",
+              freeze ? "freeze" : "cut", local_ms, kSyncMs, kTimeoutMs);
+  EXPECT_LE(local_ms, kSyncMs + (freeze ? kTimeoutMs : 0) + kLoadMarginMs);
+  EXPECT_EQ(Floor(0), shm::Policy().min_retries_per_sec) << "its own floor";
+
+  // The others count two hosts and share the floor between them.
+  ASSERT_TRUE(WaitUntil([&] {
+    return LiveHosts(1) == 2 && LiveHosts(2) == 2 && Floor(1) == 15 && Floor(2) == 15;
+  }, 10'000));
+  const double dropped_ms = MsSince(cut_ns);
+  std::printf("the others counted 2 hosts %.0f ms after the cut (3 syncs of freshness, then "
+              "their next sync)\n", dropped_ms);
+  EXPECT_LE(dropped_ms, 4 * kSyncMs + kLoadMarginMs);
+
+  // Alone: it trips on its own window, and probes on its own open period, with no lease.
+  ASSERT_TRUE(WaitUntil([&] { return ds_->probes[0].load() >= 1; }, 10'000))
+      << hosts_[0].daemon->Log();
+  std::printf("the cut host tripped on its own window and sent its own probe %.0f ms after the "
+              "cut\n", MsSince(cut_ns));
+  EXPECT_EQ(FleetStateOf(0), shm::FleetState::kLocal);
+  EXPECT_GE(shm::ReadCounter(Orders(0), shm::kOpened), 1u);
+  EXPECT_EQ(Header(0).fleet_trips.load(), 0u);
+  EXPECT_EQ(Header(0).fleet_leases.load(), 0u);
+  for (int i = 1; i < kHosts; ++i) {
+    EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
+    EXPECT_EQ(Header(i).fleet_trips.load(), 0u) << "host " << i;
+    EXPECT_EQ(FleetStateOf(i), shm::FleetState::kJoined) << "host " << i;
+  }
+
+  // Its network heals and the proxy relays again.
+  ds_->failing_at[0] = 0;
+  proxy.Relay();
+  const uint64_t healed_ns = shm::PreciseNowNs();
+  const double outage_ms = double(healed_ns - local_ns) / 1e6;
+  // Its reconnect backoff doubles from 250 ms, each wait uniform in [half, all] of it: the waits
+  // before attempt k add up to at least half its backoff less 125 ms, so the wait under way
+  // when the proxy heals is at most twice the time local (an attempt under way then may first
+  // wait out its timeout), plus 250 ms, then the step it is looked at on.
+  ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kJoined; }, 40'000))
+      << hosts_[0].daemon->Log();
+  const double rejoin_ms = MsSince(healed_ns);
+  std::printf("the cut host rejoined %.0f ms after the proxy relayed again (local for %.0f ms)\n",
+              rejoin_ms, outage_ms);
+  EXPECT_LE(rejoin_ms,
+            kTimeoutMs + 2 * (outage_ms + kTimeoutMs) + 250 + kStepMs + kLoadMarginMs);
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return LiveHosts(i) == 3 && Floor(i) == 10; });
+  }, 10'000));
+  std::printf("every host counted 3 again %.0f ms after the proxy relayed again\n",
+              MsSince(healed_ns));
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 20'000)) << hosts_[0].daemon->Log();
+  for (int i = 1; i < kHosts; ++i) {
+    EXPECT_EQ(Header(i).fleet_trips.load(), 0u) << "host " << i;
+  }
+  ExpectAdmitsNeverWaited(freeze ? "across the partition" : "across the cut");
+}
+
+INSTANTIATE_TEST_SUITE_P(Partitions, FleetPartitionTest,
+                         ::testing::Values(TcpProxy::Mode::kFreeze, TcpProxy::Mode::kCut),
+                         [](const ::testing::TestParamInfo<TcpProxy::Mode>& p) {
+                           return p.param == TcpProxy::Mode::kFreeze ? "Freeze" : "Cut";
+                         });
+
+// 4. A store that answers one host slowly (the proxy holds every reply). Just under the timeout
+// (200 ms of 250) the host stays joined: every sync takes longer (two round trips), none fails,
+// and the other host keeps counting it. Past the timeout (400 ms) it is local within its next
+// command's timeout, never blocking its workers, and its reconnects back off: the wait before
+// the next attempt doubles from 250 ms (uniform in [half, all] of it) and counts from the start
+// of the attempt that failed, which itself lasts a timeout; attempts are made on the fleet
+// thread's step. Once the replies are prompt again it rejoins at its next attempt.
+TEST_F(FleetChaosTest, AStoreThatAnswersOneHostSlowly) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  TcpProxy proxy(redis.port());
+  const std::string orders = "fleet = true\nfleet_min_retries_per_sec = 20\nfleet_retry_burst = 20\n";
+  const std::string timeout = "timeout = \"" + std::to_string(kTimeoutMs) + "ms\"\n";
+  StartHosts(1, "redis = \"" + proxy.address() + "\"\n" + timeout, orders);
+  StartHosts(1, "redis = \"" + redis.address() + "\"\n" + timeout, orders);
+  ASSERT_TRUE(WaitJoined());
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return LiveHosts(i) == 2 && Floor(i) == 10; }); }, 10'000));
+  for (int i = 0; i < 2; ++i) StartWorker(i, {100, false});
+
+  // Just under the timeout: five syncs through it, joined all along.
+  constexpr uint32_t kUnderMs = 200, kOverMs = 400;
+  proxy.DelayReplies(kUnderMs);
+  const uint64_t fallbacks = Header(0).fleet_fallbacks.load();
+  const uint64_t slow_from_ns = shm::PreciseNowNs();
+  uint64_t synced = Header(0).fleet_synced_unix_ms.load();
+  int syncs = -1;  // the first change may be a sync already under way
+  bool stayed_joined = true, counted = true;
+  ASSERT_TRUE(WaitUntil([&] {
+    stayed_joined = stayed_joined && FleetStateOf(0) == shm::FleetState::kJoined;
+    counted = counted && LiveHosts(1) == 2;
+    if (const uint64_t s = Header(0).fleet_synced_unix_ms.load(); s != synced) {
+      synced = s;
+      ++syncs;
+    }
+    return syncs == 5;
+  }, 20'000)) << hosts_[0].daemon->Log();
+  std::printf("replies %u ms late (timeout %u ms): 5 syncs in %.0f ms, joined throughout: %s\n",
+              kUnderMs, kTimeoutMs, MsSince(slow_from_ns), stayed_joined ? "yes" : "no");
+  EXPECT_TRUE(stayed_joined);
+  EXPECT_TRUE(counted) << "the other host lost count of the slow one";
+  EXPECT_EQ(Header(0).fleet_fallbacks.load(), fallbacks);
+  EXPECT_EQ(Floor(0), 10u);
+
+  // Past the timeout.
+  proxy.DelayReplies(kOverMs);
+  const uint64_t over_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kLocal; }, 10'000));
+  const uint64_t local_ns = shm::PreciseNowNs();
+  const double local_ms = double(local_ns - over_ns) / 1e6;
+  std::printf("replies %u ms late: local %.0f ms after (a command under way when the delay grew, "
+              "then the next one's timeout)\n", kOverMs, local_ms);
+  // A command sent just before the change is answered at the old delay; the next, at most a
+  // sync later, times out.
+  EXPECT_LE(local_ms, kUnderMs + kSyncMs + kTimeoutMs + kLoadMarginMs);
+  EXPECT_EQ(Floor(0), shm::Policy().min_retries_per_sec) << "its own floor";
+
+  // The reconnects back off: between the starts of attempts k and k + 1, the larger of the
+  // wait (250 ms x 2^(k-1), uniform in [half, all] of it) and the attempt's own timeout, then up
+  // to a step.
+  auto attempts = [&] {
+    std::vector<uint64_t> out;
+    for (uint64_t t : proxy.Accepts()) {
+      if (t >= local_ns - uint64_t{kStepMs} * 1'000'000) out.push_back(t);
+    }
+    return out;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return attempts().size() >= 4; }, 20'000)) << hosts_[0].daemon->Log();
+  const std::vector<uint64_t> a = attempts();
+  proxy.DelayReplies(0);
+  const uint64_t prompt_ns = shm::PreciseNowNs();
+  std::string gaps;
+  double backoff_ms = 0;
+  for (size_t k = 1; k < 4; ++k) {
+    const double gap_ms = double(a[k] - a[k - 1]) / 1e6;
+    backoff_ms = 250.0 * double(1u << (k - 1));
+    gaps += (k > 1 ? ", " : "") + std::to_string(int(gap_ms)) + " ms";
+    EXPECT_GE(gap_ms, std::max<double>(backoff_ms / 2, kTimeoutMs) - 5) << "attempt " << k + 1;
+    EXPECT_LE(gap_ms, std::max<double>(backoff_ms, kTimeoutMs) + kStepMs + kLoadMarginMs)
+        << "attempt " << k + 1;
+  }
+  std::printf("reconnect attempts %s apart (waits of 125-250, 250-500, 500-1000 ms from each "
+              "attempt's start, which lasts its %u ms timeout)\n", gaps.c_str(), kTimeoutMs);
+
+  // Prompt again: it rejoins at its next attempt, at most the next backoff (2 s) after the last.
+  ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kJoined; }, 20'000))
+      << hosts_[0].daemon->Log();
+  const double rejoin_ms = MsSince(prompt_ns);
+  std::printf("rejoined %.0f ms after the replies were prompt again\n", rejoin_ms);
+  EXPECT_LE(rejoin_ms, 2 * backoff_ms + kStepMs + kLoadMarginMs);
+  std::printf("%zu connection attempts in the %.0f ms it was local\n", attempts().size(),
+              double(prompt_ns - local_ns) / 1e6 + rejoin_ms);
+  EXPECT_LE(attempts().size(), 5u) << "more attempts than the backoff allows";
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return LiveHosts(i) == 2 && Floor(i) == 10; }); }, 10'000));
+  ExpectAdmitsNeverWaited("with a slow store");
+}
+
+}  // namespace
+}  // namespace retryd::daemon
