@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -166,6 +167,12 @@ struct Downstream {
   std::atomic<uint64_t> admits[kMaxHosts];      // admit calls made (admitted or not), per host
   std::atomic<uint32_t> probes_in_flight;       // admitted as probes and not yet complete
   std::atomic<uint32_t> most_probes_in_flight;  // the most at once (the test may reset it)
+  // An admit that waited on anything (a socket, a lock) blocks: a voluntary context switch
+  // during it. One the scheduler preempted (an involuntary switch) took longer for the loaded
+  // machine's sake alone; the slowest of the others is what the admit itself costs.
+  std::atomic<uint64_t> blocked_admits[kMaxHosts];
+  std::atomic<uint64_t> preempted_admits[kMaxHosts];
+  std::atomic<uint64_t> slowest_unpreempted_admit_ns[kMaxHosts];
 };
 
 struct Host {
@@ -246,12 +253,24 @@ class FleetTest : public ::testing::Test {
         next += period;
         std::this_thread::sleep_until(next);
         shm::Permit permit;
+        rusage before{}, after{};
+        getrusage(RUSAGE_THREAD, &before);
         const uint64_t t0 = shm::PreciseNowNs();
         const shm::Decision d =
             shm::Admit(slot, uint32_t(index), plan.retries_only ? 1 : 0, t0, caller, &permit);
         const uint64_t took = shm::PreciseNowNs() - t0;
-        uint64_t was = ds_->slowest_admit_ns[i].load();
-        while (took > was && !ds_->slowest_admit_ns[i].compare_exchange_weak(was, took)) {
+        getrusage(RUSAGE_THREAD, &after);
+        auto raise = [](std::atomic<uint64_t>& slowest, uint64_t t) {
+          uint64_t was = slowest.load();
+          while (t > was && !slowest.compare_exchange_weak(was, t)) {
+          }
+        };
+        raise(ds_->slowest_admit_ns[i], took);
+        if (after.ru_nvcsw != before.ru_nvcsw) ds_->blocked_admits[i].fetch_add(1);
+        if (after.ru_nivcsw != before.ru_nivcsw) {
+          ds_->preempted_admits[i].fetch_add(1);
+        } else {
+          raise(ds_->slowest_unpreempted_admit_ns[i], took);
         }
         ds_->admits[i].fetch_add(1);
         if (!shm::IsAdmitted(d)) continue;
