@@ -26,9 +26,14 @@ constexpr uint64_t kMaxBackoffMs = 30'000;
 // A host's report counts for this many syncs; its lease lives as long unless renewed.
 constexpr uint32_t kFreshSyncs = 3;
 // A lease whose holder's breaker has not gone half-open this many syncs after it was taken
-// (no admit came: the host went quiet) is given back, and that host asks again only after
-// its workers call once more: the fleet's probe goes to a host with traffic.
+// (no admit came: the host went quiet) is given back if a host with more calls waits for it,
+// and that host asks again only after its workers call once more: the fleet's probe goes to
+// the host with the most traffic. With no busier host waiting, the holder keeps it until its
+// next call probes.
 constexpr uint32_t kUnusedLeaseSyncs = 2;
+// A host that asked for a lease in vain is on the waiting list (its demand: the calls its
+// breaker refused per minute over its open period) for this many syncs.
+constexpr uint32_t kWantedSyncs = 2;
 
 // Every script reads the store's own clock (TIME), so hosts' clocks need not agree.
 //
@@ -67,16 +72,56 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return redis.call('ZCARD', KEYS[1])
 )lua";
 
-// KEYS[1] the outcome, KEYS[2..] the leases; ARGV: the outcome count the host last read, its
-// token, the lease's expiry. Returns the lease taken, -1 if an outcome came since, -2 if every
-// lease is taken.
+// KEYS[1] the outcome, KEYS[2] the waiting list, KEYS[3..] the leases; ARGV: the outcome count
+// the host last read, its token, the lease's expiry, its demand (calls refused lately), how long
+// a wish stays on the list. The host with the most demand among those waiting takes the lease:
+// a quieter one waits (on the list) while a busier one's wish is fresh. Returns the lease
+// taken, -1 if an outcome came since, -2 if every lease is taken, -3 if a busier host waits.
 constexpr const char* kAcquireLease = R"lua(
 local n = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
 if n ~= tonumber(ARGV[1]) then return -1 end
-for i = 2, #KEYS do
-  if redis.call('SET', KEYS[i], ARGV[2], 'NX', 'PX', ARGV[3]) then return i - 2 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local demand = tonumber(ARGV[4])
+local busier = false
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local d, ms = string.match(all[i + 1], '^(%d+) (%d+)$')
+  if not ms or now - tonumber(ms) > tonumber(ARGV[5]) then
+    redis.call('HDEL', KEYS[2], all[i])
+  elseif all[i] ~= ARGV[2] and tonumber(d) > demand then
+    busier = true
+  end
 end
+if not busier then
+  for i = 3, #KEYS do
+    if redis.call('SET', KEYS[i], ARGV[2], 'NX', 'PX', ARGV[3]) then
+      redis.call('HDEL', KEYS[2], ARGV[2])
+      return i - 3
+    end
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[2], demand .. ' ' .. now)
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+if busier then return -3 end
 return -2
+)lua";
+
+// KEYS[1] the waiting list; ARGV: the holder's token, how long a wish stays on the list, the
+// holder's demand. Returns 1 if a host with more than twice that demand waits for a lease (the
+// margin: hosts as quiet as each other must not pass a lease around before any of them calls).
+constexpr const char* kLeaseWanted = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local d, ms = string.match(all[i + 1], '^(%d+) (%d+)$')
+  if ms and all[i] ~= ARGV[1] and now - tonumber(ms) <= tonumber(ARGV[2]) and
+     tonumber(d) > 2 * tonumber(ARGV[3]) then
+    return 1
+  end
+end
+return 0
 )lua";
 
 constexpr const char* kRenewLease = R"lua(
@@ -151,7 +196,10 @@ struct Fleet::Run {
   uint64_t lease_taken_ns = 0;
   uint64_t next_renew_ns = 0;
   uint64_t rejected_seen = 0;       // the breaker's rejections counted at the last step
-  uint64_t called_ns = 0;           // when a step last saw a new rejection: the host's demand
+  uint64_t called_ns = 0;           // when a step last saw a new rejection
+  uint64_t open_since_ns = 0;       // when this open period was first seen
+  uint64_t rejected_at_open = 0;    // the rejections counted then
+  uint64_t next_unused_check_ns = 0;  // an unused lease kept (no busier host waits): next look
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
   int64_t open_round = 0;           // the outcome count when this open period began
   int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
@@ -485,6 +533,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     run.close_at_ms = 0;
     if (b.state == shm::BreakerState::kOpen) {
       run.due_ms = FullUntilMs(*slot, b, now_ns);
+      run.open_since_ns = now_ns;
+      run.rejected_at_open = shm::ReadCounter(*slot, shm::kRejectedOpen);
       std::string result;
       int64_t round = 0;
       if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
@@ -515,14 +565,35 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     run.called_ns = now_ns;
   }
   const bool calling = run.called_ns != 0 && now_ns - run.called_ns <= sync_ms * kMsNs;
+  // The host's demand: the calls its breaker refused per minute over this open period (at
+  // least a sync of it), which decays while no call comes.
+  const uint64_t demand =
+      (run.rejected_seen - std::min(run.rejected_seen, run.rejected_at_open)) * 60'000'000'000ull /
+      std::max<uint64_t>(now_ns - std::min(now_ns, run.open_since_ns), sync_ms * kMsNs);
 
   shm::FleetRole role = shm::FleetRole::kMember;
+  bool give_back = false;
   if (run.lease >= 0 && b.state == shm::BreakerState::kOpen && b.seq == run.seq &&
       now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
-      shm::SetOpenUntil(*slot, run.seq, now_ms + sync_ms, now_ns)) {
-    // No admit took the breaker half-open since the lease was taken: this host went quiet. It
-    // is held again first (the breaker cannot go half-open once this succeeds), then the lease
-    // goes back, for a host whose workers call.
+      now_ns >= run.next_unused_check_ns) {
+    // No admit took the breaker half-open since the lease was taken. If a host with more than
+    // twice its demand waits for a lease (a busy host, or any caller once this host's own calls
+    // have stopped long enough), this one gives it back; if none does (every host is about as
+    // quiet, and this one calls less often than every two syncs), it keeps it until its next
+    // call probes.
+    if (Status st = store_.Command({"EVAL", kLeaseWanted, "1", Key(name, "wanted"), token_,
+                                    std::to_string(sync_ms * kWantedSyncs),
+                                    std::to_string(demand)},
+                                   &reply);
+        !st.ok()) {
+      return fail(st);
+    }
+    give_back = reply.integer == 1;
+    run.next_unused_check_ns = now_ns + sync_ms * kMsNs;
+  }
+  if (give_back && shm::SetOpenUntil(*slot, run.seq, now_ms + sync_ms, now_ns)) {
+    // It is held again first (the breaker cannot go half-open once this succeeds), then the
+    // lease goes back, for the host that waits.
     if (Status st = store_.Command({"EVAL", kReleaseLease, "1",
                                     Key(name, "lease:" + std::to_string(run.lease)), token_},
                                    nullptr);
@@ -530,7 +601,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       return fail(st);
     }
     LOG(INFO) << "fleet: dependency " << name << ": no call came to probe with in "
-              << kUnusedLeaseSyncs << " syncs: the fleet probe lease is given back";
+              << kUnusedLeaseSyncs << " syncs and a busier host waits: the fleet probe lease is "
+              << "given back";
     run.lease = -1;
     run.held = true;
     run.called_ns = 0;
@@ -583,19 +655,22 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
     if (run.close_at_ms == 0 && now_ms >= run.due_ms && calling) {
       std::vector<std::string> argv = {"EVAL", kAcquireLease,
-                                       std::to_string(1 + run.cfg.fleet.half_open_probes),
-                                       outcome_key};
+                                       std::to_string(2 + run.cfg.fleet.half_open_probes),
+                                       outcome_key, Key(name, "wanted")};
       for (uint32_t k = 0; k < run.cfg.fleet.half_open_probes; ++k) {
         argv.push_back(Key(name, "lease:" + std::to_string(k)));
       }
       argv.push_back(std::to_string(run.outcome_n));
       argv.push_back(token_);
       argv.push_back(std::to_string(sync_ms * kFreshSyncs));
+      argv.push_back(std::to_string(demand));
+      argv.push_back(std::to_string(sync_ms * kWantedSyncs));
       if (Status st = store_.Command(argv, &reply); !st.ok()) return fail(st);
       if (reply.integer >= 0) {
         run.lease = int32_t(reply.integer);
         run.lease_round = run.outcome_n;
         run.lease_taken_ns = now_ns;
+        run.next_unused_check_ns = 0;
         run.next_renew_ns = now_ns + sync_ms * kMsNs;
         segment_.header().fleet_leases.fetch_add(1, kRelaxed);
         LOG(INFO) << "fleet: dependency " << name << ": this host probes for the fleet (lease "

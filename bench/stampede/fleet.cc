@@ -13,6 +13,8 @@ constexpr int64_t kFreshSyncs = 3;  // a report is fresh for 3 syncs (the daemon
 constexpr int64_t kLeaseSyncs = 3;  // a lease lasts 3 syncs from its grant or last renewal
 // A holder whose breaker is still open this many syncs after the grant gives the lease back.
 constexpr int64_t kUnusedLeaseSyncs = 2;
+// A host that asked for a lease in vain waits on the list this many syncs.
+constexpr int64_t kWantedSyncs = 2;
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -72,6 +74,8 @@ void FleetModel::Register(Host& h, const shm::DependencySlot& slot, const shm::B
   h.due_ms = FullUntilMs(slot, b, ShmNs(now_ns));
   h.outcome_n = outcome_n_;  // what is in the store when the period begins
   h.open_round = outcome_n_;
+  h.open_since_ns = now_ns;
+  h.rejected_at_open = shm::ReadCounter(slot, shm::kRejectedOpen);
   h.close_at_ns = -1;
   ++h.close_token;
 }
@@ -203,9 +207,10 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       if (l.holder == int32_t(host)) l.holder = -1;
       h.lease = -1;
     } else if (b.state == shm::BreakerState::kOpen && b.seq == h.lease_seq &&
-               now_ns - h.lease_taken_ns >= kUnusedLeaseSyncs * sync_ns_) {
-      // No admit took it half-open: the host went quiet. Held again, and the lease goes back
-      // for a host whose workers call.
+               now_ns - h.lease_taken_ns >= kUnusedLeaseSyncs * sync_ns_ &&
+               BusierWaits(host, 2 * Demand(h, now_ns), now_ns)) {
+      // No admit took it half-open, and a host with more than twice its demand waits: held
+      // again, and the lease goes back.
       ++counters_.leases_unused;
       l.holder = -1;
       h.lease = -1;
@@ -242,7 +247,9 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
     return {};
   }
   if (now_ms >= h.due_ms && h.calling) {
-    for (size_t k = 0; k < leases_.size(); ++k) {
+    const uint64_t demand = Demand(h, now_ns);
+    const bool busier = BusierWaits(host, demand, now_ns);
+    for (size_t k = 0; k < leases_.size() && !busier; ++k) {
       Lease& l = leases_[k];
       if (l.holder >= 0 && now_ns < l.expires_ns) continue;
       l.holder = int32_t(host);
@@ -250,14 +257,32 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       h.lease = int32_t(k);
       h.lease_seq = b.seq;
       h.lease_taken_ns = now_ns;
+      h.wanted_ns = INT64_MIN / 2;
       ++counters_.leases;
       // Let it go: the next admit takes the breaker half-open.
       shm::SetOpenUntil(slot, h.open_seq, std::max(h.due_ms, now_ms), shm_now);
       return {};
     }
+    h.wanted_ns = now_ns;  // in vain: on the waiting list
+    h.wanted_demand = demand;
   }
   Hold(h, slot, now_ns, NextSync(h, now_ns));
   return {};
+}
+
+uint64_t FleetModel::Demand(const Host& h, int64_t now_ns) const {
+  return (h.rejected_seen - std::min(h.rejected_seen, h.rejected_at_open)) * 60'000'000'000ull /
+         uint64_t(std::max(now_ns - h.open_since_ns, sync_ns_));
+}
+
+bool FleetModel::BusierWaits(uint32_t host, uint64_t demand, int64_t now_ns) const {
+  for (uint32_t i = 0; i < hosts_.size(); ++i) {
+    const Host& o = hosts_[i];
+    if (i != host && now_ns - o.wanted_ns <= kWantedSyncs * sync_ns_ && o.wanted_demand > demand) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void FleetModel::OnClose(uint32_t host, uint32_t token, shm::DependencySlot& slot, int64_t now_ns) {

@@ -20,10 +20,12 @@
 //            grants it one of fleet_half_open_probes leases, and only if no outcome came since
 //            it opened and its workers called since its last sync (a call refused as open: the
 //            host has traffic to probe with). A lease is free or expired: its holder renews it
-//            at every sync, and it lasts 3 syncs past the last. The lease holder goes half-open
-//            and probes under its own half_open_probes and close_after; a holder whose breaker
-//            is still open (no admit came) 2 syncs after the grant is held again and gives the
-//            lease back.
+//            at every sync, and it lasts 3 syncs past the last. A host that asks in vain is on
+//            the waiting list for 2 syncs with its demand (calls refused per minute over its
+//            open period), and no host takes a lease while a busier one waits. The lease holder
+//            goes half-open and probes under its own half_open_probes and close_after; a holder
+//            whose breaker is still open (no admit came) 2 syncs after the grant is held again
+//            and gives the lease back if a host with more than twice its demand waits.
 //   outcome  at the holder's next sync, its breaker closed publishes "success", reopened
 //            publishes "failure" (not if its lease expired first: it is lost). A held host
 //            that finds an outcome newer than its open period closes after uniform
@@ -110,6 +112,10 @@ class FleetModel {
     uint64_t rejected_seen = 0;  // its breaker's open rejections at its last sync
     bool calling = false;        // some came since the sync before (its workers call)
     int64_t lease_taken_ns = 0;
+    int64_t open_since_ns = 0;   // when the open period it follows began
+    uint64_t rejected_at_open = 0;
+    int64_t wanted_ns = INT64_MIN / 2;  // when it last asked for a lease in vain
+    uint64_t wanted_demand = 0;         // and its demand then
     int64_t published_ns = INT64_MIN / 2;
   };
   struct Lease {
@@ -126,6 +132,10 @@ class FleetModel {
   void GoLocal(Host& h, shm::DependencySlot& slot, int64_t now_ns);
   Close Follow(uint32_t host, shm::DependencySlot& slot, int64_t now_ns);
   void SetFloor(shm::DependencySlot& slot, uint32_t floor, uint32_t burst);
+  uint64_t Demand(const Host& h, int64_t now_ns) const;
+  // BusierWaits: another host asked for a lease in vain within kWantedSyncs with a demand over
+  // `demand`.
+  bool BusierWaits(uint32_t host, uint64_t demand, int64_t now_ns) const;
 
   const FleetKnobs knobs_;
   const uint32_t local_floor_;

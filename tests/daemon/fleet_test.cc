@@ -339,6 +339,94 @@ TEST_F(FleetTest, AQuietHostHoldingTheFleetsProbeLeaseHandsItOn) {
   EXPECT_EQ(ds_->probes[0].load(), quiet_probes);
 }
 
+// Every host quiet and calling like clockwork, less often than every two syncs (a poller, a
+// cron job): four hosts, each too quiet to trip alone, open with the fleet. Once the
+// downstream recovers, a holder whose call comes after two syncs used to give the lease back
+// just before that call, take it again at the call it refused, and so on: no probe was ever
+// sent and the fleet stayed open. Now a holder gives an unused lease back only to a host that
+// waits for it; with none waiting it keeps it, and its next call probes.
+TEST_F(FleetTest, HostsCallingLessOftenThanTwoSyncsStillProbeAndClose) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 4;
+  constexpr int kPeriodMs = 1'000;  // more than two syncs (300 ms) and a step
+  // Alone a host makes 20 calls in its 20 s window: under min_calls = 30; four make 30 in 7.5 s.
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 30\nfailure_rate_threshold = 50\nwindow = \"20s\"\n"
+             "open_for = \"1s\"\nopen_for_max = \"1s\"\nopen_jitter = \"0s\"\n"
+             "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
+             "fleet = true\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  for (int i = 0; i < kHosts; ++i) {
+    StartWorker(i, {.period_ms = kPeriodMs, .start_delay_ms = i * kPeriodMs / kHosts});
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 40'000)) << hosts_[0].daemon->Log();
+  ds_->failing = 0;
+  const uint64_t recovered_ns = shm::PreciseNowNs();
+  const uint64_t probes = ProbesSoFar();
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 20'000)) << "the fleet stayed open 20 s after the recovery; host 0's log:\n"
+              << hosts_[0].daemon->Log();
+  const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
+  std::printf("every host closed %.0f ms after the downstream recovered, after %llu probes\n",
+              took_ms, static_cast<unsigned long long>(ProbesSoFar() - probes));
+  // The open period, a period for the holder's next call, a sync to publish, a step to follow.
+  EXPECT_LE(took_ms, 1'000 + kPeriodMs + 2 * kSyncMs + 500);
+  EXPECT_LE(ProbesSoFar() - probes, 2u);
+}
+
+// A busy host among quiet ones that call every three syncs and whose open periods end first:
+// when a quiet holder gives the lease back, the busy host, which has waited with the most
+// calls refused, takes it, and not the next quiet host that happened to call. Every reopening
+// then lasts the busy host's open period and a few syncs, and the recovery as long.
+TEST_F(FleetTest, TheLeaseGoesToTheBusiestHostThatWaits) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 40\nfailure_rate_threshold = 50\nwindow = \"60s\"\nopen_jitter = \"0s\"\n"
+      "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
+      "fleet = true\nfleet_min_hosts = 2\n";
+  StartHosts(1, store, orders + "open_for = \"2s\"\nopen_for_max = \"2s\"\n");  // busy
+  StartHosts(5, store, orders + "open_for = \"1s\"\nopen_for_max = \"1s\"\n");  // quiet
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  StartWorker(0, {.calls_per_sec = 20});
+  for (int i = 1; i < 6; ++i) StartWorker(i, {.period_ms = 900, .start_delay_ms = i * 900 / 5});
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 30'000)) << hosts_[0].daemon->Log();
+  auto opened = [&] { return shm::ReadCounter(Orders(0), shm::kOpened); };
+  // The busy host's reopenings while it fails: each its open period (2 s) and the round.
+  std::vector<double> gaps_ms;
+  uint64_t last_ns = 0, last_opened = opened();
+  (void)WaitUntil([&] {
+    if (const uint64_t o = opened(); o != last_opened) {
+      const uint64_t now = shm::PreciseNowNs();
+      if (last_ns != 0) gaps_ms.push_back(double(now - last_ns) / 1e6);
+      last_ns = now;
+      last_opened = o;
+    }
+    return gaps_ms.size() >= 3;
+  }, 20'000);
+  ASSERT_GE(gaps_ms.size(), 3u) << hosts_[0].daemon->Log();
+  std::printf("the busy host reopened every %.0f, %.0f, %.0f ms (open_for 2 s, sync %u ms)\n",
+              gaps_ms[0], gaps_ms[1], gaps_ms[2], kSyncMs);
+  for (double g : gaps_ms) EXPECT_LE(g, 2'000 + 4 * kSyncMs + 500);
+  ds_->failing = 0;
+  const uint64_t recovered_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
+  }, 20'000)) << hosts_[0].daemon->Log();
+  const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
+  std::printf("every host closed %.0f ms after the downstream recovered\n", took_ms);
+  EXPECT_LE(took_ms, 2'000 + 4 * kSyncMs + 500);
+}
+
 // Redis killed mid-run: every host decides alone within a sync, no admit waits on the store,
 // and the hosts rejoin when it is back.
 TEST_F(FleetTest, ARedisKilledMidRunLeavesAdmitsAloneAndTheHostsRejoin) {

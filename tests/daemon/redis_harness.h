@@ -188,6 +188,8 @@ struct Host {
 struct WorkerPlan {
   int calls_per_sec = 20;
   bool retries_only = false;
+  int period_ms = 0;       // set: one call every period_ms instead (a poller, a cron job)
+  int start_delay_ms = 0;  // before the first period
 };
 
 class FleetTest : public ::testing::Test {
@@ -247,8 +249,10 @@ class FleetTest : public ::testing::Test {
       if (index < 0) _exit(3);
       shm::DependencySlot& slot = *seg->dependency(uint32_t(index));
       shm::Caller caller{shm::RegisterProcess(*seg, getpid()), 0, uint32_t(getpid()) | 1};
-      const auto period = std::chrono::microseconds(1'000'000 / plan.calls_per_sec);
-      auto next = std::chrono::steady_clock::now();
+      const auto period = plan.period_ms > 0
+                              ? std::chrono::microseconds(int64_t{plan.period_ms} * 1000)
+                              : std::chrono::microseconds(1'000'000 / plan.calls_per_sec);
+      auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(plan.start_delay_ms);
       while (!ds_->stop.load()) {
         next += period;
         std::this_thread::sleep_until(next);
