@@ -16,7 +16,8 @@ unit tests (`input_series`), and fails, naming file, place and expression, if on
     or a label value (`=` matchers, and each word of a `=~"a|b"` matcher) it never takes;
   - a gauge inside rate()/irate()/increase() or a counter used without one;
   - a label in by/without/on/ignoring that no retryd metric has.
-It also checks the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance
+It checks that every alert has a unit test case where it fires and one where it must not
+(`exp_alerts: []`). It also checks the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance
 variable, and every panel and target on the datasource variable. Last, it writes the
 dashboard's expressions (Grafana variables replaced) into a rule file and has `promtool check
 rules` parse them; a promtool that is missing (Debian: prometheus) is a failure.
@@ -312,6 +313,30 @@ def rules_exprs(path):
             yield f"{os.path.basename(path)}: {name}", rule["expr"]
 
 
+def check_rule_tests(rules_path, tests_path, problems):
+    """Every alert has a test case where it fires and one where it must not, and every case
+    names an alert of the rules."""
+    with open(rules_path) as f:
+        rules = yaml.safe_load(f)
+    with open(tests_path) as f:
+        tests = yaml.safe_load(f)
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    fires, quiet = set(), set()
+    base = os.path.basename(tests_path)
+    for test in tests["tests"]:
+        for case in test.get("alert_rule_test", []):
+            name = case["alertname"]
+            if name not in alerts:
+                problems.append(f"{base}: {test.get('name', '?')}: no alert {name!r} in "
+                                f"{os.path.basename(rules_path)}")
+            (fires if case.get("exp_alerts") else quiet).add(name)
+    for name in alerts:
+        if name not in fires:
+            problems.append(f"{base}: no case where {name} fires")
+        if name not in quiet:
+            problems.append(f"{base}: no case where {name} must not fire (exp_alerts: [])")
+
+
 def test_series(path):
     with open(path) as f:
         doc = yaml.safe_load(f)
@@ -427,6 +452,7 @@ def main():
         else:
             dash_exprs.append((where, re.sub(r"\$\{?[A-Za-z_]+\}?", "x", promql)))
     if args.rule_tests:
+        check_rule_tests(args.rules, args.rule_tests, problems)
         for where, series in test_series(args.rule_tests):
             m = re.fullmatch(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s*", series)
             if not m:
