@@ -17,10 +17,11 @@ unit tests (`input_series`), and fails, naming file, place and expression, if on
   - a gauge inside rate()/irate()/increase() or a counter used without one;
   - a label in by/without/on/ignoring that no retryd metric has.
 It checks that every alert has a unit test case where it fires and one where it must not
-(`exp_alerts: []`). It also checks the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance
-variable, and every panel and target on the datasource variable. Last, it writes the
-dashboard's expressions (Grafana variables replaced) into a rule file and has `promtool check
-rules` parse them; a promtool that is missing (Debian: prometheus) is a failure.
+(`exp_alerts: []`), and that every retryd_fleet_* family has a dashboard panel. It also checks
+the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance variable, and
+every panel and target on the datasource variable. Last, it writes the dashboard's expressions
+(Grafana variables replaced) into a rule file and has `promtool check rules` parse them; a
+promtool that is missing (Debian: prometheus) is a failure.
 
 Python 3 standard library plus PyYAML (Debian: python3-yaml). Exit 0 on success, 1 with the
 list of problems otherwise.
@@ -49,6 +50,8 @@ GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "atan2"} | GROUPING
 # The modes the daemon is started with: every value retryd_mode{mode} takes.
 MODES = ("enforce", "shadow", "disabled", "forced-open")
+# The families of the daemon's fleet (docs/FLEET.md): each must have a dashboard panel.
+FLEET_PREFIX = "retryd_fleet_"
 
 
 # --- The real metrics ----------------------------------------------------------------------
@@ -440,9 +443,12 @@ def main():
     for where, expr in rules_exprs(args.rules):
         used |= check_expr(where, expr, real, problems)
     dash_exprs = []
+    dash_used = set()
     for where, expr, label in dashboard_exprs(args.dashboard, problems):
         promql = grafana_to_promql(expr)
-        used |= check_expr(where, promql, real, problems)
+        names = check_expr(where, promql, real, problems)
+        used |= names
+        dash_used |= names
         if label is not None:
             uses, _ = parse(promql)
             for u in uses:
@@ -474,6 +480,10 @@ def main():
                 elif label != "dependency" and value not in labels[label]:
                     problems.append(f"{where}: series {name}{{{label}}} never takes {value!r}")
     promtool_parse(args.promtool, dash_exprs, problems)
+    # Every family of the fleet has a panel: one the daemon adds without a panel fails here.
+    for family in sorted(real.types):
+        if family.startswith(FLEET_PREFIX) and family not in dash_used:
+            problems.append(f"{os.path.basename(args.dashboard)}: no panel shows {family}")
 
     print(f"real output: {len(real.types)} families; the monitoring files use {len(used)}:")
     print("  " + " ".join(sorted(used)))
