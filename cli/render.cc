@@ -156,13 +156,13 @@ json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr
 
 // FleetLine: "fleet joined: 8 hosts, synced 0.4s ago; 3 trips on the fleet's window, 1 fleet
 // probe lease won, 1 fallback to local decisions". A joined fleet that has not synced for
-// longer than opt.fleet_stale_after_ms says so first.
+// longer than opt.fleet_stale_after_ms says so first, while its daemon runs (a daemon that is
+// down is called out on its own line, and its fleet words are as it last wrote them).
 std::string FleetLine(const shm::SegmentStatus& s, const RenderOptions& opt, uint64_t now) {
   const shm::FleetStatus& f = s.fleet;
   const bool color = opt.color;
   const bool local = f.state == shm::FleetState::kLocal;
-  const bool stale =
-      f.state == shm::FleetState::kJoined && FleetSyncAgeMs(s, now) > opt.fleet_stale_after_ms;
+  const bool stale = JudgeFleet(s, now, opt.fleet_stale_after_ms) == FleetVerdict::kStale;
   std::string out = Paint("fleet", kBold, color) + " " +
                     Paint(shm::FleetStateName(f.state), local || stale ? kRed : kGreen, color);
   if (local) out += " (the store does not answer: this host decides alone)";

@@ -357,9 +357,15 @@ TEST(RetryctlFleet, ExitsByTheFleetAloneAfterTheDaemon) {
   EXPECT_THAT(r.out, HasSubstr("DAEMON DOWN"));
   EXPECT_THAT(r.out, HasSubstr("the fleet words above are as the daemon last wrote them"));
   h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs() - 600'000);
   json doc = FleetJson(seg, {}, 3);
   EXPECT_EQ(doc["verdict"], "daemon_down");
   EXPECT_EQ(doc["daemon"]["state"], "down");
+  // Its sync is old because the daemon is down, not because its fleet thread is stuck.
+  r = Retryctl({"fleet", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.out, HasSubstr("fleet joined: 3 hosts, synced 10m0"));
+  EXPECT_THAT(r.out, Not(HasSubstr("STALE")));
   h.fleet_state.store(uint32_t(shm::FleetState::kOff));
   EXPECT_EQ(Retryctl({"fleet", "--segment", seg.name()}).exit_code, 3);
 
