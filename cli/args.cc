@@ -106,6 +106,13 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
         s = Status::InvalidArgument("option --stale-after must be a number of seconds > 0, got '" +
                                     v + "'");
       }
+    } else if (name == "--fleet-stale-after") {
+      std::string v;
+      s = require_value(&v);
+      if (s.ok() && !ParseSeconds(v, &out->fleet_stale_after_seconds)) {
+        s = Status::InvalidArgument(
+            "option --fleet-stale-after must be a number of seconds > 0, got '" + v + "'");
+      }
     } else if (name == "--color" || name == "--colour") {
       // "--color" alone means always; "--color WHEN" and "--color=WHEN" choose.
       std::string v = "always";
@@ -204,12 +211,16 @@ Options:
                                --segment: $RETRYD_SOCKET; else, without $RETRYD_SEGMENT,
                                /run/retryd/retryd.sock if it exists; else the segment by
                                name); read-only, but read-write for set-mode and reset
-      --json                   machine-readable output (status, workers; schema:
+      --json                   machine-readable output (status, workers, fleet; schema:
                                docs/retryctl-json-schema.json)
-  -w, --watch [SECONDS]        refresh every SECONDS (default 2) until Ctrl-C (status, workers)
+  -w, --watch [SECONDS]        refresh every SECONDS (default 2) until Ctrl-C (status, workers,
+                               fleet)
       --color auto|always|never  ANSI colour (default auto: only on a terminal, never with
                                NO_COLOR set)
       --stale-after SECONDS    heartbeat age at which the daemon is shown down (default 3)
+      --fleet-stale-after SECONDS  age of the last fleet sync at which a joined host is
+                               shown stale (status, fleet; default 120: twice the longest
+                               sync period)
   -h, --help                   help (after a command: that command's help)
       --version                print retryctl's version
 
@@ -219,9 +230,12 @@ retryctl reads the shared-memory segment directly, so it works while the daemon 
 
 Exit status: 0 ok; 1 status found a dependency open, half-open or forced-open;
 2 usage error, or the segment could not be attached (missing, permission, incompatible);
-3 the daemon is down or stale (status, workers, metrics): by name, its pid is gone or its
-heartbeat is older than --stale-after; through the socket, also when no daemon takes the
-connection (DAEMON DOWN) or answers it within 1 s (DAEMON STALE).
+3 the daemon is down or stale (status, workers, metrics, fleet): by name, its pid is gone or
+its heartbeat is older than --stale-after; through the socket, also when no daemon takes the
+connection (DAEMON DOWN) or answers it within 1 s (DAEMON STALE);
+4 fleet: the host decides alone, outside its fleet (local: the store does not answer; or
+stale: joined, but no sync for over --fleet-stale-after); 5 fleet: the daemon runs no
+[fleet]. status's exit status does not depend on the fleet.
 )";
   return text;
 }

@@ -2,7 +2,8 @@
 //
 // retryctl takes one command and its arguments; global options may appear anywhere:
 //   retryctl [--segment NAME | --socket PATH] [--json] [--watch [SECONDS]]
-//            [--color auto|always|never] [--stale-after SECONDS] COMMAND [ARGS...]
+//            [--color auto|always|never] [--stale-after SECONDS]
+//            [--fleet-stale-after SECONDS] COMMAND [ARGS...]
 // `--watch` takes an optional interval: the next argument is taken as the interval when it is
 // a positive number; `--watch=SECONDS` is never ambiguous.
 // Thread safety: value types and pure functions.
@@ -26,6 +27,7 @@ struct Invocation {
   bool watch = false;
   double watch_seconds = 2.0;        // refresh interval of --watch
   double stale_after_seconds = 3.0;  // heartbeat older than this: daemon shown as down
+  double fleet_stale_after_seconds = 120.0;  // joined, last sync older than this: fleet stale
   ColorChoice color = ColorChoice::kAuto;
   bool help = false;     // --help / -h, or the `help` command
   bool version = false;  // --version

@@ -124,6 +124,7 @@ RenderOptions MakeRenderOptions(const Context& c) {
   RenderOptions r;
   r.color = c.color;
   r.stale_after_ms = uint64_t(std::llround(c.inv.stale_after_seconds * 1000.0));
+  r.fleet_stale_after_ms = uint64_t(std::llround(c.inv.fleet_stale_after_seconds * 1000.0));
   return r;
 }
 
@@ -309,6 +310,61 @@ int RunMetrics(const Context& c) {
   return view.daemon.state == shm::DaemonState::kUp ? kExitOk : kExitDaemonDown;
 }
 
+// FleetExit: the exit code of `fleet` for its verdict.
+int FleetExit(FleetVerdict v) {
+  switch (v) {
+    case FleetVerdict::kDaemonDown: return kExitDaemonDown;
+    case FleetVerdict::kOff: return kExitFleetOff;
+    case FleetVerdict::kLocal:
+    case FleetVerdict::kStale: return kExitFleetLocal;
+    case FleetVerdict::kJoined: break;
+  }
+  return kExitOk;
+}
+
+// RunFleet: the health check of the host in its fleet. Its exit code says one thing, so that
+// a check can act on it: whether this host coordinates with its fleet now.
+int RunFleet(const Context& c) {
+  if (!c.inv.arguments.empty()) return Usage(c, "fleet takes no arguments");
+  // A frame is the report (on out), or one line saying why there is none (on err, or a JSON
+  // error document on out).
+  bool report = false;
+  auto frame = [&](std::string* text) {
+    report = false;
+    std::unique_ptr<shm::Segment> seg;
+    std::string down;
+    if (Status s = Attach(c, shm::Access::kReadOnly, &seg, &down); !s.ok()) {
+      const std::string why = down.empty() ? s.message() : down;
+      *text = c.inv.json ? DownJson(why) : "retryctl: " + why + "\n";
+      report = c.inv.json;
+      return down.empty() ? kExitError : kExitDaemonDown;
+    }
+    shm::SegmentStatus snap;
+    if (Status s = shm::BuildStatus(*seg, MakeBuildOptions(c), &snap); !s.ok()) {
+      *text = "retryctl: " + s.message() + "\n";
+      return kExitError;
+    }
+    // One clock reading for the report and the exit code, so that they agree at the edge.
+    RenderOptions r = MakeRenderOptions(c);
+    r.now_unix_ms = shm::UnixNowMs();
+    *text = c.inv.json ? Dump(FleetJson(snap, r)) : RenderFleet(snap, r);
+    report = true;
+    return FleetExit(JudgeFleet(snap, r.now_unix_ms, r.fleet_stale_after_ms));
+  };
+  if (!c.inv.watch) {
+    std::string text;
+    const int code = frame(&text);
+    Print(report ? c.out : c.err, text);
+    return code;
+  }
+  std::unique_ptr<shm::Segment> probe;
+  std::string down;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &probe, &down); !s.ok() && down.empty()) {
+    return Fail(c, s.message());
+  }
+  return Watch(c, frame);
+}
+
 // FindDependency resolves DEP to an active slot or explains which names exist.
 Status FindDependency(const shm::Segment& seg, const std::string& name, uint32_t* index) {
   if (!shm::ValidDependencyName(name)) {
@@ -447,12 +503,39 @@ Counters are cumulative since the dependency was created; with --watch, every re
 the first shows the change since the previous refresh instead, and the header says so.
 --json prints one JSON document (one per refresh, one per line, with --watch).
 
+With a [fleet], a line under the header says whether the host is joined, local (the store
+does not answer) or stale (joined, but no sync for over --fleet-stale-after), and the FLEET
+column what the host does about each dependency in the fleet.
+
 Exit status: 3 when the daemon is down or stale (DAEMON DOWN, DAEMON STALE); else 1 when a
 shown dependency's breaker is open or half-open (in enforce or shadow mode), or its mode is
-forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP.
+forced-open; 0 otherwise; 2 on a usage or attach error or an unknown DEP. The fleet does not
+change it (a store outage makes every host local at once, and costs no admit): the fleet's
+health check is `retryctl fleet`.
 With --watch: 0 when ended by Ctrl-C.
 )",
      RunStatus},
+    {"fleet",
+     "fleet",
+     "this host in its fleet: joined, local or stale, and each fleet\n"
+     "dependency's role (exit 4 if it decides alone, 5 if no [fleet])",
+     "retryctl fleet [--json] [--watch [SECONDS]] [--fleet-stale-after SECONDS]",
+     R"(Shows the daemon's fleet ([fleet] in its config, docs/FLEET.md): joined, local or stale, the
+hosts it counts, when it last synced with the fleet's store, its fleet trips, probe leases and
+fallbacks, and each dependency that follows the fleet with its role (member, held, probing).
+  joined  the last sync reached the store, within --fleet-stale-after (default 120 s)
+  local   the store does not answer: every breaker, probe and retry floor is this host's own
+          until it does (the daemon logs "fleet: ...: deciding locally" once per outage)
+  stale   the daemon says joined, but its fleet thread has not reached the store for over
+          --fleet-stale-after: the other hosts no longer count this host
+--json prints one JSON document (kind "fleet"; one per refresh with --watch).
+
+Exit status, for a health check: 0 joined; 4 local or stale: the host decides alone, outside
+its fleet; 5 the daemon runs no fleet; 3 the daemon is down or stale (DAEMON DOWN, DAEMON
+STALE: its fleet words are frozen); 2 on a usage or attach error.
+With --watch: 0 when ended by Ctrl-C.
+)",
+     RunFleet},
     {"metrics",
      "metrics",
      "Prometheus text exposition of every dependency",

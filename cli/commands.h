@@ -36,6 +36,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitOpen = 1;   // status: a shown dependency is open or half-open
 inline constexpr int kExitError = 2;  // usage, attach (missing, permission, incompatible), config
 inline constexpr int kExitDaemonDown = 3;  // status: the daemon is down or stale (before kExitOpen)
+// fleet: the host decides alone, outside its fleet: the store does not answer (local), or the
+// daemon says joined but has not synced for --fleet-stale-after (stale). After kExitDaemonDown.
+inline constexpr int kExitFleetLocal = 4;
+inline constexpr int kExitFleetOff = 5;  // fleet: the daemon runs no [fleet]
 
 int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* err);
 

@@ -58,6 +58,10 @@ uint64_t NowUnixMs() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
 }
 
+uint64_t NowUnixMs(const RenderOptions& opt) {
+  return opt.now_unix_ms != 0 ? opt.now_unix_ms : NowUnixMs();
+}
+
 // A text table whose cells may carry a style; widths ignore the escapes.
 class Table {
  public:
@@ -67,6 +71,7 @@ class Table {
   };
   void AddRow(std::vector<Cell> row) { rows_.push_back(std::move(row)); }
   void AddToLastRow(Cell cell) { rows_.back().push_back(std::move(cell)); }
+  size_t rows() const { return rows_.size(); }
   std::string Render(bool color) const {
     std::vector<size_t> width;
     for (const auto& row : rows_) {
@@ -150,15 +155,24 @@ std::string RejectionsText(const shm::DependencyStatus& d) {
 json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 // FleetLine: "fleet joined: 8 hosts, synced 0.4s ago; 3 trips on the fleet's window, 1 fleet
-// probe lease won, 1 fallback to local decisions".
-std::string FleetLine(const shm::FleetStatus& f, bool color) {
+// probe lease won, 1 fallback to local decisions". A joined fleet that has not synced for
+// longer than opt.fleet_stale_after_ms says so first, while its daemon runs (a daemon that is
+// down is called out on its own line, and its fleet words are as it last wrote them).
+std::string FleetLine(const shm::SegmentStatus& s, const RenderOptions& opt, uint64_t now) {
+  const shm::FleetStatus& f = s.fleet;
+  const bool color = opt.color;
   const bool local = f.state == shm::FleetState::kLocal;
+  const bool stale = JudgeFleet(s, now, opt.fleet_stale_after_ms) == FleetVerdict::kStale;
   std::string out = Paint("fleet", kBold, color) + " " +
-                    Paint(shm::FleetStateName(f.state), local ? kRed : kGreen, color);
+                    Paint(shm::FleetStateName(f.state), local || stale ? kRed : kGreen, color);
   if (local) out += " (the store does not answer: this host decides alone)";
+  if (stale) {
+    out += " but " + Paint("STALE", kRed, color) + " (no sync reached the store for over " +
+           FormatHumanDuration(opt.fleet_stale_after_ms) +
+           ": the fleet thread is stuck, and the other hosts no longer count this one)";
+  }
   out += ": " + std::to_string(f.hosts) + (f.hosts == 1 ? " host" : " hosts");
   if (f.synced_unix_ms != 0) {
-    const uint64_t now = NowUnixMs();
     out += ", synced " +
            FormatHumanDuration(now > f.synced_unix_ms ? now - f.synced_unix_ms : 0) + " ago";
   } else {
@@ -167,6 +181,34 @@ std::string FleetLine(const shm::FleetStatus& f, bool color) {
   out += "; " + std::to_string(f.trips) + " trips on the fleet's window, " +
          std::to_string(f.leases) + " fleet probe leases won, " + std::to_string(f.fallbacks) +
          " fallbacks to local";
+  return out;
+}
+
+// DaemonDownLines: the alarm of a daemon that is down or stale, "" when it is up.
+std::string DaemonDownLines(const shm::SegmentStatus& s, const RenderOptions& opt) {
+  const shm::DaemonStatus& d = s.daemon;
+  if (d.state == shm::DaemonState::kUp) return "";
+  const bool color = opt.color;
+  std::string out;
+  std::string why;
+  if (d.pid == 0 && !d.heartbeat_age_ms && d.lock != shm::DaemonLock::kHeld) {
+    why = "no daemon has run on this segment";
+  } else if (d.pid == 0) {
+    why = "the segment names no daemon pid, and its heartbeat is " +
+          (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " old"
+                              : std::string("missing"));
+  } else if (!d.pid_alive) {
+    why = "pid " + std::to_string(d.pid) + " is not running";
+  } else {
+    why = "pid " + std::to_string(d.pid) + " runs but has not beaten for " +
+          (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) : std::string("ever")) +
+          " (threshold " + FormatHumanDuration(opt.stale_after_ms) + ")";
+  }
+  const char* title = d.state == shm::DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
+  out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
+  out +=
+      "    limits still hold in the segment; leases of dead workers are freed only when "
+      "they expire\n";
   return out;
 }
 
@@ -213,28 +255,8 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
          "  attached processes " + std::to_string(s.processes_live);
   if (s.processes_dead > 0) out += " (+" + std::to_string(s.processes_dead) + " dead)";
   out += "\n";
-  if (d.state != shm::DaemonState::kUp) {
-    std::string why;
-    if (d.pid == 0 && !d.heartbeat_age_ms && d.lock != shm::DaemonLock::kHeld) {
-      why = "no daemon has run on this segment";
-    } else if (d.pid == 0) {
-      why = "the segment names no daemon pid, and its heartbeat is " +
-            (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " old"
-                                : std::string("missing"));
-    } else if (!d.pid_alive) {
-      why = "pid " + std::to_string(d.pid) + " is not running";
-    } else {
-      why = "pid " + std::to_string(d.pid) + " runs but has not beaten for " +
-            (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) : std::string("ever")) +
-            " (threshold " + FormatHumanDuration(opt.stale_after_ms) + ")";
-    }
-    const char* title = d.state == shm::DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
-    out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
-    out +=
-        "    limits still hold in the segment; leases of dead workers are freed only when "
-        "they expire\n";
-  }
-  if (s.fleet.state != shm::FleetState::kOff) out += FleetLine(s.fleet, color) + "\n";
+  out += DaemonDownLines(s, opt);
+  if (s.fleet.state != shm::FleetState::kOff) out += FleetLine(s, opt, NowUnixMs(opt)) + "\n";
   if (s.table_full_events + s.registry_full_events > 0) {
     out += Paint("warning:", kRed, color) + " dependency table full " +
            std::to_string(s.table_full_events) + " times, process registry full " +
@@ -423,6 +445,114 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
         {"counters", counters},
         {"policy", policy},
     });
+  }
+  doc["dependencies"] = deps;
+  return doc;
+}
+
+const char* FleetVerdictName(FleetVerdict v) {
+  switch (v) {
+    case FleetVerdict::kDaemonDown: return "daemon_down";
+    case FleetVerdict::kOff: return "off";
+    case FleetVerdict::kLocal: return "local";
+    case FleetVerdict::kStale: return "stale";
+    case FleetVerdict::kJoined: return "joined";
+  }
+  return "?";
+}
+
+uint64_t FleetSyncAgeMs(const shm::SegmentStatus& s, uint64_t now_unix_ms) {
+  const uint64_t since = s.fleet.synced_unix_ms != 0 ? s.fleet.synced_unix_ms : s.created_unix_ms;
+  return now_unix_ms > since ? now_unix_ms - since : 0;
+}
+
+FleetVerdict JudgeFleet(const shm::SegmentStatus& s, uint64_t now_unix_ms,
+                        uint64_t fleet_stale_after_ms) {
+  // A daemon that does not tick syncs nothing: its fleet words say what they said last.
+  if (s.daemon.state != shm::DaemonState::kUp) return FleetVerdict::kDaemonDown;
+  switch (s.fleet.state) {
+    case shm::FleetState::kOff: return FleetVerdict::kOff;
+    case shm::FleetState::kLocal: return FleetVerdict::kLocal;
+    case shm::FleetState::kJoined: break;
+  }
+  return FleetSyncAgeMs(s, now_unix_ms) > fleet_stale_after_ms ? FleetVerdict::kStale
+                                                               : FleetVerdict::kJoined;
+}
+
+std::string RenderFleet(const shm::SegmentStatus& s, const RenderOptions& opt) {
+  const bool color = opt.color;
+  const uint64_t now = NowUnixMs(opt);
+  std::string out = Paint("segment", kBold, color) + " '" + s.name + "'  daemon pid " +
+                    (s.daemon.pid == 0 ? std::string("none") : std::to_string(s.daemon.pid)) + "\n";
+  out += DaemonDownLines(s, opt);
+  if (s.fleet.state == shm::FleetState::kOff) {
+    return out + Paint("fleet", kBold, color) + " " + Paint("off", kYellow, color) +
+           ": the daemon runs no fleet (no [fleet] in its config; docs/FLEET.md)\n";
+  }
+  out += FleetLine(s, opt, now) + "\n";
+  switch (JudgeFleet(s, now, opt.fleet_stale_after_ms)) {
+    case FleetVerdict::kDaemonDown:
+      out += "    the fleet words above are as the daemon last wrote them\n";
+      break;
+    case FleetVerdict::kLocal:
+      out +=
+          "    every breaker, probe and retry floor is this host's own until the store answers "
+          "again;\n    the daemon logs why, once per outage: \"fleet: ...: deciding locally\" "
+          "(journalctl -u retryd | grep 'fleet:')\n";
+      break;
+    case FleetVerdict::kStale:
+      out +=
+          "    a slow or dead store would have made the host local: look at the daemon's last "
+          "\"fleet:\" log lines,\n    then restart it (systemctl restart retryd adopts the "
+          "segment with its state)\n";
+      break;
+    case FleetVerdict::kOff:
+    case FleetVerdict::kJoined: break;
+  }
+  Table t;
+  t.AddRow({{"DEPENDENCY", kBold}, {"FLEET", kBold}});
+  for (const shm::DependencyStatus& dep : s.dependencies) {
+    if (dep.fleet_role == shm::FleetRole::kNone) continue;
+    t.AddRow({{dep.name, nullptr},
+              {FleetText(dep), dep.fleet_role == shm::FleetRole::kHolding ? kYellow : nullptr}});
+  }
+  out += "\n";
+  // A local host gives every dependency back its own breaker, probes and floor (role none).
+  return out + (t.rows() > 1 ? t.Render(color)
+                             : "no dependency follows the fleet now (none has fleet = true, or "
+                               "the host is local)\n");
+}
+
+json FleetJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
+  const uint64_t now = NowUnixMs(opt);
+  const FleetVerdict verdict = JudgeFleet(s, now, opt.fleet_stale_after_ms);
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["kind"] = "fleet";
+  doc["segment"] = {{"name", s.name}};
+  doc["daemon"] = {
+      {"state", shm::DaemonStateName(s.daemon.state)},
+      {"pid", s.daemon.pid == 0 ? json(nullptr) : json(s.daemon.pid)},
+  };
+  doc["verdict"] = FleetVerdictName(verdict);
+  const bool off = s.fleet.state == shm::FleetState::kOff;
+  doc["fleet"] = {
+      {"state", shm::FleetStateName(s.fleet.state)},
+      {"hosts", s.fleet.hosts},
+      {"synced_unix_ms",
+       s.fleet.synced_unix_ms == 0 ? json(nullptr) : json(s.fleet.synced_unix_ms)},
+      {"sync_age_ms", off ? json(nullptr) : json(FleetSyncAgeMs(s, now))},
+      {"stale_after_ms", opt.fleet_stale_after_ms},
+      {"fallbacks", s.fleet.fallbacks},
+      {"trips", s.fleet.trips},
+      {"leases", s.fleet.leases},
+  };
+  json deps = json::array();
+  for (const shm::DependencyStatus& dep : s.dependencies) {
+    if (dep.fleet_role == shm::FleetRole::kNone) continue;
+    deps.push_back({{"name", dep.name},
+                    {"role", shm::FleetRoleName(dep.fleet_role)},
+                    {"hosts", dep.fleet_hosts}});
   }
   doc["dependencies"] = deps;
   return doc;

@@ -24,7 +24,29 @@ struct RenderOptions {
   bool deltas = false;             // counters are changes over `interval_ms`, not totals
   uint64_t interval_ms = 0;        // with `deltas`
   uint64_t stale_after_ms = 3000;  // echoed in the header and the JSON
+  // A joined fleet whose last sync is older than this is shown stale (FleetVerdict::kStale).
+  uint64_t fleet_stale_after_ms = 120'000;
+  // The wall clock the fleet's ages are measured at; 0: read it when rendering.
+  uint64_t now_unix_ms = 0;
 };
+
+// What `retryctl fleet` says of the host in its fleet, from the segment's fleet words and
+// the daemon's liveness (docs/FLEET.md, "Status and metrics"):
+//   kDaemonDown  the daemon is down or stale: the fleet words are frozen, nothing is synced
+//   kOff         the daemon runs no [fleet]
+//   kLocal       the store does not answer: the host decides alone
+//   kStale       the daemon says joined, but its fleet thread has not reached the store for
+//                longer than fleet_stale_after_ms: the other hosts no longer count this one
+//   kJoined      joined, and synced within fleet_stale_after_ms
+enum class FleetVerdict { kDaemonDown, kOff, kLocal, kStale, kJoined };
+const char* FleetVerdictName(FleetVerdict v);  // "daemon_down", "off", "local", "stale", "joined"
+
+// FleetSyncAgeMs: how long before `now_unix_ms` the fleet thread last reached the store;
+// counted from the segment's creation when it never has (a daemon that just joined syncs at
+// once, one stuck in its first sync ages like any other).
+uint64_t FleetSyncAgeMs(const shm::SegmentStatus& s, uint64_t now_unix_ms);
+FleetVerdict JudgeFleet(const shm::SegmentStatus& s, uint64_t now_unix_ms,
+                        uint64_t fleet_stale_after_ms);
 
 // FormatHumanDuration: "850ms", "4.2s", "42s", "12m05s", "3h12m", "2d03h".
 std::string FormatHumanDuration(uint64_t ms);
@@ -33,6 +55,11 @@ std::string FormatHumanDuration(uint64_t ms);
 // is down or stale is called out on a line of its own) and one row per dependency.
 std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt);
 nlohmann::ordered_json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt);
+
+// RenderFleet: the fleet line of `status`, what the verdict means, and the fleet
+// dependencies with their roles; FleetJson the same for programs (kind "fleet").
+std::string RenderFleet(const shm::SegmentStatus& s, const RenderOptions& opt);
+nlohmann::ordered_json FleetJson(const shm::SegmentStatus& s, const RenderOptions& opt);
 
 std::string RenderWorkersTable(const shm::SegmentStatus& s, const std::vector<shm::WorkerStatus>& workers,
                                const RenderOptions& opt);

@@ -196,6 +196,51 @@ TEST(Render, APidWordOfZeroBesideAHeartbeatIsNotANeverRunDaemon) {
   EXPECT_THAT(table, HasSubstr("DAEMON DOWN: no daemon has run on this segment"));
 }
 
+// The fleet's verdict, at the edges: the daemon first, then the fleet's state, then the age of
+// the last sync against the threshold (over it is stale; at it is not), counted from the
+// segment's creation while no sync has reached the store.
+TEST(Render, TheFleetsVerdict) {
+  shm::SegmentStatus view;
+  view.created_unix_ms = 1'000'000;
+  view.daemon.state = shm::DaemonState::kUp;
+  const uint64_t now = 2'000'000;
+  EXPECT_EQ(JudgeFleet(view, now, 120'000), FleetVerdict::kOff);
+  view.fleet.state = shm::FleetState::kLocal;
+  EXPECT_EQ(JudgeFleet(view, now, 120'000), FleetVerdict::kLocal);
+  view.fleet.state = shm::FleetState::kJoined;
+  view.fleet.synced_unix_ms = now - 120'000;
+  EXPECT_EQ(FleetSyncAgeMs(view, now), 120'000u);
+  EXPECT_EQ(JudgeFleet(view, now, 120'000), FleetVerdict::kJoined);
+  EXPECT_EQ(JudgeFleet(view, now + 1, 120'000), FleetVerdict::kStale);
+  EXPECT_EQ(JudgeFleet(view, now - 200'000, 120'000), FleetVerdict::kJoined)
+      << "a sync stamped after now (the clock stepped back) is fresh";
+  view.fleet.synced_unix_ms = 0;
+  EXPECT_EQ(FleetSyncAgeMs(view, now), 1'000'000u);
+  EXPECT_EQ(JudgeFleet(view, now, 2'000'000), FleetVerdict::kJoined);
+  EXPECT_EQ(JudgeFleet(view, now, 120'000), FleetVerdict::kStale);
+  for (const shm::DaemonState d : {shm::DaemonState::kStale, shm::DaemonState::kDown}) {
+    view.daemon.state = d;
+    EXPECT_EQ(JudgeFleet(view, now, 2'000'000), FleetVerdict::kDaemonDown);
+  }
+  EXPECT_STREQ(FleetVerdictName(FleetVerdict::kDaemonDown), "daemon_down");
+  EXPECT_STREQ(FleetVerdictName(FleetVerdict::kStale), "stale");
+
+  // fleet's exit codes are its own, apart from status's.
+  EXPECT_EQ(kExitFleetLocal, 4);
+  EXPECT_EQ(kExitFleetOff, 5);
+  Invocation inv;
+  ASSERT_TRUE(Parse({"fleet", "--fleet-stale-after", "2.5"}, &inv).ok());
+  EXPECT_EQ(inv.command, "fleet");
+  EXPECT_DOUBLE_EQ(inv.fleet_stale_after_seconds, 2.5);
+  ASSERT_TRUE(Parse({"status"}, &inv).ok());
+  EXPECT_DOUBLE_EQ(inv.fleet_stale_after_seconds, 120.0);
+  EXPECT_THAT(Parse({"fleet", "--fleet-stale-after", "soon"}, &inv).message(),
+              HasSubstr("option --fleet-stale-after must be a number of seconds > 0, got 'soon'"));
+  EXPECT_THAT(GeneralHelp(), HasSubstr("4 fleet: the host decides alone"));
+  EXPECT_THAT(CommandHelp("fleet"), HasSubstr("Exit status, for a health check: 0 joined; 4 local "
+                                              "or stale"));
+}
+
 TEST(Render, DeltasSayWhatTheCountersCover) {
   shm::SegmentStatus view;
   view.name = "s";

@@ -1,8 +1,12 @@
 // retryctl through the daemon's socket (--socket, $RETRYD_SOCKET): the real binary against the
 // real `retryd` serving a sealed segment, with workers attached through the socket. Tests that
-// need root (a pid namespace) skip without it. Every wait is for a condition.
+// need root (a pid namespace) skip without it; the fleet's joined half needs redis-server.
+// Every wait is for a condition.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,13 +83,16 @@ class RetryctlSocket : public ::testing::Test {
   }
 
   // StartDaemon starts retryd serving a sealed segment on socket_, with "orders" (a bulkhead
-  // of 4 whose leases last an hour), and maps it read-only in obs_.
-  void StartDaemon() {
+  // of 4 whose leases last an hour), and maps it read-only in obs_. `fleet`: the keys of a
+  // [fleet] section (none without), `orders`: more keys for "orders".
+  void StartDaemon(const std::string& fleet = "", const std::string& orders = "") {
     daemon::testing::WriteFile(
         config_, "[daemon]\nsocket = \"" + socket_ +
                      "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
-                     "max_processes = 64\n[dependency.orders]\nbulkhead_limit = 4\n"
-                     "bulkhead_timeout = \"1h\"\n");
+                     "max_processes = 64\n" +
+                     (fleet.empty() ? std::string() : "[fleet]\n" + fleet) +
+                     "[dependency.orders]\nbulkhead_limit = 4\nbulkhead_timeout = \"1h\"\n" +
+                     orders);
     daemon_ = std::make_unique<daemon::testing::DaemonProcess>(
         std::vector<std::string>{"--config=" + config_}, notify_.path());
     ASSERT_NE(notify_.WaitFor("READY=1", kWaitMs), "") << daemon_->Log();
@@ -237,7 +244,7 @@ TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
   StartDaemon();
   EXPECT_EQ(Retryctl({"--socket", socket_, "metrics"}).exit_code, 0);
   daemon_->Signal(SIGSTOP);
-  for (const char* command : {"status", "workers", "metrics"}) {
+  for (const char* command : {"status", "workers", "metrics", "fleet"}) {
     SCOPED_TRACE(command);
     const uint64_t start = NowNs();
     const RunResult r = Retryctl({"--socket", socket_, command});
@@ -258,7 +265,7 @@ TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
 
   daemon_->Signal(SIGKILL);
   daemon_->Wait(kWaitMs);
-  for (const char* command : {"status", "workers", "metrics"}) {
+  for (const char* command : {"status", "workers", "metrics", "fleet"}) {
     SCOPED_TRACE(command);
     const RunResult r = Retryctl({"--socket", socket_, command});
     EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
@@ -266,6 +273,96 @@ TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
   }
   m = Retryctl({"--socket", socket_, "metrics"});
   EXPECT_THAT(m.out, HasSubstr("\nretryd_daemon_pid 0\n"));
+}
+
+// The fleet's health check on a real fleet daemon: with no store answering, the host is local
+// and `retryctl fleet` exits 4 (status keeps its own exit status); once a real redis-server
+// answers on the configured port the host joins (0); when it dies the host is local again (4);
+// and with the daemon gone it is down (3).
+TEST_F(RetryctlSocket, FleetIsTheHealthCheckOfTheHostInItsFleet) {
+  // A port bound and never listened on: a connection to it is refused. Close-on-exec, or the
+  // daemon would hold the port after the test gives it to redis-server.
+  const int reserved = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(reserved, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(reserved, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(reserved, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  StartDaemon("redis = \"127.0.0.1:" + port + "\"\nsync = \"100ms\"\ntimeout = \"50ms\"\n" +
+                  "host_id = \"cli-test\"\n",
+              "fleet = true\n");
+  const shm::SegmentHeader& h = obs_.segment->header();
+  // The daemon tried the store, failed and said so, once (its status line says local too).
+  ASSERT_TRUE(WaitUntil([&] {
+    return daemon_->Log().find("fleet: cannot reach the store: ") != std::string::npos;
+  })) << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), HasSubstr(": deciding locally (every breaker, probe and floor is "
+                                        "this host's) until the store answers"));
+  ASSERT_EQ(h.fleet_state.load(), uint32_t(shm::FleetState::kLocal));
+
+  RunResult r = Retryctl({"--socket", socket_, "fleet"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("fleet local (the store does not answer: this host decides alone)"));
+  EXPECT_THAT(r.out, HasSubstr("never synced"));
+  r = Retryctl({"--socket", socket_, "fleet", "--json"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  ExpectValidJson(r.out);
+  EXPECT_EQ(json::parse(r.out)["verdict"], "local");
+  r = Retryctl({"--socket", socket_, "status"});
+  EXPECT_EQ(r.exit_code, 0) << "status does not change its exit status for the fleet\n" << r.out;
+  EXPECT_THAT(r.out, HasSubstr("fleet local"));
+  r = Retryctl({"--socket", socket_, "metrics"});
+  EXPECT_THAT(r.out, HasSubstr("\nretryd_fleet_state 2\n"));
+
+  close(reserved);
+  if (access(RETRYD_REDIS_SERVER, X_OK) != 0) {
+    if (getenv("RETRYD_REQUIRE_REDIS") != nullptr) {
+      FAIL() << "no redis-server at " RETRYD_REDIS_SERVER ", and RETRYD_REQUIRE_REDIS is set";
+    }
+    GTEST_SKIP() << "the joined half needs redis-server (Debian: redis-server) at "
+                 << RETRYD_REDIS_SERVER;
+  }
+  ChildProcess redis({RETRYD_REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--dir", dir_, "--logfile", dir_ + "/redis.log"});
+  // The daemon reconnects with backoff (at most 30 s).
+  ASSERT_TRUE(WaitUntil([&] {
+    return h.fleet_state.load() == uint32_t(shm::FleetState::kJoined) &&
+           h.fleet_synced_unix_ms.load() != 0 &&
+           shm::FleetWord::Role(Orders().fleet.load()) == shm::FleetRole::kMember;
+  })) << daemon_->Log()
+      << "\nredis-server's log:\n"
+      << daemon::testing::ReadFile(dir_ + "/redis.log");
+  r = Retryctl({"--socket", socket_, "fleet"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("fleet joined: 1 host, synced "));
+  EXPECT_THAT(r.out, HasSubstr("orders"));
+  EXPECT_THAT(r.out, HasSubstr("member of 1"));
+  r = Retryctl({"--socket", socket_, "fleet", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  ExpectValidJson(r.out);
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["verdict"], "joined");
+  ASSERT_EQ(doc["dependencies"].size(), 1u) << r.out;
+  EXPECT_EQ(doc["dependencies"][0]["role"], "member");
+
+  redis.Kill();
+  ASSERT_TRUE(WaitUntil([&] { return h.fleet_state.load() == uint32_t(shm::FleetState::kLocal); }))
+      << daemon_->Log();
+  r = Retryctl({"--socket", socket_, "fleet", "--json"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  doc = json::parse(r.out);
+  EXPECT_EQ(doc["verdict"], "local");
+  EXPECT_EQ(doc["fleet"]["fallbacks"], 1);
+  EXPECT_TRUE(doc["dependencies"].empty()) << "a local host follows no fleet: " << r.out;
+
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(kWaitMs), 0) << daemon_->Log();
+  r = Retryctl({"--socket", socket_, "fleet"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("DAEMON DOWN"));
 }
 
 }  // namespace

@@ -199,6 +199,188 @@ TEST(RetryctlStatus, TheFleetLineAndColumn) {
               HasSubstr("fleet local (the store does not answer: this host decides alone)"));
 }
 
+// --- fleet: the fleet's health check ----------------------------------------------------
+
+// DeadPid: the pid of a process that has exited and been reaped.
+pid_t DeadPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status;
+  waitpid(child, &status, 0);
+  return child;
+}
+
+// The test's segment beats once, when it is made: an hour of --stale-after keeps its daemon up
+// through a test that runs retryctl many times on a loaded machine.
+constexpr const char* kUpForAnHour = "--stale-after=3600";
+
+json FleetJson(const TestSegment& seg, std::vector<std::string> extra, int want_exit) {
+  std::vector<std::string> args = {"fleet", "--json", "--segment", seg.name(), kUpForAnHour};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const RunResult r = Retryctl(args);
+  EXPECT_EQ(r.exit_code, want_exit) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  ExpectValidJson(r.out);
+  return json::parse(r.out);
+}
+
+// Each state of the segment's fleet words as a fleet daemon writes them (daemon/fleet.cc): off
+// (no [fleet]), joined (roles set), local (GoLocal: roles back to none) and joined with a
+// sync too old. `fleet` exits by the fleet alone; `status` does not change its exit status.
+TEST(RetryctlFleet, ExitsByTheFleetState) {
+  TestSegment seg;
+  const uint32_t i = seg.AddDependency("payments", TestPolicy(/*min_calls=*/100));
+  const uint32_t j = seg.AddDependency("search", TestPolicy(/*min_calls=*/100));
+  seg.AddDependency("local-only", TestPolicy(/*min_calls=*/100));
+  shm::SegmentHeader& h = seg.segment().header();
+
+  // No [fleet]: 5, not 0, so that a check on a host whose config lost [fleet] does not pass.
+  RunResult r = Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_THAT(r.out, HasSubstr("fleet off: the daemon runs no fleet (no [fleet] in its config"));
+  json doc = FleetJson(seg, {}, 5);
+  EXPECT_EQ(doc["kind"], "fleet");
+  EXPECT_EQ(doc["verdict"], "off");
+  EXPECT_EQ(doc["fleet"]["state"], "off");
+  EXPECT_TRUE(doc["fleet"]["sync_age_ms"].is_null());
+  EXPECT_TRUE(doc["dependencies"].empty());
+
+  // Joined, synced now: 0, with each fleet dependency's role; local-only is not listed.
+  h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_hosts.store(8);
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs());
+  h.fleet_trips.store(3);
+  h.fleet_leases.store(1);
+  h.fleet_fallbacks.store(2);
+  seg.slot(i).fleet.store(shm::FleetWord::Make(shm::FleetRole::kHolding, 8));
+  seg.slot(j).fleet.store(shm::FleetWord::Make(shm::FleetRole::kMember, 8));
+  r = Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(Line(r.out, "fleet"), HasSubstr("fleet joined: 8 hosts, synced "));
+  EXPECT_THAT(Line(r.out, "fleet"), HasSubstr("3 trips on the fleet's window, 1 fleet probe "
+                                              "leases won, 2 fallbacks to local"));
+  EXPECT_THAT(Line(r.out, "payments"), HasSubstr("held: waits for the fleet's probe"));
+  EXPECT_THAT(Line(r.out, "search"), HasSubstr("member of 8"));
+  EXPECT_EQ(Line(r.out, "local-only"), "");
+  EXPECT_THAT(r.out, Not(HasSubstr("STALE")));
+  doc = FleetJson(seg, {}, 0);
+  EXPECT_EQ(doc["verdict"], "joined");
+  EXPECT_EQ(doc["daemon"]["state"], "up");
+  EXPECT_EQ(doc["fleet"]["hosts"], 8);
+  EXPECT_LT(doc["fleet"]["sync_age_ms"].get<int64_t>(), 60'000);
+  EXPECT_EQ(doc["fleet"]["stale_after_ms"], 120'000);
+  ASSERT_EQ(doc["dependencies"].size(), 2u);
+  EXPECT_EQ(doc["dependencies"][0]["name"], "payments");
+  EXPECT_EQ(doc["dependencies"][0]["role"], "holding");
+  EXPECT_EQ(doc["dependencies"][1]["name"], "search");
+  EXPECT_EQ(doc["dependencies"][1]["role"], "member");
+  EXPECT_EQ(doc["dependencies"][1]["hosts"], 8);
+
+  // Local: 4, saying that the host decides alone and where the daemon logged why.
+  h.fleet_state.store(uint32_t(shm::FleetState::kLocal));
+  seg.slot(i).fleet.store(shm::FleetWord::Make(shm::FleetRole::kNone, 0));
+  seg.slot(j).fleet.store(shm::FleetWord::Make(shm::FleetRole::kNone, 0));
+  r = Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(Line(r.out, "fleet"),
+              HasSubstr("fleet local (the store does not answer: this host decides alone)"));
+  EXPECT_THAT(r.out, HasSubstr("\"fleet: ...: deciding locally\""));
+  EXPECT_THAT(r.out, HasSubstr("no dependency follows the fleet now"));
+  doc = FleetJson(seg, {}, 4);
+  EXPECT_EQ(doc["verdict"], "local");
+  EXPECT_TRUE(doc["dependencies"].empty());
+  // status says local on its fleet line, and exits as before: by the daemon and the breakers.
+  r = Retryctl({"status", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(Line(r.out, "fleet"), HasSubstr("fleet local"));
+
+  // Joined, but the last sync was 10 minutes ago: the fleet thread is stuck. 4, and stale.
+  h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs() - 600'000);
+  seg.slot(j).fleet.store(shm::FleetWord::Make(shm::FleetRole::kMember, 8));
+  r = Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(Line(r.out, "fleet"),
+              HasSubstr("fleet joined but STALE (no sync reached the store for over 2m00s: the "
+                        "fleet thread is stuck, and the other hosts no longer count this one)"));
+  EXPECT_THAT(Line(r.out, "fleet"), HasSubstr("synced 10m0"));
+  doc = FleetJson(seg, {}, 4);
+  EXPECT_EQ(doc["verdict"], "stale");
+  EXPECT_GE(doc["fleet"]["sync_age_ms"].get<int64_t>(), 600'000);
+  r = Retryctl({"status", "--segment", seg.name(), kUpForAnHour});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(Line(r.out, "fleet"), HasSubstr("fleet joined but STALE"));
+  // A threshold over the age: joined again, for both.
+  r = Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour, "--fleet-stale-after", "900"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("STALE")));
+  EXPECT_EQ(FleetJson(seg, {"--fleet-stale-after=900"}, 0)["fleet"]["stale_after_ms"], 900'000);
+  EXPECT_THAT(
+      Retryctl({"status", "--segment", seg.name(), kUpForAnHour, "--fleet-stale-after", "900"}).out,
+      Not(HasSubstr("STALE")));
+
+  // Joined and never synced: its age counts from the segment's creation, so a daemon that has
+  // just joined is not stale, and one whose first sync never ends becomes so.
+  const uint64_t before_ms = shm::UnixNowMs() - h.created_unix_ms.load();
+  h.fleet_synced_unix_ms.store(0);
+  doc = FleetJson(seg, {}, 0);
+  EXPECT_EQ(doc["verdict"], "joined");
+  EXPECT_TRUE(doc["fleet"]["synced_unix_ms"].is_null());
+  EXPECT_GE(doc["fleet"]["sync_age_ms"].get<uint64_t>(), before_ms);
+  EXPECT_LE(doc["fleet"]["sync_age_ms"].get<uint64_t>(),
+            shm::UnixNowMs() - h.created_unix_ms.load());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(FleetJson(seg, {"--fleet-stale-after", "0.01"}, 4)["verdict"], "stale");
+}
+
+// The fleet's exit status answers for the fleet alone: an open breaker is status's (1), and a
+// daemon that is down (3) comes first, whatever its frozen fleet words say.
+TEST(RetryctlFleet, ExitsByTheFleetAloneAfterTheDaemon) {
+  TestSegment seg;
+  const uint32_t orders = seg.AddDependency("orders", TestPolicy(4, 60'000));
+  seg.Trip(orders, 4, NowNs());
+  shm::SegmentHeader& h = seg.segment().header();
+  h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_hosts.store(3);
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs());
+  EXPECT_EQ(Retryctl({"status", "--segment", seg.name(), kUpForAnHour}).exit_code, 1);
+  EXPECT_EQ(Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour}).exit_code, 0);
+  h.fleet_state.store(uint32_t(shm::FleetState::kLocal));
+  EXPECT_EQ(Retryctl({"status", "--segment", seg.name(), kUpForAnHour}).exit_code, 1);
+  EXPECT_EQ(Retryctl({"fleet", "--segment", seg.name(), kUpForAnHour}).exit_code, 4);
+
+  // A clean stop leaves the fleet local, a crash leaves it as it was: either way, down is 3.
+  seg.Heartbeat(uint32_t(DeadPid()), 0);
+  RunResult r = Retryctl({"fleet", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("DAEMON DOWN"));
+  EXPECT_THAT(r.out, HasSubstr("the fleet words above are as the daemon last wrote them"));
+  h.fleet_state.store(uint32_t(shm::FleetState::kJoined));
+  h.fleet_synced_unix_ms.store(shm::UnixNowMs() - 600'000);
+  json doc = FleetJson(seg, {}, 3);
+  EXPECT_EQ(doc["verdict"], "daemon_down");
+  EXPECT_EQ(doc["daemon"]["state"], "down");
+  // Its sync is old because the daemon is down, not because its fleet thread is stuck.
+  r = Retryctl({"fleet", "--segment", seg.name()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.out, HasSubstr("fleet joined: 3 hosts, synced 10m0"));
+  EXPECT_THAT(r.out, Not(HasSubstr("STALE")));
+  h.fleet_state.store(uint32_t(shm::FleetState::kOff));
+  EXPECT_EQ(Retryctl({"fleet", "--segment", seg.name()}).exit_code, 3);
+
+  // Usage and attach errors: 2.
+  r = Retryctl({"fleet", "--segment", seg.name(), "orders"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("fleet takes no arguments"));
+  r = Retryctl({"fleet", "--segment", "retryd-test-no-such-segment"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("no retryd segment"));
+  r = Retryctl({"fleet", "--segment", seg.name(), "--fleet-stale-after", "0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("option --fleet-stale-after must be a number of seconds > 0"));
+}
+
 TEST(RetryctlStatus, OpenBreakerShowsTimeToHalfOpenAndExitsOne) {
   TestSegment seg;
   const uint32_t orders = seg.AddDependency("orders", TestPolicy(4, 60'000));
@@ -426,14 +608,6 @@ TEST(RetryctlStatus, EmptySegment) {
 }
 
 // --- the daemon's liveness ---------------------------------------------------------------
-
-pid_t DeadPid() {
-  const pid_t child = fork();
-  if (child == 0) _exit(0);
-  int status;
-  waitpid(child, &status, 0);
-  return child;
-}
 
 TEST(RetryctlStatus, StaleHeartbeatIsShownLoudly) {
   TestSegment seg;

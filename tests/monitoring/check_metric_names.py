@@ -16,10 +16,12 @@ unit tests (`input_series`), and fails, naming file, place and expression, if on
     or a label value (`=` matchers, and each word of a `=~"a|b"` matcher) it never takes;
   - a gauge inside rate()/irate()/increase() or a counter used without one;
   - a label in by/without/on/ignoring that no retryd metric has.
-It also checks the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance
-variable, and every panel and target on the datasource variable. Last, it writes the
-dashboard's expressions (Grafana variables replaced) into a rule file and has `promtool check
-rules` parse them; a promtool that is missing (Debian: prometheus) is a failure.
+It checks that every alert has a unit test case where it fires and one where it must not
+(`exp_alerts: []`), and that every retryd_fleet_* family has a dashboard panel. It also checks
+the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance variable, and
+every panel and target on the datasource variable. Last, it writes the dashboard's expressions
+(Grafana variables replaced) into a rule file and has `promtool check rules` parse them; a
+promtool that is missing (Debian: prometheus) is a failure.
 
 Python 3 standard library plus PyYAML (Debian: python3-yaml). Exit 0 on success, 1 with the
 list of problems otherwise.
@@ -48,6 +50,8 @@ GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "atan2"} | GROUPING
 # The modes the daemon is started with: every value retryd_mode{mode} takes.
 MODES = ("enforce", "shadow", "disabled", "forced-open")
+# The families of the daemon's fleet (docs/FLEET.md): each must have a dashboard panel.
+FLEET_PREFIX = "retryd_fleet_"
 
 
 # --- The real metrics ----------------------------------------------------------------------
@@ -312,6 +316,30 @@ def rules_exprs(path):
             yield f"{os.path.basename(path)}: {name}", rule["expr"]
 
 
+def check_rule_tests(rules_path, tests_path, problems):
+    """Every alert has a test case where it fires and one where it must not, and every case
+    names an alert of the rules."""
+    with open(rules_path) as f:
+        rules = yaml.safe_load(f)
+    with open(tests_path) as f:
+        tests = yaml.safe_load(f)
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    fires, quiet = set(), set()
+    base = os.path.basename(tests_path)
+    for test in tests["tests"]:
+        for case in test.get("alert_rule_test", []):
+            name = case["alertname"]
+            if name not in alerts:
+                problems.append(f"{base}: {test.get('name', '?')}: no alert {name!r} in "
+                                f"{os.path.basename(rules_path)}")
+            (fires if case.get("exp_alerts") else quiet).add(name)
+    for name in alerts:
+        if name not in fires:
+            problems.append(f"{base}: no case where {name} fires")
+        if name not in quiet:
+            problems.append(f"{base}: no case where {name} must not fire (exp_alerts: [])")
+
+
 def test_series(path):
     with open(path) as f:
         doc = yaml.safe_load(f)
@@ -415,9 +443,12 @@ def main():
     for where, expr in rules_exprs(args.rules):
         used |= check_expr(where, expr, real, problems)
     dash_exprs = []
+    dash_used = set()
     for where, expr, label in dashboard_exprs(args.dashboard, problems):
         promql = grafana_to_promql(expr)
-        used |= check_expr(where, promql, real, problems)
+        names = check_expr(where, promql, real, problems)
+        used |= names
+        dash_used |= names
         if label is not None:
             uses, _ = parse(promql)
             for u in uses:
@@ -427,6 +458,7 @@ def main():
         else:
             dash_exprs.append((where, re.sub(r"\$\{?[A-Za-z_]+\}?", "x", promql)))
     if args.rule_tests:
+        check_rule_tests(args.rules, args.rule_tests, problems)
         for where, series in test_series(args.rule_tests):
             m = re.fullmatch(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s*", series)
             if not m:
@@ -448,6 +480,10 @@ def main():
                 elif label != "dependency" and value not in labels[label]:
                     problems.append(f"{where}: series {name}{{{label}}} never takes {value!r}")
     promtool_parse(args.promtool, dash_exprs, problems)
+    # Every family of the fleet has a panel: one the daemon adds without a panel fails here.
+    for family in sorted(real.types):
+        if family.startswith(FLEET_PREFIX) and family not in dash_used:
+            problems.append(f"{os.path.basename(args.dashboard)}: no panel shows {family}")
 
     print(f"real output: {len(real.types)} families; the monitoring files use {len(used)}:")
     print("  " + " ".join(sorted(used)))
