@@ -16,11 +16,13 @@
 //   probe    an open breaker is held open (SetOpenUntil, never past one sync period from the
 //            last step that reached the store) until its own open period is over; then a host
 //            whose workers called within the last sync asks for one of fleet_half_open_probes
-//            fleet probe leases (a key with an expiry and this daemon's owner token). A host
-//            that wins lets its breaker go half-open (its workers probe under the breaker's own
-//            rules); one whose breaker is still open kUnusedLeaseSyncs syncs later (no call
-//            came) is held again and gives the lease back. A host that does not win stays held
-//            until the fleet learns the outcome
+//            fleet probe leases (a key with an expiry and this daemon's owner token); no host
+//            takes one while a busier one (more calls refused per minute over its open period)
+//            waits for one. A host that wins lets its breaker go half-open (its workers probe
+//            under the breaker's own rules); one whose breaker is still open kUnusedLeaseSyncs
+//            syncs later (no call came) is held again and gives the lease back if a host with
+//            more than twice its demand waits, and otherwise keeps it until its next call. A
+//            host that does not win stays held until the fleet learns the outcome
 //   outcome  the prober's breaker closing publishes "success": every held host closes, each
 //            after its own uniform [0, open_jitter] (kFleetClosed); its breaker reopening
 //            publishes "failure": every held host reopens with its backed-off period
@@ -38,8 +40,9 @@
 //
 // Keys, all under "PREFIX:" ([fleet] key_prefix): hosts (sorted set, server time),
 // dep:NAME:window (hash host -> "calls failures slow opened_at ms"), dep:NAME:lease:K (owner
-// token, with an expiry of three syncs, renewed every sync), dep:NAME:outcome (hash n, result,
-// host, round, success_n).
+// token, with an expiry of three syncs, renewed every sync), dep:NAME:wanted (hash owner token
+// -> "demand ms": the hosts waiting for a lease), dep:NAME:outcome (hash n, result, host, round,
+// success_n).
 //
 // Thread safety: Fleet's public functions may be called from the daemon's thread while the
 // fleet thread runs; the fleet thread touches the segment only through its atomic words.
