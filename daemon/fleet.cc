@@ -107,9 +107,8 @@ if busier then return -3 end
 return -2
 )lua";
 
-// KEYS[1] the waiting list; ARGV: the holder's token, how long a wish stays on the list, the
-// holder's demand. Returns 1 if a host with more than twice that demand waits for a lease (the
-// margin: hosts as quiet as each other must not pass a lease around before any of them calls).
+// KEYS[1] the waiting list; ARGV: the holder's token, how long a wish stays on the list, a
+// demand. Returns 1 if a host with more than that demand waits for a lease.
 constexpr const char* kLeaseWanted = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -117,7 +116,7 @@ local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local d, ms = string.match(all[i + 1], '^(%d+) (%d+)$')
   if ms and all[i] ~= ARGV[1] and now - tonumber(ms) <= tonumber(ARGV[2]) and
-     tonumber(d) > 2 * tonumber(ARGV[3]) then
+     tonumber(d) > tonumber(ARGV[3]) then
     return 1
   end
 end
@@ -200,6 +199,7 @@ struct Fleet::Run {
   uint64_t open_since_ns = 0;       // when this open period was first seen
   uint64_t rejected_at_open = 0;    // the rejections counted then
   uint64_t next_unused_check_ns = 0;  // an unused lease kept (no busier host waits): next look
+  uint64_t lease_demand = 0;        // the host's demand when it took its lease
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
   int64_t open_round = 0;           // the outcome count when this open period began
   int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
@@ -577,13 +577,17 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
       now_ns >= run.next_unused_check_ns) {
     // No admit took the breaker half-open since the lease was taken. If a host with more than
-    // twice its demand waits for a lease (a busy host, or any caller once this host's own calls
-    // have stopped long enough), this one gives it back; if none does (every host is about as
-    // quiet, and this one calls less often than every two syncs), it keeps it until its next
-    // call probes.
+    // twice the demand this one had when it took the lease waits for one, this one gives it
+    // back; if none does (every host is about as quiet, and this one calls less often than
+    // every two syncs), it keeps it until its next call probes. Once its last call is older
+    // than twice its usual gap between calls (by that demand) and two syncs, its calls have
+    // stopped: any host that waits gets it.
+    const uint64_t gap_ns = 60'000'000'000ull / std::max<uint64_t>(run.lease_demand, 1);
+    const bool stopped = now_ns - std::min(now_ns, run.called_ns) >
+                         2 * gap_ns + 2 * uint64_t{sync_ms} * kMsNs;
     if (Status st = store_.Command({"EVAL", kLeaseWanted, "1", Key(name, "wanted"), token_,
                                     std::to_string(sync_ms * kWantedSyncs),
-                                    std::to_string(demand)},
+                                    std::to_string(stopped ? 0 : 2 * run.lease_demand)},
                                    &reply);
         !st.ok()) {
       return fail(st);
@@ -670,6 +674,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
         run.lease = int32_t(reply.integer);
         run.lease_round = run.outcome_n;
         run.lease_taken_ns = now_ns;
+        run.lease_demand = demand;
         run.next_unused_check_ns = 0;
         run.next_renew_ns = now_ns + sync_ms * kMsNs;
         segment_.header().fleet_leases.fetch_add(1, kRelaxed);

@@ -262,6 +262,9 @@ std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_r
   if (view.fleet.state == shm::FleetState::kJoined) {
     line += "; fleet of " + std::to_string(view.fleet.hosts) +
             (view.fleet.hosts == 1 ? " host" : " hosts");
+  } else if (view.fleet.state == shm::FleetState::kLocal && view.fleet.synced_unix_ms == 0 &&
+             view.fleet.fallbacks == 0) {
+    line += "; fleet: joining the store (deciding locally until then)";  // at start
   } else if (view.fleet.state == shm::FleetState::kLocal) {
     line += "; fleet store unreachable: deciding locally";
   }

@@ -130,6 +130,7 @@ FleetModel::Close FleetModel::Sync(uint32_t host, shm::DependencySlot& slot, int
   const uint64_t rejected = shm::ReadCounter(slot, shm::kRejectedOpen);
   h.calling = rejected != h.rejected_seen;
   h.rejected_seen = rejected;
+  if (h.calling) h.called_ns = now_ns;
 
   // Publish, then read the fleet: the fresh reports, this one included, but for those of open
   // hosts that opened before the fleet's last success. An open host's window is the one it
@@ -208,9 +209,9 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       h.lease = -1;
     } else if (b.state == shm::BreakerState::kOpen && b.seq == h.lease_seq &&
                now_ns - h.lease_taken_ns >= kUnusedLeaseSyncs * sync_ns_ &&
-               BusierWaits(host, 2 * Demand(h, now_ns), now_ns)) {
-      // No admit took it half-open, and a host with more than twice its demand waits: held
-      // again, and the lease goes back.
+               BusierWaits(host, Stopped(h, now_ns) ? 0 : 2 * h.lease_demand, now_ns)) {
+      // No admit took it half-open, and a host with more than twice its demand at the grant
+      // waits (or any host, its calls having stopped): held again, and the lease goes back.
       ++counters_.leases_unused;
       l.holder = -1;
       h.lease = -1;
@@ -257,6 +258,7 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
       h.lease = int32_t(k);
       h.lease_seq = b.seq;
       h.lease_taken_ns = now_ns;
+      h.lease_demand = demand;
       h.wanted_ns = INT64_MIN / 2;
       ++counters_.leases;
       // Let it go: the next admit takes the breaker half-open.
@@ -268,6 +270,11 @@ FleetModel::Close FleetModel::Follow(uint32_t host, shm::DependencySlot& slot, i
   }
   Hold(h, slot, now_ns, NextSync(h, now_ns));
   return {};
+}
+
+bool FleetModel::Stopped(const Host& h, int64_t now_ns) const {
+  const int64_t gap_ns = int64_t(60'000'000'000ull / std::max<uint64_t>(h.lease_demand, 1));
+  return now_ns - h.called_ns > 2 * gap_ns + 2 * sync_ns_;
 }
 
 uint64_t FleetModel::Demand(const Host& h, int64_t now_ns) const {

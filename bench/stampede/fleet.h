@@ -25,7 +25,9 @@
 //            open period), and no host takes a lease while a busier one waits. The lease holder
 //            goes half-open and probes under its own half_open_probes and close_after; a holder
 //            whose breaker is still open (no admit came) 2 syncs after the grant is held again
-//            and gives the lease back if a host with more than twice its demand waits.
+//            and gives the lease back if a host with more than twice its demand at the grant
+//            waits, or any host once its last call is older than twice its usual gap between
+//            calls (by that demand) and 2 syncs.
 //   outcome  at the holder's next sync, its breaker closed publishes "success", reopened
 //            publishes "failure" (not if its lease expired first: it is lost). A held host
 //            that finds an outcome newer than its open period closes after uniform
@@ -114,6 +116,8 @@ class FleetModel {
     int64_t lease_taken_ns = 0;
     int64_t open_since_ns = 0;   // when the open period it follows began
     uint64_t rejected_at_open = 0;
+    int64_t called_ns = INT64_MIN / 2;  // the last sync that saw a call refused as open
+    uint64_t lease_demand = 0;          // its demand when it took its lease
     int64_t wanted_ns = INT64_MIN / 2;  // when it last asked for a lease in vain
     uint64_t wanted_demand = 0;         // and its demand then
     int64_t published_ns = INT64_MIN / 2;
@@ -133,6 +137,9 @@ class FleetModel {
   Close Follow(uint32_t host, shm::DependencySlot& slot, int64_t now_ns);
   void SetFloor(shm::DependencySlot& slot, uint32_t floor, uint32_t burst);
   uint64_t Demand(const Host& h, int64_t now_ns) const;
+  // Stopped: the lease holder's last call is older than twice its usual gap between calls (by
+  // its demand at the grant) and 2 syncs.
+  bool Stopped(const Host& h, int64_t now_ns) const;
   // BusierWaits: another host asked for a lease in vain within kWantedSyncs with a demand over
   // `demand`.
   bool BusierWaits(uint32_t host, uint64_t demand, int64_t now_ns) const;

@@ -374,8 +374,9 @@ TEST_F(FleetTest, HostsCallingLessOftenThanTwoSyncsStillProbeAndClose) {
   const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
   std::printf("every host closed %.0f ms after the downstream recovered, after %llu probes\n",
               took_ms, static_cast<unsigned long long>(ProbesSoFar() - probes));
-  // The open period, a period for the holder's next call, a sync to publish, a step to follow.
-  EXPECT_LE(took_ms, 1'000 + kPeriodMs + 2 * kSyncMs + 500);
+  // The open period; a period until a host's refused call makes it ask for the lease, and
+  // another until its next call probes; a sync to publish and a step to follow.
+  EXPECT_LE(took_ms, 1'000 + 2 * kPeriodMs + 2 * kSyncMs + 500);
   EXPECT_LE(ProbesSoFar() - probes, 2u);
 }
 
@@ -425,6 +426,66 @@ TEST_F(FleetTest, TheLeaseGoesToTheBusiestHostThatWaits) {
   const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
   std::printf("every host closed %.0f ms after the downstream recovered\n", took_ms);
   EXPECT_LE(took_ms, 2'000 + 4 * kSyncMs + 500);
+}
+
+// A busy host (20 calls/s) whose workers stop for good just before its open period ends: it
+// still calls (a refusal within the last sync) when the period is over, so it takes the fleet's
+// probe lease, and no admit ever comes. Two quiet hosts keep calling 2/s. Its demand at the
+// grant was ten times theirs, so they are not busier; but once its last call is older than
+// twice its usual gap and two syncs, its calls have stopped, and the lease goes to a caller.
+// Before, the quiet hosts waited for its demand, averaged over its open period, to fall under
+// half of theirs: 16.7 s here, and 79 s with a host of 100 calls/s.
+TEST_F(FleetTest, ABusyHolderWhoseCallsStopHandsTheLeaseOn) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 10\nfailure_rate_threshold = 50\nwindow = \"60s\"\nopen_jitter = \"0s\"\n"
+      "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
+      "fleet = true\nfleet_min_hosts = 2\n";
+  StartHosts(1, store, orders + "open_for = \"1s\"\nopen_for_max = \"1s\"\n");  // busy
+  StartHosts(2, store, orders + "open_for = \"2s\"\nopen_for_max = \"2s\"\n");  // quiet
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  StartWorker(0, {.calls_per_sec = 20});
+  StartWorker(1, {.period_ms = 500});
+  StartWorker(2, {.period_ms = 500, .start_delay_ms = 250});
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 30'000));
+  // A fresh open period of the busy host, and its own end (held: its end and a sync).
+  auto word = [&] { return shm::BreakerWord::Decode(Orders(0).breaker.load()); };
+  const uint16_t seq = word().seq;
+  uint64_t until_ms = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    const shm::BreakerWord b = word();
+    if (b.seq == seq || b.state != shm::BreakerState::kOpen) return false;
+    until_ms = shm::FullTimeMs(Orders(0), b).value_or(0);
+    return until_ms != 0;
+  }, 20'000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the daemon holds it by now
+  until_ms = shm::FullTimeMs(Orders(0), word()).value_or(0);
+  const uint64_t due_ms = until_ms - kSyncMs, now_ms = shm::PreciseNowNs() / 1'000'000;
+  ASSERT_GT(due_ms, now_ms + 150) << "no time left to stop the busy host's worker before its end";
+  std::this_thread::sleep_for(std::chrono::milliseconds(due_ms - now_ms - 150));
+  for (pid_t w : hosts_[0].workers) {
+    kill(w, SIGKILL);
+    waitpid(w, nullptr, 0);
+  }
+  hosts_[0].workers.clear();
+  ASSERT_TRUE(WaitUntil([&] { return Role(0) == shm::FleetRole::kProbing; }, 3'000))
+      << "the busy host did not take the lease\n" << hosts_[0].daemon->Log();
+  ds_->failing = 0;  // healthy again while the silent busy host holds the lease
+  const uint64_t recovered_ns = shm::PreciseNowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    return State(1) == shm::BreakerState::kClosed && State(2) == shm::BreakerState::kClosed;
+  }, 30'000)) << hosts_[0].daemon->Log();
+  const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
+  std::printf("the quiet hosts closed %.0f ms after the recovery, the busy host's calls gone\n",
+              took_ms);
+  // The quiet hosts' open period; the busy host's stop seen (twice its 50 ms gap and two
+  // syncs) and its unused check (two syncs); a quiet host's next call (500 ms) and a step.
+  EXPECT_LE(took_ms, 2'000 + 4 * kSyncMs + 500 + 500);
 }
 
 // Redis killed mid-run: every host decides alone within a sync, no admit waits on the store,

@@ -159,7 +159,12 @@ TEST(StatusLineTest, CountsDependenciesOpenOnesAndAttachedProcesses) {
   one->header().fleet_hosts.store(8);
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
   EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached; fleet of 8 hosts");
+  // Local before the first sync: joining; after a sync or a fallback: the store is unreachable.
   one->header().fleet_state.store(uint32_t(shm::FleetState::kLocal));
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached; fleet: joining the "
+                                  "store (deciding locally until then)");
+  one->header().fleet_synced_unix_ms.store(1);
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
   EXPECT_EQ(StatusLine(view, "bad.toml:3: oops"),
             "1 dependency, 0 open, 0 processes attached; fleet store unreachable: deciding "
