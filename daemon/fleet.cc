@@ -11,6 +11,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/leases.h"
 #include "shm/policy.h"
 #include "shm/stripes.h"
 
@@ -171,6 +172,16 @@ void StoreBudget(shm::DependencySlot& slot, uint32_t min_retries_per_sec, uint32
   if (slot.policy.retry_burst.load(kRelaxed) != burst) shm::FoldDeposits(slot);
   StoreIfChanged(slot.policy.min_retries_per_sec, min_retries_per_sec);
   StoreIfChanged(slot.policy.retry_burst, burst);
+}
+
+// ProbeOut: a probe lease of half-open `seq` is held (taken, not expired).
+bool ProbeOut(const shm::DependencySlot& slot, uint16_t seq, uint64_t now_ns) {
+  const uint32_t now_ms = uint32_t(now_ns / kMsNs);
+  for (const std::atomic<uint64_t>& word : slot.probe_leases) {
+    const uint64_t w = word.load(std::memory_order_acquire);
+    if (w != 0 && shm::Lease::Tag(w) == seq && !shm::Lease::Expired(w, now_ms)) return true;
+  }
+  return false;
 }
 
 std::string MakeToken(const std::string& host) {
@@ -573,10 +584,16 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
 
   shm::FleetRole role = shm::FleetRole::kMember;
   bool give_back = false;
-  if (run.lease >= 0 && b.state == shm::BreakerState::kOpen && b.seq == run.seq &&
+  // A half-open with no probe out: its probe's call was refused after it took the probe (the
+  // bulkhead, the retry budget), and nothing moves the breaker on until another admit comes.
+  const bool idle_half_open = run.lease >= 0 && b.state == shm::BreakerState::kHalfOpen &&
+                              b.seq == run.seq && !ProbeOut(*slot, b.seq, now_ns);
+  if (run.lease >= 0 && ((b.state == shm::BreakerState::kOpen && b.seq == run.seq) ||
+                         idle_half_open) &&
       now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
       now_ns >= run.next_unused_check_ns) {
-    // No admit took the breaker half-open since the lease was taken. If a host with more than
+    // No admit took the breaker half-open since the lease was taken (or its probe's call was
+    // refused, and none came since). If a host with more than
     // twice the demand this one had when it took the lease waits for one, this one gives it
     // back; if none does (every host is about as quiet, and this one calls less often than
     // every two syncs), it keeps it until its next call probes. Once its last call is older
@@ -610,6 +627,23 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     run.lease = -1;
     run.held = true;
     run.called_ns = 0;
+  } else if (give_back && idle_half_open) {
+    // A half-open cannot be held: it is reopened as its probe's timeout would (the lease is
+    // dropped first, so that the reopening is not published as the fleet's probe failing),
+    // then the lease goes back. A probe taken in between is voided by the reopening.
+    const int32_t k = run.lease;
+    run.lease = -1;
+    (void)shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kProbeExpired, now_ns, b.seq, rng_);
+    if (Status st = store_.Command({"EVAL", kReleaseLease, "1",
+                                    Key(name, "lease:" + std::to_string(k)), token_},
+                                   nullptr);
+        !st.ok()) {
+      return fail(st);
+    }
+    LOG(INFO) << "fleet: dependency " << name << ": its half-open has no probe out (its call "
+              << "was refused) and another host waits: reopened, the fleet probe lease given back";
+    run.called_ns = 0;
+    return true;  // the next step follows the new open period
   }
   if (run.lease >= 0) {
     role = shm::FleetRole::kProbing;

@@ -488,6 +488,55 @@ TEST_F(FleetTest, ABusyHolderWhoseCallsStopHandsTheLeaseOn) {
   EXPECT_LE(took_ms, 2'000 + 4 * kSyncMs + 500 + 500);
 }
 
+// A lease holder whose breaker went half-open, but whose probe's call was then refused (its
+// retry budget empty: its workers only retry, with no floor), so the probe went back and none
+// is out. Nothing moves such a half-open on until another admit comes, and its workers are
+// gone: it used to renew the lease at every sync and hold the quiet hosts open for good. Now a
+// holder idle in half-open is treated as one idle in open: reopened, its lease given back.
+TEST_F(FleetTest, AHolderWhoseProbeWasRefusedHandsTheLeaseOn) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 10\nfailure_rate_threshold = 50\nwindow = \"60s\"\nopen_jitter = \"0s\"\n"
+      "half_open_probes = 1\nclose_after = 1\nprobe_timeout = \"1s\"\n"
+      "fleet = true\nfleet_min_hosts = 2\n";
+  // The holder's open period ends first (1 s against 2 s): it takes the lease.
+  StartHosts(1, store, orders + "open_for = \"1s\"\nopen_for_max = \"1s\"\n"
+                                "retry_burst = 1\nmin_retries_per_sec = 0\n");
+  StartHosts(2, store, orders + "open_for = \"2s\"\nopen_for_max = \"2s\"\n");
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  StartWorker(0, {.calls_per_sec = 20, .retries_only = true});
+  StartWorker(1, {.period_ms = 500});
+  StartWorker(2, {.period_ms = 500, .start_delay_ms = 250});
+  ASSERT_TRUE(WaitUntil([&] {
+    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
+  }, 30'000));
+  ASSERT_TRUE(WaitUntil([&] {
+    return Role(0) == shm::FleetRole::kProbing && State(0) == shm::BreakerState::kHalfOpen;
+  }, 30'000)) << hosts_[0].daemon->Log();
+  ds_->failing = 0;
+  const uint64_t recovered_ns = shm::PreciseNowNs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
+  for (pid_t w : hosts_[0].workers) {
+    kill(w, SIGKILL);
+    waitpid(w, nullptr, 0);
+  }
+  hosts_[0].workers.clear();
+  ASSERT_TRUE(WaitUntil([&] {
+    return State(1) == shm::BreakerState::kClosed && State(2) == shm::BreakerState::kClosed;
+  }, 30'000)) << "the quiet hosts stayed held by a half-open holder with no probe out\n"
+              << hosts_[0].daemon->Log();
+  const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
+  std::printf("the quiet hosts closed %.0f ms after the recovery (%llu retries denied on the "
+              "holder)\n", took_ms,
+              static_cast<unsigned long long>(shm::ReadCounter(Orders(0), shm::kRetriesDenied)));
+  // A second, then the holder's stop seen (twice its gap and two syncs) at its next check (a
+  // sync), a quiet host's next call to ask and the one after to probe (500 ms each), a step.
+  EXPECT_LE(took_ms, 1'000 + 4 * kSyncMs + 1'000 + 500);
+}
+
 // Redis killed mid-run: every host decides alone within a sync, no admit waits on the store,
 // and the hosts rejoin when it is back.
 TEST_F(FleetTest, ARedisKilledMidRunLeavesAdmitsAloneAndTheHostsRejoin) {
