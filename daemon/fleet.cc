@@ -174,12 +174,13 @@ void StoreBudget(shm::DependencySlot& slot, uint32_t min_retries_per_sec, uint32
   StoreIfChanged(slot.policy.retry_burst, burst);
 }
 
-// ProbeOut: a probe lease of half-open `seq` is held (taken, not expired).
-bool ProbeOut(const shm::DependencySlot& slot, uint16_t seq, uint64_t now_ns) {
-  const uint32_t now_ms = uint32_t(now_ns / kMsNs);
+// ProbeOut: a probe lease of half-open `seq` is taken. An expired one counts: its probe hangs,
+// and the probe's timeout (an admit, or the sweep) reopens the breaker, which is published as
+// the fleet's probe failing.
+bool ProbeOut(const shm::DependencySlot& slot, uint16_t seq) {
   for (const std::atomic<uint64_t>& word : slot.probe_leases) {
     const uint64_t w = word.load(std::memory_order_acquire);
-    if (w != 0 && shm::Lease::Tag(w) == seq && !shm::Lease::Expired(w, now_ms)) return true;
+    if (w != 0 && shm::Lease::Tag(w) == seq) return true;
   }
   return false;
 }
@@ -587,7 +588,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   // A half-open with no probe out: its probe's call was refused after it took the probe (the
   // bulkhead, the retry budget), and nothing moves the breaker on until another admit comes.
   const bool idle_half_open = run.lease >= 0 && b.state == shm::BreakerState::kHalfOpen &&
-                              b.seq == run.seq && !ProbeOut(*slot, b.seq, now_ns);
+                              b.seq == run.seq && !ProbeOut(*slot, b.seq);
   if (run.lease >= 0 && ((b.state == shm::BreakerState::kOpen && b.seq == run.seq) ||
                          idle_half_open) &&
       now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
