@@ -179,6 +179,24 @@ int Watch(const Context& c, const Frame& frame) {
   return kExitOk;
 }
 
+// ShowOrWatch prints one frame, on stdout if it drew its report (`shown`, which the frame
+// sets) or on stderr if it could only say why not, and returns its exit code; with --watch it
+// refreshes the frame until interrupted, once the segment is known to be reachable.
+int ShowOrWatch(const Context& c, const Frame& frame, const bool& shown) {
+  if (!c.inv.watch) {
+    std::string text;
+    const int code = frame(&text);
+    Print(shown ? c.out : c.err, text);
+    return code;
+  }
+  std::unique_ptr<shm::Segment> probe;
+  std::string down;
+  if (Status s = Attach(c, shm::Access::kReadOnly, &probe, &down); !s.ok() && down.empty()) {
+    return Fail(c, s.message());
+  }
+  return Watch(c, frame);
+}
+
 // StatusExit: a daemon that does not serve says more about the host than any one breaker: the
 // limits still hold, but dead workers' leases wait for their expiry, reloads and metrics stop.
 int StatusExit(const shm::SegmentStatus& s) {
@@ -275,18 +293,7 @@ int RunWorkers(const Context& c) {
     // The table is shown either way; the exit code says what status would about the daemon.
     return header.daemon.state == shm::DaemonState::kUp ? kExitOk : kExitDaemonDown;
   };
-  if (!c.inv.watch) {
-    std::string text;
-    const int code = frame(&text);
-    Print(table ? c.out : c.err, text);
-    return code;
-  }
-  std::unique_ptr<shm::Segment> probe;
-  std::string down;
-  if (Status s = Attach(c, shm::Access::kReadOnly, &probe, &down); !s.ok() && down.empty()) {
-    return Fail(c, s.message());
-  }
-  return Watch(c, frame);
+  return ShowOrWatch(c, frame, table);
 }
 
 int RunMetrics(const Context& c) {
@@ -351,18 +358,7 @@ int RunFleet(const Context& c) {
     report = true;
     return FleetExit(JudgeFleet(snap, r.now_unix_ms, r.fleet_stale_after_ms));
   };
-  if (!c.inv.watch) {
-    std::string text;
-    const int code = frame(&text);
-    Print(report ? c.out : c.err, text);
-    return code;
-  }
-  std::unique_ptr<shm::Segment> probe;
-  std::string down;
-  if (Status s = Attach(c, shm::Access::kReadOnly, &probe, &down); !s.ok() && down.empty()) {
-    return Fail(c, s.message());
-  }
-  return Watch(c, frame);
+  return ShowOrWatch(c, frame, report);
 }
 
 // FindDependency resolves DEP to an active slot or explains which names exist.

@@ -468,11 +468,7 @@ TEST_F(FleetTest, ABusyHolderWhoseCallsStopHandsTheLeaseOn) {
   const uint64_t due_ms = until_ms - kSyncMs, now_ms = shm::PreciseNowNs() / 1'000'000;
   ASSERT_GT(due_ms, now_ms + 150) << "no time left to stop the busy host's worker before its end";
   std::this_thread::sleep_for(std::chrono::milliseconds(due_ms - now_ms - 150));
-  for (pid_t w : hosts_[0].workers) {
-    kill(w, SIGKILL);
-    waitpid(w, nullptr, 0);
-  }
-  hosts_[0].workers.clear();
+  KillWorkers(0);
   ASSERT_TRUE(WaitUntil([&] { return Role(0) == shm::FleetRole::kProbing; }, 3'000))
       << "the busy host did not take the lease\n" << hosts_[0].daemon->Log();
   ds_->failing = 0;  // healthy again while the silent busy host holds the lease
@@ -519,11 +515,7 @@ TEST_F(FleetTest, AHolderWhoseProbeWasRefusedHandsTheLeaseOn) {
   ds_->failing = 0;
   const uint64_t recovered_ns = shm::PreciseNowNs();
   std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
-  for (pid_t w : hosts_[0].workers) {
-    kill(w, SIGKILL);
-    waitpid(w, nullptr, 0);
-  }
-  hosts_[0].workers.clear();
+  KillWorkers(0);
   ASSERT_TRUE(WaitUntil([&] {
     return State(1) == shm::BreakerState::kClosed && State(2) == shm::BreakerState::kClosed;
   }, 30'000)) << "the quiet hosts stayed held by a half-open holder with no probe out\n"

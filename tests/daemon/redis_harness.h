@@ -239,6 +239,14 @@ class FleetTest : public ::testing::Test {
   }
 
   // StartWorker forks a worker of host `i` calling `orders` as `plan` says until stop.
+  // KillWorkers kills host i's workers (SIGKILL) and reaps them: its calls stop for good.
+  void KillWorkers(int i) {
+    for (pid_t w : hosts_[size_t(i)].workers) {
+      kill(w, SIGKILL);
+      waitpid(w, nullptr, 0);
+    }
+    hosts_[size_t(i)].workers.clear();
+  }
   void StartWorker(int i, WorkerPlan plan) {
     Host& h = hosts_[size_t(i)];
     const pid_t pid = fork();
