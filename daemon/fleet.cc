@@ -594,12 +594,11 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       now_ns - run.lease_taken_ns >= kUnusedLeaseSyncs * sync_ms * kMsNs &&
       now_ns >= run.next_unused_check_ns) {
     // No admit took the breaker half-open since the lease was taken (or its probe's call was
-    // refused, and none came since). If a host with more than
-    // twice the demand this one had when it took the lease waits for one, this one gives it
-    // back; if none does (every host is about as quiet, and this one calls less often than
-    // every two syncs), it keeps it until its next call probes. Once its last call is older
-    // than twice its usual gap between calls (by that demand) and two syncs, its calls have
-    // stopped: any host that waits gets it.
+    // refused, and none came since). If a host with more than twice the demand this one had
+    // when it took the lease waits for one, this one gives it back; if none does (every host is
+    // about as quiet, and this one calls less often than every two syncs), it keeps it until
+    // its next call probes. Once its last call is older than twice its usual gap between calls
+    // (by that demand) and two syncs, its calls have stopped: any host that waits gets it.
     const uint64_t gap_ns = 60'000'000'000ull / std::max<uint64_t>(run.lease_demand, 1);
     const bool stopped = now_ns - std::min(now_ns, run.called_ns) >
                          2 * gap_ns + 2 * uint64_t{sync_ms} * kMsNs;
@@ -623,8 +622,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       return fail(st);
     }
     LOG(INFO) << "fleet: dependency " << name << ": no call came to probe with in "
-              << kUnusedLeaseSyncs << " syncs and a busier host waits: the fleet probe lease is "
-              << "given back";
+              << kUnusedLeaseSyncs << " syncs and another host waits for it: the fleet probe "
+              << "lease is given back";
     run.lease = -1;
     run.held = true;
     run.called_ns = 0;
