@@ -20,9 +20,12 @@
 //            takes one while a busier one (more calls refused per minute over its open period)
 //            waits for one. A host that wins lets its breaker go half-open (its workers probe
 //            under the breaker's own rules); one whose breaker is still open kUnusedLeaseSyncs
-//            syncs later (no call came) is held again and gives the lease back if a host with
-//            more than twice its demand waits, and otherwise keeps it until its next call. A
-//            host that does not win stays held until the fleet learns the outcome
+//            syncs later (no call came), or half-open with no probe out (its probe's call was
+//            refused), gives the lease back if a host with more than twice its demand at the
+//            grant waits, or any host once its own calls have stopped (its last one older than
+//            twice its usual gap and two syncs): held again first, or reopened if half-open.
+//            Otherwise it keeps the lease until its next call. A host that does not win stays
+//            held until the fleet learns the outcome
 //   outcome  the prober's breaker closing publishes "success": every held host closes, each
 //            after its own uniform [0, open_jitter] (kFleetClosed); its breaker reopening
 //            publishes "failure": every held host reopens with its backed-off period
