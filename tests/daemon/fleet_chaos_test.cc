@@ -387,9 +387,7 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   ds_->failing = 0;
   ds_->hang_ms = 0;
   const uint64_t healed_ns = shm::PreciseNowNs();
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 20'000)) << hosts_[size_t(prober)].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[size_t(prober)].daemon->Log();
   const double closed_ms = MsSince(healed_ns);
   const uint64_t round_probes = ProbesSoFar() - probes_at_heal;
   std::printf("every host closed %.0f ms after the downstream healed, on %llu probe(s) "
@@ -582,9 +580,7 @@ TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
   }, 10'000));
   std::printf("every host counted 3 again %.0f ms after the proxy relayed again\n",
               MsSince(healed_ns));
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 20'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[0].daemon->Log();
   for (int i = 1; i < kHosts; ++i) {
     EXPECT_EQ(Header(i).fleet_trips.load(), 0u) << "host " << i;
   }

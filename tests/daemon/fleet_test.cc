@@ -128,9 +128,7 @@ TEST_P(FleetProbeTest, TheFleetTripsTogetherProbesOncePerReopeningAndClosesEvery
 
   ds_->failing = 0;
   const uint64_t probes_at_recovery = ProbesSoFar();
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 30'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(30'000)) << hosts_[0].daemon->Log();
   const uint64_t closing_probes = ProbesSoFar() - probes_at_recovery;
   std::printf("closed everywhere after %llu more probes\n",
               static_cast<unsigned long long>(closing_probes));
@@ -282,9 +280,7 @@ TEST_F(FleetTest, AQuietHostOpensWithBusyHostsThatTrippedOnTheirOwn) {
   EXPECT_LE(took_ms, 3 * kSyncMs + 300);
 
   ds_->failing = 0;
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 20'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[0].daemon->Log();
   // Closed on the fleet's success, none trips again on the windows the open hosts reported.
   const uint64_t trips = hosts_[2].seg->header().fleet_trips.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(5 * kSyncMs));
@@ -325,9 +321,7 @@ TEST_F(FleetTest, AQuietHostHoldingTheFleetsProbeLeaseHandsItOn) {
   const uint64_t quiet_probes = ds_->probes[0].load();
   const uint64_t busy_probes = ds_->probes[1].load();
   ASSERT_EQ(State(0), shm::BreakerState::kOpen) << "the quiet host probed before its worker went";
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 15'000)) << "the quiet host held the fleet open; its log:\n" << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(15'000)) << "the quiet host held the fleet open; its log:\n" << hosts_[0].daemon->Log();
   const double held_ms = double(shm::PreciseNowNs() - taken_ns) / 1e6;
   std::printf("every host closed %.0f ms after the quiet host took the lease (sync %u ms)\n",
               held_ms, kSyncMs);
@@ -361,15 +355,11 @@ TEST_F(FleetTest, HostsCallingLessOftenThanTwoSyncsStillProbeAndClose) {
   for (int i = 0; i < kHosts; ++i) {
     StartWorker(i, {.period_ms = kPeriodMs, .start_delay_ms = i * kPeriodMs / kHosts});
   }
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 40'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllOpen(40'000)) << hosts_[0].daemon->Log();
   ds_->failing = 0;
   const uint64_t recovered_ns = shm::PreciseNowNs();
   const uint64_t probes = ProbesSoFar();
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 20'000)) << "the fleet stayed open 20 s after the recovery; host 0's log:\n"
+  ASSERT_TRUE(WaitAllClosed(20'000)) << "the fleet stayed open 20 s after the recovery; host 0's log:\n"
               << hosts_[0].daemon->Log();
   const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
   std::printf("every host closed %.0f ms after the downstream recovered, after %llu probes\n",
@@ -398,9 +388,7 @@ TEST_F(FleetTest, TheLeaseGoesToTheBusiestHostThatWaits) {
   ds_->failing = 1;
   StartWorker(0, {.calls_per_sec = 20});
   for (int i = 1; i < 6; ++i) StartWorker(i, {.period_ms = 900, .start_delay_ms = i * 900 / 5});
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 30'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllOpen(30'000)) << hosts_[0].daemon->Log();
   auto opened = [&] { return shm::ReadCounter(Orders(0), shm::kOpened); };
   // The busy host's reopenings while it fails: each its open period (2 s) and the round.
   std::vector<double> gaps_ms;
@@ -420,9 +408,7 @@ TEST_F(FleetTest, TheLeaseGoesToTheBusiestHostThatWaits) {
   for (double g : gaps_ms) EXPECT_LE(g, 2'000 + 4 * kSyncMs + 500);
   ds_->failing = 0;
   const uint64_t recovered_ns = shm::PreciseNowNs();
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) == shm::BreakerState::kClosed; });
-  }, 20'000)) << hosts_[0].daemon->Log();
+  ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[0].daemon->Log();
   const double took_ms = double(shm::PreciseNowNs() - recovered_ns) / 1e6;
   std::printf("every host closed %.0f ms after the downstream recovered\n", took_ms);
   EXPECT_LE(took_ms, 2'000 + 4 * kSyncMs + 500);
@@ -450,9 +436,7 @@ TEST_F(FleetTest, ABusyHolderWhoseCallsStopHandsTheLeaseOn) {
   StartWorker(0, {.calls_per_sec = 20});
   StartWorker(1, {.period_ms = 500});
   StartWorker(2, {.period_ms = 500, .start_delay_ms = 250});
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 30'000));
+  ASSERT_TRUE(WaitAllOpen(30'000));
   // A fresh open period of the busy host, and its own end (held: its end and a sync).
   auto word = [&] { return shm::BreakerWord::Decode(Orders(0).breaker.load()); };
   const uint16_t seq = word().seq;
@@ -506,9 +490,7 @@ TEST_F(FleetTest, AHolderWhoseProbeWasRefusedHandsTheLeaseOn) {
   StartWorker(0, {.calls_per_sec = 20, .retries_only = true});
   StartWorker(1, {.period_ms = 500});
   StartWorker(2, {.period_ms = 500, .start_delay_ms = 250});
-  ASSERT_TRUE(WaitUntil([&] {
-    return All([&](int i) { return State(i) != shm::BreakerState::kClosed; });
-  }, 30'000));
+  ASSERT_TRUE(WaitAllOpen(30'000));
   ASSERT_TRUE(WaitUntil([&] {
     return Role(0) == shm::FleetRole::kProbing && State(0) == shm::BreakerState::kHalfOpen;
   }, 30'000)) << hosts_[0].daemon->Log();

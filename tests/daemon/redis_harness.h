@@ -328,6 +328,14 @@ class FleetTest : public ::testing::Test {
     return ::testing::AssertionFailure();
   }
 
+  // WaitAllOpen / WaitAllClosed: every host's breaker not closed / closed within `ms`.
+  bool WaitAllOpen(uint64_t ms) {
+    return WaitUntil([&] { return All([&](int i) { return State(i) != shm::BreakerState::kClosed; }); }, ms);
+  }
+  bool WaitAllClosed(uint64_t ms) {
+    return WaitUntil([&] { return All([&](int i) { return State(i) == shm::BreakerState::kClosed; }); }, ms);
+  }
+
   // HangTheFleetsProbe starts 3 hosts with `store` as their [fleet] store lines whose `orders`
   // has `dependency` as its extra keys, opens every breaker with failing calls, makes every
   // probe from then on hang for `hang_ms`, and returns the host that probes for the fleet
@@ -341,8 +349,7 @@ class FleetTest : public ::testing::Test {
     if (!WaitJoined()) return -1;
     for (int i = 0; i < 3; ++i) StartWorker(i, {20, false});
     ds_->failing = 1;
-    if (!WaitUntil([&] { return All([&](int i) { return State(i) != shm::BreakerState::kClosed; }); },
-                   20'000)) {
+    if (!WaitAllOpen(20'000)) {
       return -1;
     }
     ds_->hang_ms = hang_ms;
