@@ -5,13 +5,17 @@ Usage: fleet_compare.py REAL_CSV SIM_CSV [--check=1] [--open_tol=S] [--probe_tol
                         [--close_tol=S] [--sent_tol=F]
 Both files have the simulator's --summary_csv columns, one row per run. Each cell is the
 median over the runs, with the range in brackets. With --check=1 the exit status is 1 if a
-figure disagrees beyond its tolerance:
-  - each host: opened in most runs on both sides, or in few on both; when it opened, the
-    medians of its first open (seconds after the stall began) within --open_tol (default 1 s);
-  - probes per fleet-wide reopening: medians within --probe_tol (default 1);
-  - every breaker closed after the stall: closed on both sides in most runs, medians within
+figure disagrees beyond its tolerance. A figure agrees when the real median is within the
+tolerance of the simulated median, or of the simulated seeds' range: where the seeds
+themselves spread (one seed in five re-trips a host after the recovery, say), a real run that
+lands where some seeds land is an outcome the model gives, and one real run cannot be asked to
+land on the median.
+  - each host: opened in most runs on both sides, or in few on both; when it opened, its
+    first open (seconds after the stall began) within --open_tol (default 1 s);
+  - probes per fleet-wide reopening: within --probe_tol (default 1);
+  - every breaker closed after the stall: closed on both sides in most runs, and within
     --close_tol (default 1.5 s);
-  - each host's attempts during the stall: medians within --sent_tol (default 25 %) or 5.
+  - each host's attempts during the stall: within --sent_tol (default 25 %) or 5.
 """
 import argparse
 import csv
@@ -28,6 +32,14 @@ def median_range(vals, fmt):
     if not vals:
         return "-"
     return "%s [%s, %s]" % (fmt % statistics.median(vals), fmt % min(vals), fmt % max(vals))
+
+
+def near(real, sim, tol):
+    """True if the median of `real` is within `tol` of the median of `sim` or of its range.
+    `tol` is a number, or a function of the two medians giving one."""
+    mr, ms = statistics.median(real), statistics.median(sim)
+    t = tol(mr, ms) if callable(tol) else tol
+    return abs(mr - ms) <= t or min(sim) - t <= mr <= max(sim) + t
 
 
 class Side:
@@ -91,20 +103,19 @@ def main():
     for h in range(real.hosts):
         ok = real.opened_mostly(h) == sim.opened_mostly(h)
         if ok and real.opened_mostly(h):
-            ok = abs(statistics.median(real.open[h]) - statistics.median(sim.open[h])) <= a.open_tol
+            ok = near(real.open[h], sim.open[h], a.open_tol)
         row("host %d: first open after the stall began" % h, real.open_cell(h), sim.open_cell(h), ok)
     for h in range(real.hosts):
-        mr, ms = statistics.median(real.sent[h]), statistics.median(sim.sent[h])
-        ok = abs(mr - ms) <= max(5, a.sent_tol * max(mr, ms))
+        ok = near(real.sent[h], sim.sent[h], lambda mr, ms: max(5, a.sent_tol * max(mr, ms)))
         row("host %d: attempts sent during the stall" % h, median_range(real.sent[h], "%.0f"),
             median_range(sim.sent[h], "%.0f"), ok)
-    ok = abs(statistics.median(real.probes) - statistics.median(sim.probes)) <= a.probe_tol
+    ok = near(real.probes, sim.probes, a.probe_tol)
     row("probes per fleet-wide reopening", median_range(real.probes, "%.1f"),
         median_range(sim.probes, "%.1f"), ok)
     closed_real, closed_sim = 2 * len(real.closed) > real.n, 2 * len(sim.closed) > sim.n
     ok = closed_real == closed_sim
     if ok and closed_real:
-        ok = abs(statistics.median(real.closed) - statistics.median(sim.closed)) <= a.close_tol
+        ok = near(real.closed, sim.closed, a.close_tol)
     row("every breaker closed after the stall ended", real.closed_cell(), sim.closed_cell(), ok)
     print("\n".join(out))
     print("tolerances: first open %.1f s, probes %.1f, closed %.1f s, attempts %.0f %% or 5"
