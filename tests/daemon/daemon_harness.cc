@@ -30,13 +30,59 @@ uint64_t NowMs() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
 }
 
-[[noreturn]] void ExecRetryd(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(RETRYD_BINARY));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(RETRYD_BINARY, argv.data());
-  _exit(127);
+// Exec is what a forked child of the test runs: everything it needs is built before the fork,
+// since between fork and exec the child of a threaded test may call only async-signal-safe
+// functions. A lock another thread held at the fork (the sanitizer's allocator's, for one)
+// is never released in the child, which then hangs before the daemon ever starts.
+class Exec {
+ public:
+  // `env`: changes to the test's own environment, in order: "NAME=VALUE" sets NAME, a bare
+  // "NAME" removes it.
+  Exec(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    auto name_of = [](const std::string& e) { return e.substr(0, e.find('=')); };
+    std::vector<std::string> vars;
+    for (char** e = environ; *e != nullptr; ++e) vars.push_back(*e);
+    for (const std::string& change : env) {
+      const std::string name = name_of(change);
+      std::erase_if(vars, [&](const std::string& v) { return name_of(v) == name; });
+      if (change.find('=') != std::string::npos) vars.push_back(change);
+    }
+    strings_.push_back(RETRYD_BINARY);
+    for (const std::string& a : args) strings_.push_back(a);
+    const size_t n_args = strings_.size();
+    for (std::string& v : vars) strings_.push_back(std::move(v));
+    for (size_t i = 0; i < strings_.size(); ++i) {
+      (i < n_args ? argv_ : envp_).push_back(strings_[i].data());
+    }
+    argv_.push_back(nullptr);
+    envp_.push_back(nullptr);
+  }
+
+  char** envp() { return envp_.data(); }
+
+  // Run (in the child): execs the daemon; exit code 127 if it could not.
+  [[noreturn]] void Run() {
+    execve(RETRYD_BINARY, argv_.data(), envp_.data());
+    _exit(127);
+  }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> argv_, envp_;
+};
+
+// FormatPid writes `pid` in decimal at `out` (room for 10 digits and the NUL), as a forked
+// child may: no allocation, no locale.
+void FormatPid(pid_t pid, char* out) {
+  char digits[12];
+  int n = 0;
+  uint32_t v = uint32_t(pid);
+  do {
+    digits[n++] = char('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *out++ = digits[--n];
+  *out = '\0';
 }
 
 }  // namespace
@@ -210,33 +256,40 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& args, const std::st
                              const std::vector<std::string>& env,
                              const std::vector<StoredFd>& passed) {
   log_path_ = TempPath(".log");
+  const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::vector<std::string> daemon_env = {"WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                                         "LISTEN_PID", "LISTEN_FDNAMES"};
+  daemon_env.push_back(notify_path.empty() ? "NOTIFY_SOCKET" : "NOTIFY_SOCKET=" + notify_path);
+  // LISTEN_PID names the child, known only once forked: its digits are written in place.
+  constexpr char kListenPid[] = "LISTEN_PID=";
+  constexpr size_t kPidAt = sizeof(kListenPid) - 1;
+  if (!passed.empty()) {
+    std::string names;
+    for (const StoredFd& e : passed) names += (names.empty() ? "" : ":") + e.name;
+    daemon_env.push_back("LISTEN_FDS=" + std::to_string(passed.size()));
+    daemon_env.push_back("LISTEN_FDNAMES=" + names);
+    daemon_env.push_back(kListenPid + std::string(11, '0'));
+  }
+  for (const std::string& e : env) daemon_env.push_back(e);
+  Exec exec(args, daemon_env);
+  char* listen_pid = nullptr;
+  for (char** e = exec.envp(); *e != nullptr; ++e) {
+    if (!passed.empty() && strncmp(*e, kListenPid, kPidAt) == 0) listen_pid = *e + kPidAt;
+  }
+  std::vector<int> fds;
+  for (const StoredFd& e : passed) fds.push_back(e.fd);
   pid_ = fork();
   if (pid_ == 0) {
-    if (!passed.empty()) {
-      // Out of the way first, then down to 3, 4, ... (dup2 leaves them open across exec).
-      std::vector<int> high;
-      std::string names;
-      for (const StoredFd& e : passed) {
-        high.push_back(fcntl(e.fd, F_DUPFD_CLOEXEC, 64 + int(passed.size())));
-        names += (names.empty() ? "" : ":") + e.name;
-      }
-      for (size_t i = 0; i < high.size(); ++i) dup2(high[i], 3 + int(i));
-      setenv("LISTEN_FDS", std::to_string(passed.size()).c_str(), 1);
-      setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
-      setenv("LISTEN_FDNAMES", names.c_str(), 1);
-    }
-    const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // Out of the way first, then down to 3, 4, ... (dup2 leaves them open across exec).
+    int high[64];
+    const size_t n = std::min(fds.size(), sizeof(high) / sizeof(high[0]));
+    for (size_t i = 0; i < n; ++i) high[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 64 + int(n));
+    for (size_t i = 0; i < n; ++i) dup2(high[i], 3 + int(i));
+    if (listen_pid != nullptr) FormatPid(getpid(), listen_pid);
     if (log >= 0) dup2(log, STDERR_FILENO);
-    if (notify_path.empty()) {
-      unsetenv("NOTIFY_SOCKET");
-    } else {
-      setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
-    }
-    unsetenv("WATCHDOG_USEC");
-    unsetenv("WATCHDOG_PID");
-    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    ExecRetryd(args);
+    exec.Run();
   }
+  if (log >= 0) close(log);
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -273,14 +326,17 @@ std::string DaemonProcess::Log() const { return ReadFile(log_path_); }
 RunResult RunToCompletion(const std::vector<std::string>& args) {
   const std::string out_path = TempPath(".out"), err_path = TempPath(".err");
   RunResult r;
+  const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  Exec exec(args, {});
   const pid_t pid = fork();
   if (pid == 0) {
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out, STDOUT_FILENO);
     dup2(err, STDERR_FILENO);
-    ExecRetryd(args);
+    exec.Run();
   }
+  close(out);
+  close(err);
   int status = 0;
   waitpid(pid, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -306,14 +362,14 @@ bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
   int fds[2];
   if (pipe(fds) != 0) return;
+  std::vector<char*> args;  // built before the fork, as Exec's are
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   pid_ = fork();
   if (pid_ == 0) {
     dup2(fds[1], 1);
     close(fds[0]);
     close(fds[1]);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     execvp(args[0], args.data());
     _exit(127);
   }
