@@ -1,8 +1,11 @@
 // tests/shm/test_util.h: helpers shared by the shm and client tests: unique segment names,
-// a segment that removes itself, a private segment with a chosen policy, and a fork helper.
+// a segment that removes itself, a private segment with a chosen policy, a fork helper, and
+// what a call cost its thread.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +17,22 @@
 #include "shm/segment.h"
 
 namespace retryd::testing {
+
+// ThreadWaits: how many times the calling thread has slept or blocked (its voluntary context
+// switches). A call that waits adds at least one; a preemption on a loaded machine adds none,
+// where it can stretch a call's wall time past any bound.
+inline uint64_t ThreadWaits() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return uint64_t(usage.ru_nvcsw);
+}
+
+// ThreadCpuNs: the CPU time the calling thread has used; time spent preempted is not in it.
+inline uint64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
 
 inline std::string UniqueSegmentName(const std::string& tag) {
   static std::atomic<int> n{0};
