@@ -579,7 +579,7 @@ to the segment). Counters are kept.
      "validate a retryd config file as the daemon would",
      "retryctl check-config FILE",
      R"(Validates FILE with the daemon's own config loader. Prints "FILE: OK" and exits 0, or prints
-the first problem and exits 2.
+every problem (file, line, key and value; after a count line if there are several) and exits 2.
 )",
      RunCheckConfig},
     {"help",

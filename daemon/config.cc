@@ -9,7 +9,9 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include <toml++/toml.h>
@@ -23,11 +25,6 @@ namespace {
 constexpr const char kDurationHint[] = "use a number with ms, s, m or h, e.g. \"500ms\"";
 
 // --- Messages -------------------------------------------------------------------------------
-
-std::string Where(const std::string& source, const toml::source_region& r) {
-  if (r.begin.line == 0) return source;
-  return source + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
 
 const char* TypeName(const toml::node& n) {
   switch (n.type()) {
@@ -89,37 +86,58 @@ std::string UnknownKey(std::string_view key, const std::string& section,
   return msg;
 }
 
-// --- Typed getters: each reports "WHERE: key 'PATH': problem" ------------------------------
+// InFileOrder sorts errors by line and column; those at one place keep the order found.
+void InFileOrder(std::vector<ConfigError>* errors) {
+  std::stable_sort(errors->begin(), errors->end(), [](const ConfigError& a, const ConfigError& b) {
+    return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+  });
+}
 
+// --- Typed getters: each records "key 'PATH': problem" at the value ------------------------
+
+// Reader reads the values of one file and records every problem it meets with its place, so
+// that one run reports them all. A getter stores the value and returns true, or records the
+// problem, leaves *out as it was and returns false.
 class Reader {
  public:
-  explicit Reader(const std::string& source) : source_(source) {}
+  Reader(const std::string& source, std::vector<ConfigError>* errors)
+      : source_(source), errors_(errors) {}
 
-  Status Error(const toml::node& n, const std::string& path, const std::string& what) const {
-    return Status::InvalidArgument(Where(source_, n.source()) + ": key '" + path + "': " + what);
+  // Error records a problem of the key `path`, at the value `n`.
+  bool Error(const toml::node& n, const std::string& path, const std::string& what) {
+    Record(n.source(), "key '" + path + "': " + what);
+    failed_.insert(path);
+    return false;
   }
-  Status WrongType(const toml::node& n, const std::string& path, const char* expected) const {
+  // Record records a problem at `r` (of the file as a whole if `r` has no line).
+  void Record(const toml::source_region& r, std::string what) {
+    const uint32_t line = r.begin.line;
+    errors_->push_back({source_, line, line == 0 ? 0 : uint32_t(r.begin.column), std::move(what)});
+  }
+  bool WrongType(const toml::node& n, const std::string& path, const char* expected) {
     return Error(n, path, std::string("expected ") + expected + ", got " + TypeName(n) + " " +
                               (n.is_string() || n.is_number() || n.is_boolean() ? Render(n) : ""));
   }
+  // Failed: was a problem of the key `path` recorded?
+  bool Failed(const std::string& path) const { return failed_.count(path) != 0; }
+  size_t error_count() const { return errors_->size(); }
 
-  Status String(const toml::node& n, const std::string& path, std::string* out) const {
+  bool String(const toml::node& n, const std::string& path, std::string* out) {
     auto s = n.as_string();
     if (!s) return WrongType(n, path, "a string");
     *out = s->get();
-    return Status::Ok();
+    return true;
   }
 
-  Status Bool(const toml::node& n, const std::string& path, bool* out) const {
+  bool Bool(const toml::node& n, const std::string& path, bool* out) {
     auto b = n.as_boolean();
     if (!b) return WrongType(n, path, "a boolean (true or false)");
     *out = b->get();
-    return Status::Ok();
+    return true;
   }
 
   // StringList accepts an array of strings.
-  Status StringList(const toml::node& n, const std::string& path,
-                    std::vector<std::string>* out) const {
+  bool StringList(const toml::node& n, const std::string& path, std::vector<std::string>* out) {
     auto a = n.as_array();
     if (!a) return WrongType(n, path, "an array of strings");
     std::vector<std::string> items;
@@ -129,12 +147,12 @@ class Reader {
       items.push_back(s->get());
     }
     *out = std::move(items);
-    return Status::Ok();
+    return true;
   }
 
   // Uint32 accepts an integer in [lo, hi].
-  Status Uint32(const toml::node& n, const std::string& path, uint64_t lo, uint64_t hi,
-                uint32_t* out) const {
+  bool Uint32(const toml::node& n, const std::string& path, uint64_t lo, uint64_t hi,
+              uint32_t* out) {
     auto i = n.as_integer();
     if (!i) return WrongType(n, path, "an integer");
     const int64_t v = i->get();
@@ -143,10 +161,10 @@ class Reader {
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
     }
     *out = uint32_t(v);
-    return Status::Ok();
+    return true;
   }
 
-  Status Duration(const toml::node& n, const std::string& path, uint32_t* ms) const {
+  bool Duration(const toml::node& n, const std::string& path, uint32_t* ms) {
     if (n.is_integer() || n.is_floating_point()) {
       return Error(n, path, "bad duration " + Render(n) + " (a duration needs a unit: " +
                                 "use a string like \"500ms\")");
@@ -156,25 +174,25 @@ class Reader {
     if (!ParseDurationMs(s->get(), ms)) {
       return Error(n, path, "bad duration " + Render(n) + " (" + kDurationHint + ")");
     }
-    return Status::Ok();
+    return true;
   }
 
   // RangedDuration also bounds the value (for settings the segment does not bound itself).
-  Status RangedDuration(const toml::node& n, const std::string& path, uint32_t lo_ms,
-                        uint32_t hi_ms, uint32_t* ms) const {
+  bool RangedDuration(const toml::node& n, const std::string& path, uint32_t lo_ms,
+                      uint32_t hi_ms, uint32_t* ms) {
     uint32_t v;
-    if (Status st = Duration(n, path, &v); !st.ok()) return st;
+    if (!Duration(n, path, &v)) return false;
     if (v < lo_ms || v > hi_ms) {
       return Error(n, path, "duration " + Render(n) + " out of range (valid: " +
                                 shm::FormatConfigDuration(lo_ms) + " to " +
                                 shm::FormatConfigDuration(hi_ms) + ")");
     }
     *ms = v;
-    return Status::Ok();
+    return true;
   }
 
-  Status Ratio(const toml::node& n, const std::string& path, const shm::KnobSpec& knob,
-               uint32_t* milli) const {
+  bool Ratio(const toml::node& n, const std::string& path, const shm::KnobSpec& knob,
+             uint32_t* milli) {
     double v;
     if (auto f = n.as_floating_point()) {
       v = f->get();
@@ -190,20 +208,20 @@ class Reader {
                                 shm::FormatKnobValue(knob, knob.max) + ")");
     }
     *milli = uint32_t(std::lround(v * 1000));
-    return Status::Ok();
+    return true;
   }
 
-  Status Mode(const toml::node& n, const std::string& path, shm::Mode* out) const {
+  bool Mode(const toml::node& n, const std::string& path, shm::Mode* out) {
     auto s = n.as_string();
     if (!s) return WrongType(n, path, "a string (enforce, shadow, disabled or forced-open)");
     if (!shm::ParseMode(s->get(), out)) {
       return Error(n, path, "bad mode " + Render(n) +
                                 " (valid: enforce, shadow, disabled, forced-open)");
     }
-    return Status::Ok();
+    return true;
   }
 
-  Status FileMode(const toml::node& n, const std::string& path, uint32_t* out) const {
+  bool FileMode(const toml::node& n, const std::string& path, uint32_t* out) {
     if (n.is_integer()) {
       return Error(n, path, "bad mode " + Render(n) + " (use a string like \"0660\")");
     }
@@ -221,18 +239,23 @@ class Reader {
                                 " (use octal permission bits 0000..0777, e.g. \"0660\")");
     }
     *out = v;
-    return Status::Ok();
+    return true;
   }
 
  private:
   const std::string& source_;
+  std::vector<ConfigError>* errors_;
+  std::set<std::string> failed_;  // keys with a problem recorded
 };
 
 // --- The policy keys: "mode" and the rows of shm::kKnobs ----------------------------------
 
-const std::vector<std::string> kFleetPolicyKeys = {
-    "fleet", "fleet_half_open_probes", "fleet_min_hosts", "fleet_min_retries_per_sec",
-    "fleet_retry_burst"};
+// The fleet keys of a policy table: `fleet`, and a count per row of kFleetPolicyCounts.
+const std::vector<std::string> kFleetPolicyKeys = [] {
+  std::vector<std::string> v = {"fleet"};
+  for (const FleetPolicyCount& c : kFleetPolicyCounts) v.push_back(c.key);
+  return v;
+}();
 
 // PolicyKeyNames: the keys of a policy table, with the fleet's where the table takes them.
 const std::vector<std::string>& PolicyKeyNames(bool with_fleet) {
@@ -253,23 +276,20 @@ const std::vector<std::string> kFleetKeys = {"redis",   "sentinels", "master_nam
                                              "password_file", "host_id", "sync",
                                              "timeout", "key_prefix"};
 
-// ApplyFleetPolicyKey applies one fleet key of a policy table; false if `key` is none.
-bool ApplyFleetPolicyKey(const Reader& r, const std::string& key, const toml::node& v,
-                         const std::string& path, FleetPolicy* f, Status* st) {
+// ApplyFleetPolicyKey reads one fleet key of a policy table; false if `key` is none.
+bool ApplyFleetPolicyKey(Reader& r, const std::string& key, const toml::node& v,
+                         const std::string& path, FleetPolicy* f) {
   if (key == "fleet") {
-    *st = r.Bool(v, path, &f->fleet);
-  } else if (key == "fleet_half_open_probes") {
-    *st = r.Uint32(v, path, 1, 1'000, &f->half_open_probes);
-  } else if (key == "fleet_min_hosts") {
-    *st = r.Uint32(v, path, 1, 100'000, &f->min_hosts);
-  } else if (key == "fleet_min_retries_per_sec") {
-    *st = r.Uint32(v, path, 0, 1'000'000, &f->min_retries_per_sec);
-  } else if (key == "fleet_retry_burst") {
-    *st = r.Uint32(v, path, 0, 1'000'000, &f->retry_burst);
-  } else {
-    return false;
+    r.Bool(v, path, &f->fleet);
+    return true;
   }
-  return true;
+  for (const FleetPolicyCount& c : kFleetPolicyCounts) {
+    if (key == c.key) {
+      r.Uint32(v, path, c.min, c.max, &(f->*c.field));
+      return true;
+    }
+  }
+  return false;
 }
 
 bool ValidHostPort(const std::string& s) {
@@ -281,85 +301,86 @@ bool ValidHostPort(const std::string& s) {
   return p >= 1 && p <= 65535;
 }
 
-Status ApplyFleetTable(const Reader& r, const std::string& source, const toml::table& tbl,
-                       FleetSettings* f) {
+void ApplyFleetTable(Reader& r, const toml::table& tbl, FleetSettings* f) {
+  const size_t errors_before = r.error_count();
   for (auto&& [k, v] : tbl) {
     const std::string key(k.str());
     const std::string path = "fleet." + key;
-    Status st;
     if (key == "redis") {
-      st = r.String(v, path, &f->redis);
-      const bool unix_path = f->redis.rfind("unix:/", 0) == 0 && f->redis.size() <= 5 + 107;
-      if (st.ok() && !f->redis.empty() && !unix_path && !ValidHostPort(f->redis)) {
-        st = r.Error(v, path, "bad address " + Render(v) +
-                                  " (HOST:PORT, e.g. \"10.0.0.5:6379\", or unix:/PATH)");
+      if (r.String(v, path, &f->redis)) {
+        const bool unix_path = f->redis.rfind("unix:/", 0) == 0 && f->redis.size() <= 5 + 107;
+        if (!f->redis.empty() && !unix_path && !ValidHostPort(f->redis)) {
+          r.Error(v, path, "bad address " + Render(v) +
+                               " (HOST:PORT, e.g. \"10.0.0.5:6379\", or unix:/PATH)");
+        }
       }
     } else if (key == "sentinels") {
-      st = r.StringList(v, path, &f->sentinels);
-      for (const std::string& a : f->sentinels) {
-        if (st.ok() && !ValidHostPort(a)) {
-          st = r.Error(v, path, "bad Sentinel address \"" + a + "\" (HOST:PORT, e.g. "
-                                "\"10.0.0.5:26379\")");
+      if (r.StringList(v, path, &f->sentinels)) {
+        for (const std::string& a : f->sentinels) {
+          if (!ValidHostPort(a)) {
+            r.Error(v, path, "bad Sentinel address \"" + a + "\" (HOST:PORT, e.g. "
+                             "\"10.0.0.5:26379\")");
+          }
         }
       }
     } else if (key == "master_name") {
-      st = r.String(v, path, &f->master_name);
+      r.String(v, path, &f->master_name);
     } else if (key == "password_file") {
-      st = r.String(v, path, &f->password_file);
-      if (st.ok() && !f->password_file.empty() && f->password_file[0] != '/') {
-        st = r.Error(v, path, "bad path " + Render(v) + " (an absolute path)");
+      if (r.String(v, path, &f->password_file) && !f->password_file.empty() &&
+          f->password_file[0] != '/') {
+        r.Error(v, path, "bad path " + Render(v) + " (an absolute path)");
       }
     } else if (key == "host_id") {
-      st = r.String(v, path, &f->host_id);
-      const bool ok = f->host_id.size() <= 200 &&
-                      std::all_of(f->host_id.begin(), f->host_id.end(), [](char c) {
-                        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
-                               c == '_' || c == '.';
-                      });
-      if (st.ok() && !ok) {
-        st = r.Error(v, path, "bad host id " + Render(v) +
-                                  " (up to 200 characters of A-Z a-z 0-9 _ - .)");
+      if (r.String(v, path, &f->host_id)) {
+        const bool ok = f->host_id.size() <= 200 &&
+                        std::all_of(f->host_id.begin(), f->host_id.end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                                 c == '_' || c == '.';
+                        });
+        if (!ok) {
+          r.Error(v, path, "bad host id " + Render(v) +
+                               " (up to 200 characters of A-Z a-z 0-9 _ - .)");
+        }
       }
     } else if (key == "sync") {
-      st = r.RangedDuration(v, path, kMinFleetSyncMs, kMaxFleetSyncMs, &f->sync_ms);
+      r.RangedDuration(v, path, kMinFleetSyncMs, kMaxFleetSyncMs, &f->sync_ms);
     } else if (key == "timeout") {
-      st = r.RangedDuration(v, path, 1, 10'000, &f->timeout_ms);
+      r.RangedDuration(v, path, 1, 10'000, &f->timeout_ms);
     } else if (key == "key_prefix") {
-      st = r.String(v, path, &f->key_prefix);
-      const bool ok = !f->key_prefix.empty() && f->key_prefix.size() <= 64 &&
-                      std::all_of(f->key_prefix.begin(), f->key_prefix.end(), [](char c) {
-                        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
-                               c == '_' || c == '.' || c == ':';
-                      });
-      if (st.ok() && !ok) {
-        st = r.Error(v, path, "bad key prefix " + Render(v) +
-                                  " (1..64 characters of A-Z a-z 0-9 _ - . :)");
+      if (r.String(v, path, &f->key_prefix)) {
+        const bool ok = !f->key_prefix.empty() && f->key_prefix.size() <= 64 &&
+                        std::all_of(f->key_prefix.begin(), f->key_prefix.end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                                 c == '_' || c == '.' || c == ':';
+                        });
+        if (!ok) {
+          r.Error(v, path, "bad key prefix " + Render(v) +
+                               " (1..64 characters of A-Z a-z 0-9 _ - . :)");
+        }
       }
     } else {
-      return Status::InvalidArgument(Where(source, k.source()) + ": " +
-                                     UnknownKey(key, "[fleet]", kFleetKeys));
+      r.Record(k.source(), UnknownKey(key, "[fleet]", kFleetKeys));
     }
-    if (!st.ok()) return st;
   }
-  const std::string where = Where(source, tbl.source()) + ": [fleet]: ";
+  // The rules between keys judge values that were all read: a refused one is not judged again.
+  if (r.error_count() > errors_before) return;
+  const toml::source_region& at = tbl.source();
   if (!f->redis.empty() && !f->sentinels.empty()) {
-    return Status::InvalidArgument(where + "set redis or sentinels, not both");
+    r.Record(at, "[fleet]: set redis or sentinels, not both");
   }
   if (f->redis.empty() && f->sentinels.empty()) {
-    return Status::InvalidArgument(
-        where + "no store: set redis = \"HOST:PORT\" (or unix:/PATH), or sentinels and "
-                "master_name");
+    r.Record(at, "[fleet]: no store: set redis = \"HOST:PORT\" (or unix:/PATH), or sentinels "
+                 "and master_name");
   }
   if (!f->sentinels.empty() && f->master_name.empty()) {
-    return Status::InvalidArgument(where + "sentinels need master_name (the name the "
-                                           "Sentinels monitor, e.g. \"mymaster\")");
+    r.Record(at, "[fleet]: sentinels need master_name (the name the Sentinels monitor, e.g. "
+                 "\"mymaster\")");
   }
   if (f->timeout_ms >= f->sync_ms) {
-    return Status::InvalidArgument(where + "timeout (" + shm::FormatConfigDuration(f->timeout_ms) +
-                                   ") must be shorter than sync (" +
-                                   shm::FormatConfigDuration(f->sync_ms) + ")");
+    r.Record(at, "[fleet]: timeout (" + shm::FormatConfigDuration(f->timeout_ms) +
+                     ") must be shorter than sync (" + shm::FormatConfigDuration(f->sync_ms) +
+                     ")");
   }
-  return Status::Ok();
 }
 
 const std::vector<std::string> kDaemonKeys = {
@@ -367,57 +388,59 @@ const std::vector<std::string> kDaemonKeys = {
     "metrics_textfile", "metrics_interval", "auto_create", "socket", "allow_users",
     "allow_groups"};
 
-// ApplyPolicyTable applies the keys of `tbl` (section `section`, key prefix `prefix`) to *p.
-// Ranges are checked afterwards, by ValidatePolicy, on the complete policy.
-Status ApplyPolicyTable(const Reader& r, const std::string& source, const toml::table& tbl,
-                        const std::string& section, const std::string& prefix,
-                        shm::Policy* p, FleetPolicy* fleet = nullptr) {
+// ApplyPolicyTable reads the keys of `tbl` (section `section`, key prefix `prefix`) into *p,
+// and the fleet's into *fleet where the table takes them. Ranges are checked afterwards, by
+// ValidatePolicy, on the complete policy.
+void ApplyPolicyTable(Reader& r, const toml::table& tbl, const std::string& section,
+                      const std::string& prefix, shm::Policy* p, FleetPolicy* fleet = nullptr) {
   for (auto&& [k, v] : tbl) {
-    const std::string path = prefix + std::string(k.str());
-    if (k.str() == "mode") {
-      if (Status st = r.Mode(v, path, &p->mode); !st.ok()) return st;
+    const std::string key(k.str());
+    const std::string path = prefix + key;
+    if (key == "mode") {
+      r.Mode(v, path, &p->mode);
       continue;
     }
-    if (Status st; fleet != nullptr &&
-                   ApplyFleetPolicyKey(r, std::string(k.str()), v, path, fleet, &st)) {
-      if (!st.ok()) return st;
-      continue;
-    }
-    const shm::KnobSpec* knob = shm::FindKnob(k.str());
+    if (fleet != nullptr && ApplyFleetPolicyKey(r, key, v, path, fleet)) continue;
+    const shm::KnobSpec* knob = shm::FindKnob(key);
     if (knob == nullptr) {
-      return Status::InvalidArgument(Where(source, k.source()) + ": " +
-                                     UnknownKey(k.str(), section, PolicyKeyNames(fleet != nullptr)));
+      r.Record(k.source(), UnknownKey(key, section, PolicyKeyNames(fleet != nullptr)));
+      continue;
     }
     uint32_t* field = &(p->*knob->field);
-    Status st;
     switch (knob->kind) {
-      case shm::KnobKind::kRatio: st = r.Ratio(v, path, *knob, field); break;
+      case shm::KnobKind::kRatio: r.Ratio(v, path, *knob, field); break;
       case shm::KnobKind::kCount:
       case shm::KnobKind::kPercent:
         // The range proper is ValidatePolicy's; this only keeps the value in 32 bits.
-        st = r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), field);
+        r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), field);
         break;
-      case shm::KnobKind::kDuration: st = r.Duration(v, path, field); break;
+      case shm::KnobKind::kDuration: r.Duration(v, path, field); break;
     }
-    if (!st.ok()) return st;
   }
-  return Status::Ok();
 }
 
-// ValidatePolicy checks every range and points at the offending key if the section sets it.
-Status ValidatePolicy(const std::string& source, const toml::table* tbl,
-                      const std::string& section, const std::string& prefix,
-                      const shm::Policy& p) {
-  const shm::PolicyProblem problem = shm::Validate(p);
-  if (problem.ok()) return Status::Ok();
-  if (tbl != nullptr && problem.key != nullptr) {
-    if (const toml::node* n = tbl->get(problem.key)) {
-      return Status::InvalidArgument(Where(source, n->source()) + ": key '" + prefix +
-                                     problem.key + "': " + problem.message);
+// ValidatePolicy records every range or rule `p` breaks, at the offending key if the section
+// sets it, else at the section. A problem of a key whose value was refused is not judged again;
+// nor, with `base_refused` (the values `p` started from were refused already), is one of keys
+// the section does not set.
+void ValidatePolicy(Reader& r, const toml::table* tbl, const std::string& section,
+                    const std::string& prefix, const shm::Policy& p, bool base_refused) {
+  auto set_here = [tbl](const char* key) {
+    return tbl != nullptr && key != nullptr && tbl->get(key) != nullptr;
+  };
+  auto refused = [&](const char* key) {
+    return key != nullptr && r.Failed(prefix + key);
+  };
+  for (const shm::PolicyProblem& problem : shm::ValidateAll(p)) {
+    if (refused(problem.key) || refused(problem.other_key)) continue;
+    if (base_refused && !set_here(problem.key) && !set_here(problem.other_key)) continue;
+    if (set_here(problem.key)) {
+      r.Error(*tbl->get(problem.key), prefix + problem.key, problem.message);
+    } else {
+      r.Record(tbl != nullptr ? tbl->source() : toml::source_region{},
+               section + ": " + problem.message);
     }
   }
-  const std::string where = tbl != nullptr ? Where(source, tbl->source()) : source;
-  return Status::InvalidArgument(where + ": " + section + ": " + problem.message);
 }
 
 bool ValidSegmentName(std::string_view name) {
@@ -430,139 +453,154 @@ bool ValidSegmentName(std::string_view name) {
   return name != "." && name != "..";
 }
 
-Status ApplyDaemonTable(const Reader& r, const std::string& source, const toml::table& tbl,
-                        DaemonSettings* d) {
+void ApplyDaemonTable(Reader& r, const toml::table& tbl, DaemonSettings* d) {
   for (auto&& [k, v] : tbl) {
     const std::string key(k.str());
     const std::string path = "daemon." + key;
-    Status st;
     if (key == "segment") {
-      st = r.String(v, path, &d->segment);
-      if (st.ok() && !ValidSegmentName(d->segment)) {
-        st = r.Error(v, path, "bad segment name " + Render(v) +
-                                  " (1..200 characters of A-Z a-z 0-9 _ - ., no '/')");
+      if (r.String(v, path, &d->segment) && !ValidSegmentName(d->segment)) {
+        r.Error(v, path, "bad segment name " + Render(v) +
+                             " (1..200 characters of A-Z a-z 0-9 _ - ., no '/')");
       }
     } else if (key == "owner") {
-      st = r.String(v, path, &d->owner);
+      r.String(v, path, &d->owner);
     } else if (key == "group") {
-      st = r.String(v, path, &d->group);
+      r.String(v, path, &d->group);
     } else if (key == "mode") {
-      st = r.FileMode(v, path, &d->mode);
+      r.FileMode(v, path, &d->mode);
     } else if (key == "max_dependencies") {
-      st = r.Uint32(v, path, 1, shm::kMaxDependencies, &d->max_dependencies);
+      r.Uint32(v, path, 1, shm::kMaxDependencies, &d->max_dependencies);
     } else if (key == "max_processes") {
-      st = r.Uint32(v, path, 1, shm::kMaxProcesses, &d->max_processes);
+      r.Uint32(v, path, 1, shm::kMaxProcesses, &d->max_processes);
     } else if (key == "tick") {
-      st = r.RangedDuration(v, path, kMinTickMs, kMaxTickMs, &d->tick_ms);
+      r.RangedDuration(v, path, kMinTickMs, kMaxTickMs, &d->tick_ms);
     } else if (key == "metrics_textfile") {
-      st = r.String(v, path, &d->metrics_textfile);
+      r.String(v, path, &d->metrics_textfile);
     } else if (key == "metrics_interval") {
-      st = r.RangedDuration(v, path, kMinMetricsIntervalMs, kMaxMetricsIntervalMs,
-                            &d->metrics_interval_ms);
+      r.RangedDuration(v, path, kMinMetricsIntervalMs, kMaxMetricsIntervalMs,
+                       &d->metrics_interval_ms);
     } else if (key == "auto_create") {
-      st = r.Bool(v, path, &d->auto_create);
+      r.Bool(v, path, &d->auto_create);
     } else if (key == "socket") {
-      st = r.String(v, path, &d->socket);
-      if (st.ok() && !d->socket.empty() && (d->socket[0] != '/' || d->socket.size() > 107)) {
-        st = r.Error(v, path, "bad socket path " + Render(v) +
-                                  " (an absolute path of at most 107 bytes, or \"\" for none)");
+      if (r.String(v, path, &d->socket) && !d->socket.empty() &&
+          (d->socket[0] != '/' || d->socket.size() > 107)) {
+        r.Error(v, path, "bad socket path " + Render(v) +
+                             " (an absolute path of at most 107 bytes, or \"\" for none)");
       }
     } else if (key == "allow_users") {
-      st = r.StringList(v, path, &d->allow_users);
+      r.StringList(v, path, &d->allow_users);
     } else if (key == "allow_groups") {
-      st = r.StringList(v, path, &d->allow_groups);
+      r.StringList(v, path, &d->allow_groups);
     } else {
-      return Status::InvalidArgument(Where(source, k.source()) + ": " +
-                                     UnknownKey(key, "[daemon]", kDaemonKeys));
+      r.Record(k.source(), UnknownKey(key, "[daemon]", kDaemonKeys));
     }
-    if (!st.ok()) return st;
   }
-  return Status::Ok();
 }
 
-const toml::table* SectionTable(const Reader& r, const toml::node& n, const std::string& name,
-                                Status* st) {
+const toml::table* SectionTable(Reader& r, const toml::node& n, const std::string& name) {
   const toml::table* t = n.as_table();
-  if (t == nullptr) *st = r.WrongType(n, name, ("a table [" + name + "]").c_str());
+  if (t == nullptr) r.WrongType(n, name, ("a table [" + name + "]").c_str());
   return t;
 }
 
-Status ParseTable(const toml::table& root, const std::string& source, Config* cfg) {
-  const Reader r(source);
+const char kNoFleetToJoin[] =
+    "true, but the config has no [fleet] section to join (add [fleet] with redis or sentinels, "
+    "or set fleet = false)";
+
+// ParseTable reads every section of `root` into *cfg, recording every problem with `r`.
+void ParseTable(const toml::table& root, Reader& r, Config* cfg) {
   const toml::table* defaults_tbl = nullptr;
   const toml::table* deps_tbl = nullptr;
+  bool fleet_refused = false;  // [fleet] is there, with problems: fleet.enabled() says nothing
+  size_t defaults_errors = 0;
   // [daemon] and [defaults] first: every dependency starts from the complete defaults,
   // wherever [defaults] appears in the file.
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
-    Status st;
+    const size_t errors_before = r.error_count();
     if (key == "daemon") {
-      const toml::table* t = SectionTable(r, v, key, &st);
-      if (t != nullptr) st = ApplyDaemonTable(r, source, *t, &cfg->daemon);
+      if (const toml::table* t = SectionTable(r, v, key)) ApplyDaemonTable(r, *t, &cfg->daemon);
     } else if (key == "fleet") {
-      const toml::table* t = SectionTable(r, v, key, &st);
-      if (t != nullptr) st = ApplyFleetTable(r, source, *t, &cfg->fleet);
+      if (const toml::table* t = SectionTable(r, v, key)) ApplyFleetTable(r, *t, &cfg->fleet);
+      fleet_refused = r.error_count() > errors_before;
     } else if (key == "defaults") {
-      defaults_tbl = SectionTable(r, v, key, &st);
+      defaults_tbl = SectionTable(r, v, key);
       if (defaults_tbl != nullptr) {
-        st = ApplyPolicyTable(r, source, *defaults_tbl, "[defaults]", "defaults.",
-                              &cfg->defaults, &cfg->fleet_defaults);
+        ApplyPolicyTable(r, *defaults_tbl, "[defaults]", "defaults.", &cfg->defaults,
+                         &cfg->fleet_defaults);
       }
+      defaults_errors += r.error_count() - errors_before;
     } else if (key == "dependency") {
-      deps_tbl = SectionTable(r, v, key, &st);
+      deps_tbl = SectionTable(r, v, key);
     } else {
-      return Status::InvalidArgument(
-          Where(source, k.source()) + ": unknown " + (v.is_table() ? "section [" : "key '") +
-          key + (v.is_table() ? "]" : "'") +
-          " at top level; valid sections: [daemon], [fleet], [defaults], [dependency.NAME]");
+      r.Record(k.source(),
+               "unknown " + std::string(v.is_table() ? "section [" : "key '") + key +
+                   (v.is_table() ? "]" : "'") +
+                   " at top level; valid sections: [daemon], [fleet], [defaults], "
+                   "[dependency.NAME]");
     }
-    if (!st.ok()) return st;
   }
-  if (Status st = ValidatePolicy(source, defaults_tbl, "[defaults]", "defaults.", cfg->defaults);
-      !st.ok()) {
-    return st;
-  }
-  if (deps_tbl == nullptr) return Status::Ok();
+  const size_t errors_before_validation = r.error_count();
+  ValidatePolicy(r, defaults_tbl, "[defaults]", "defaults.", cfg->defaults, false);
+  defaults_errors += r.error_count() - errors_before_validation;
+  if (deps_tbl == nullptr) return;
+  // `fleet = true` inherited from [defaults], without [fleet], is one problem: the defaults'.
+  bool inherited_fleet_reported = false;
   for (auto&& [k, v] : *deps_tbl) {
     const std::string name(k.str());
     const std::string section = "[dependency." + name + "]";
     const toml::table* t = v.as_table();
     if (t == nullptr) {
-      return r.WrongType(v, "dependency." + name, "a table (a section [dependency.NAME])");
+      r.WrongType(v, "dependency." + name, "a table (a section [dependency.NAME])");
+      continue;
     }
     if (!shm::ValidDependencyName(name)) {
-      return Status::InvalidArgument(
-          Where(source, k.source()) + ": bad dependency name '" + name + "' in " + section +
-          " (1.." + std::to_string(shm::kMaxNameLen) +
-          " characters of A-Z a-z 0-9 _ . : -; quote it if needed: [dependency.\"a:b\"])");
+      r.Record(k.source(), "bad dependency name '" + name + "' in " + section + " (1.." +
+                               std::to_string(shm::kMaxNameLen) +
+                               " characters of A-Z a-z 0-9 _ . : -; quote it if needed: "
+                               "[dependency.\"a:b\"])");
     }
     shm::Policy p = cfg->defaults;
     FleetPolicy f = cfg->fleet_defaults;
     const std::string prefix = "dependency." + name + ".";
-    if (Status st = ApplyPolicyTable(r, source, *t, section, prefix, &p, &f); !st.ok()) {
-      return st;
-    }
-    if (Status st = ValidatePolicy(source, t, section, prefix, p); !st.ok()) return st;
-    if (f.fleet && !cfg->fleet.enabled()) {
-      const toml::node* n = t->get("fleet");
-      return Status::InvalidArgument(
-          Where(source, (n != nullptr ? n : t)->source()) + ": key '" + prefix +
-          "fleet': true, but the config has no [fleet] section to join (add [fleet] with redis "
-          "or sentinels, or set fleet = false)");
+    ApplyPolicyTable(r, *t, section, prefix, &p, &f);
+    ValidatePolicy(r, t, section, prefix, p, defaults_errors > 0);
+    if (f.fleet && !cfg->fleet.enabled() && !fleet_refused) {
+      if (const toml::node* n = t->get("fleet")) {
+        r.Error(*n, prefix + "fleet", kNoFleetToJoin);
+      } else if (!inherited_fleet_reported && defaults_tbl != nullptr &&
+                 defaults_tbl->get("fleet") != nullptr) {
+        r.Error(*defaults_tbl->get("fleet"), "defaults.fleet", kNoFleetToJoin);
+        inherited_fleet_reported = true;
+      }
     }
     cfg->dependencies[name] = p;
     cfg->fleet_policies[name] = f;
   }
-  if (cfg->dependencies.size() > cfg->daemon.max_dependencies) {
-    return Status::InvalidArgument(Where(source, deps_tbl->source()) + ": " +
-                                   std::to_string(cfg->dependencies.size()) +
-                                   " dependencies configured, more than daemon.max_dependencies (" +
-                                   std::to_string(cfg->daemon.max_dependencies) + ")");
+  if (!r.Failed("daemon.max_dependencies") &&
+      cfg->dependencies.size() > cfg->daemon.max_dependencies) {
+    r.Record(deps_tbl->source(), std::to_string(cfg->dependencies.size()) +
+                                     " dependencies configured, more than "
+                                     "daemon.max_dependencies (" +
+                                     std::to_string(cfg->daemon.max_dependencies) + ")");
   }
-  return Status::Ok();
 }
 
 }  // namespace
+
+std::string ConfigError::ToString() const {
+  if (line == 0) return source + ": " + message;
+  return source + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + message;
+}
+
+Status ConfigErrorsStatus(const std::vector<ConfigError>& errors) {
+  if (errors.size() == 1) return Status::InvalidArgument(errors.front().ToString());
+  if (errors.empty()) return Status::InvalidArgument("config refused, with no error recorded");
+  std::string text =
+      std::to_string(errors.size()) + " errors in " + errors.front().source + ":";
+  for (const ConfigError& e : errors) text += "\n" + e.ToString();
+  return Status::InvalidArgument(std::move(text));
+}
 
 bool SameSettings(const Config& a, const Config& b) {
   if (!(a.daemon == b.daemon) || !(a.defaults == b.defaults)) return false;
@@ -583,11 +621,13 @@ Config BuiltinConfig() { return Config(); }
 Status ReadPolicyTable(const toml::table& table, const std::string& source,
                        const std::string& section, const std::string& prefix,
                        shm::Policy* policy) {
-  const Reader r(source);
-  if (Status st = ApplyPolicyTable(r, source, table, section, prefix, policy); !st.ok()) {
-    return st;
-  }
-  return ValidatePolicy(source, &table, section, prefix, *policy);
+  std::vector<ConfigError> errors;
+  Reader r(source, &errors);
+  ApplyPolicyTable(r, table, section, prefix, policy);
+  ValidatePolicy(r, &table, section, prefix, *policy, false);
+  if (errors.empty()) return Status::Ok();
+  InFileOrder(&errors);
+  return ConfigErrorsStatus(errors);
 }
 
 bool ParseDurationMs(std::string_view text, uint32_t* ms) {
@@ -617,36 +657,52 @@ bool ParseDurationMs(std::string_view text, uint32_t* ms) {
   return true;
 }
 
-Status ParseConfig(std::string_view text, const std::string& source_name, Config* out) {
+Status ParseConfig(std::string_view text, const std::string& source_name, Config* out,
+                   std::vector<ConfigError>* errors) {
+  std::vector<ConfigError> found;
+  Config cfg = BuiltinConfig();
   toml::table root;
   try {
     root = toml::parse(text, source_name);
   } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(Where(source_name, e.source()) + ": " +
-                                   std::string(e.description()));
+    // Nothing after a syntax error can be read: it is the one error.
+    const toml::source_position& at = e.source().begin;
+    found.push_back({source_name, at.line, at.line == 0 ? 0 : uint32_t(at.column),
+                     std::string(e.description())});
   }
-  Config cfg = BuiltinConfig();
-  if (Status st = ParseTable(root, source_name, &cfg); !st.ok()) return st;
+  if (found.empty()) {
+    Reader r(source_name, &found);
+    ParseTable(root, r, &cfg);
+    InFileOrder(&found);
+  }
+  if (errors != nullptr) *errors = found;
+  if (!found.empty()) return ConfigErrorsStatus(found);
   cfg.source = source_name;
   *out = std::move(cfg);
   return Status::Ok();
 }
 
-Status LoadConfigFile(const std::string& path, Config* out) {
+Status LoadConfigFile(const std::string& path, Config* out, std::vector<ConfigError>* errors) {
+  // A file that cannot be read is one error, of the file as a whole.
+  auto unreadable = [&](Status (*make)(std::string), const std::string& what) {
+    const ConfigError e{path, 0, 0, what};
+    if (errors != nullptr) *errors = {e};
+    return make(e.ToString());
+  };
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return Status::IoError(path + ": cannot read config file: it is a directory");
+    return unreadable(Status::IoError, "cannot read config file: it is a directory");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
-    const std::string msg = path + ": cannot open config file: " + std::strerror(err);
-    return err == ENOENT ? Status::NotFound(msg) : Status::IoError(msg);
+    return unreadable(err == ENOENT ? Status::NotFound : Status::IoError,
+                      std::string("cannot open config file: ") + std::strerror(err));
   }
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) return Status::IoError(path + ": cannot read config file");
-  return ParseConfig(text.str(), path, out);
+  if (in.bad()) return unreadable(Status::IoError, "cannot read config file");
+  return ParseConfig(text.str(), path, out, errors);
 }
 
 }  // namespace retryd::daemon

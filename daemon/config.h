@@ -9,9 +9,12 @@
 //   [dependency.NAME]   any [defaults] key, overridden for dependency NAME
 //
 // Durations are strings with a unit ("500ms", "10s", "2m", "1h"); rates are percentages; the
-// permission mode is an octal string ("0660"). Parsing stops at the first problem and returns
-// it as "FILE:LINE:COL: what is wrong, the bad value, and what would be valid". Unknown keys
-// and sections are errors, so a typo never silently leaves a default in force.
+// permission mode is an octal string ("0660"). Parsing goes on past a problem and reports every
+// one, in file order, each as "FILE:LINE:COL: what is wrong, the bad value, and what would be
+// valid" (a ConfigError); only a TOML syntax error, after which nothing can be read, stops it.
+// A value that depends on one already refused is not judged again (an open_for_max compared
+// with an open_for that did not parse). Unknown keys and sections are errors, so a typo never
+// silently leaves a default in force.
 //
 // Thread safety: the functions are thread-safe; a Config is a plain value.
 #pragma once
@@ -88,6 +91,20 @@ struct FleetPolicy {
   bool operator==(const FleetPolicy&) const = default;
 };
 
+// The counts of FleetPolicy, one row each: the config key, the field and the valid range.
+struct FleetPolicyCount {
+  const char* key;
+  uint32_t FleetPolicy::*field;
+  uint32_t min;
+  uint32_t max;
+};
+inline constexpr FleetPolicyCount kFleetPolicyCounts[] = {
+    {"fleet_half_open_probes", &FleetPolicy::half_open_probes, 1, 1'000},
+    {"fleet_min_hosts", &FleetPolicy::min_hosts, 1, 100'000},
+    {"fleet_min_retries_per_sec", &FleetPolicy::min_retries_per_sec, 0, 1'000'000},
+    {"fleet_retry_burst", &FleetPolicy::retry_burst, 0, 1'000'000},
+};
+
 struct Config {
   DaemonSettings daemon;
   FleetSettings fleet;
@@ -101,6 +118,27 @@ struct Config {
   std::string source = "<builtin>";
 };
 
+// ConfigError is one problem of a config file: where it is, and what is wrong there.
+struct ConfigError {
+  std::string source;   // the file's path, as given
+  uint32_t line = 0;    // 1-based; 0: the file as a whole (it cannot be read, say)
+  uint32_t column = 0;  // 1-based, with `line`
+  // What is wrong: "key 'defaults.window': bad duration \"10 sec\" (use ...)".
+  std::string message;
+
+  // ToString returns "SOURCE:LINE:COL: MESSAGE", or "SOURCE: MESSAGE" without a line.
+  std::string ToString() const;
+  bool operator==(const ConfigError&) const = default;
+};
+
+// ConfigErrorsStatus returns the status of a file refused for `errors` (at least one, in file
+// order): kInvalidArgument, and as its message the one error's ToString(), or for several a
+// count line and each error on a line of its own:
+//   3 errors in /etc/retryd/retryd.toml:
+//   /etc/retryd/retryd.toml:6:1: unknown key 'retry_ration' in [defaults] ...
+//   ...
+Status ConfigErrorsStatus(const std::vector<ConfigError>& errors);
+
 // SameSettings compares everything but `source`.
 bool SameSettings(const Config& a, const Config& b);
 
@@ -108,14 +146,17 @@ bool SameSettings(const Config& a, const Config& b);
 // DaemonSettings and shm::Policy, no dependencies, auto_create on.
 Config BuiltinConfig();
 
-// ParseConfig parses TOML `text`; `source_name` prefixes every error location. On success
-// stores the config in *out (source = source_name); on error leaves *out unchanged and returns
-// kInvalidArgument with the first problem found.
-Status ParseConfig(std::string_view text, const std::string& source_name, Config* out);
+// ParseConfig parses TOML `text`; `source_name` is the source of every error. On success
+// stores the config in *out (source = source_name) and clears *errors. On error leaves *out
+// unchanged, stores every problem found in *errors, in file order, and returns
+// ConfigErrorsStatus of them. `errors` may be null.
+Status ParseConfig(std::string_view text, const std::string& source_name, Config* out,
+                   std::vector<ConfigError>* errors = nullptr);
 
 // LoadConfigFile reads and parses `path`, as ParseConfig. A file that cannot be read is
-// kNotFound or kIoError, with the path and the system error.
-Status LoadConfigFile(const std::string& path, Config* out);
+// kNotFound or kIoError, with the path and the system error, and is the one error in *errors.
+Status LoadConfigFile(const std::string& path, Config* out,
+                      std::vector<ConfigError>* errors = nullptr);
 
 // ParseDurationMs parses "500ms", "10s", "2m", "1h" (a non-negative integer and a unit).
 // Returns false for anything else, or for more than 2^32-1 ms.

@@ -15,8 +15,9 @@ namespace retryd::daemon {
 
 // ReadPolicyTable applies the policy keys of `table` (a [defaults]-like section called
 // `section` in messages, its keys shown as `prefix` + key) over *policy and validates the
-// result. On error returns kInvalidArgument as "SOURCE:LINE:COL: key 'PREFIXKEY': problem",
-// the same messages as a daemon config; *policy may then hold some of the new values.
+// result. On error returns every problem, as ConfigErrorsStatus (config.h) does for a daemon
+// config: "SOURCE:LINE:COL: key 'PREFIXKEY': problem", one line each after a count line if
+// there are several; *policy may then hold some of the new values.
 Status ReadPolicyTable(const toml::table& table, const std::string& source,
                        const std::string& section, const std::string& prefix, shm::Policy* policy);
 

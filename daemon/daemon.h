@@ -107,9 +107,11 @@ class Daemon {
   // when a watched worker's pidfd says it exited.
   void Reap(uint64_t now_ns);
 
-  // Reload re-reads the config file. On error the running config stays unchanged and the
-  // error is returned (and logged). Capacity, segment, ownership and mode changes are logged
-  // and ignored until a restart. A dependency that cannot be written now (the create lock is
+  // Reload re-reads the config file. On error the running config stays unchanged, every error
+  // of the file is logged, a line each, and the status is returned. Otherwise each key it
+  // changes is logged with its old and new value, a line per section or dependency
+  // (config_diff.h). Capacity, segment, ownership and mode changes are logged and ignored
+  // until a restart. A dependency that cannot be written now (the create lock is
   // held by another creator, the table is full) is logged as pending, named in the STATUS
   // line, and written by a later tick; the log says "applied" only when all of it was.
   Status Reload();

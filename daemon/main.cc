@@ -25,7 +25,7 @@ DEFINE_string(config, "",
 DEFINE_string(segment, "", "shared-memory segment name; overrides [daemon] segment");
 DEFINE_int32(tick_ms, 0, "housekeeping period in ms (1..1000); overrides [daemon] tick");
 DEFINE_string(check_config, "",
-              "validate this config file, print 'FILE: OK' or the error, and exit 0 or 1");
+              "validate this config file, print 'FILE: OK' or every error, and exit 0 or 1");
 
 namespace {
 
@@ -73,6 +73,20 @@ void JournalPrefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
   const char level = m.severity[0];
   const int priority = level == 'F' ? 2 : level == 'E' ? 3 : level == 'W' ? 4 : 6;
   s << '<' << priority << '>' << level << ' ' << m.filename << ':' << m.line_number << ']';
+}
+
+// LogErrorLines logs `message` at error level, a line per entry, the first after `first_prefix`
+// and the rest after `prefix`: the journal makes each line of stderr an entry of its own, and
+// reads as an error only a line that starts with its priority. A config refused for several
+// errors is a message of several lines (daemon/config.h).
+void LogErrorLines(const char* first_prefix, const char* prefix, const std::string& message) {
+  size_t begin = 0;
+  for (bool first = true;; first = false) {
+    const size_t end = message.find('\n', begin);
+    LOG(ERROR) << (first ? first_prefix : prefix) << message.substr(begin, end - begin);
+    if (end == std::string::npos) return;
+    begin = end + 1;
+  }
 }
 
 int CheckConfig(const std::string& path) {
@@ -132,7 +146,7 @@ int main(int argc, char** argv) {
   options.tick_ms = uint32_t(FLAGS_tick_ms);
   std::unique_ptr<retryd::daemon::Daemon> daemon;
   if (retryd::Status st = retryd::daemon::Daemon::Start(options, &daemon); !st.ok()) {
-    LOG(ERROR) << "daemon: cannot start: " << st.message();
+    LogErrorLines("daemon: cannot start: ", "daemon: ", st.message());
     return 1;
   }
   return daemon->Run();

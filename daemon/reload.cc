@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "daemon/config_diff.h"
 #include "daemon/daemon.h"
 #include "shm/clock.h"
 
@@ -75,6 +76,26 @@ bool HasCapChown() {
   __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
   if (syscall(SYS_capget, &header, data) != 0) return false;
   return (data[CAP_TO_INDEX(CAP_CHOWN)].effective & CAP_TO_MASK(CAP_CHOWN)) != 0;
+}
+
+// LogChanges logs what `next` changes from `running`: a line per section ([daemon], [defaults])
+// and per dependency, each naming every changed key with its old and new value.
+void LogChanges(const Config& running, const Config& next) {
+  using Kind = DependencyChange::Kind;
+  if (auto keys = DaemonChanges(running.daemon, next.daemon); !keys.empty()) {
+    LOG(INFO) << "reload: [daemon]: " << FormatChanges(keys);
+  }
+  if (auto keys = PolicyChanges(running.defaults, running.fleet_defaults, next.defaults,
+                                next.fleet_defaults);
+      !keys.empty()) {
+    LOG(INFO) << "reload: [defaults]: " << FormatChanges(keys);
+  }
+  for (const DependencyChange& c : DependencyChanges(running, next)) {
+    LOG(INFO) << "reload: dependency '" << c.name << "': "
+              << (c.kind == Kind::kAdded     ? "added"
+                  : c.kind == Kind::kRemoved ? "removed"
+                                             : FormatChanges(c.keys));
+  }
 }
 
 bool InGroup(gid_t gid) {
@@ -200,13 +221,12 @@ Daemon::PublishCounts Daemon::Publish(const Config& cfg, const Config* previous)
   }
   for (const auto& [name, policy] : cfg.dependencies) {
     const bool in_segment = seg.Find(name) >= 0;
+    bool unchanged = false;  // in the config (what did change, LogChanges logged)
     if (previous != nullptr) {
       auto it = previous->dependencies.find(name);
+      unchanged = it != previous->dependencies.end() && it->second == policy;
       // Unchanged and written: leave it alone, including a mode an operator set at runtime.
-      if (it != previous->dependencies.end() && it->second == policy && in_segment &&
-          !pending_.count(name)) {
-        continue;
-      }
+      if (unchanged && in_segment && !pending_.count(name)) continue;
     }
     uint32_t index = 0;
     if (!Put(name, policy, deadline_ns, &index)) continue;
@@ -217,8 +237,8 @@ Daemon::PublishCounts Daemon::Publish(const Config& cfg, const Config* previous)
       LOG(INFO) << "dependency " << name << ": mode " << shm::ModeName(shm::Mode(live_mode))
                 << " -> " << shm::ModeName(policy.mode) << " (from the config)";
     }
-    if (previous != nullptr) {
-      LOG(INFO) << "dependency " << name << ": " << (in_segment ? "policy changed" : "added");
+    if (unchanged) {
+      LOG(INFO) << "dependency " << name << ": written to the segment (unchanged in the config)";
     }
     Observe(index, false);
   }
@@ -230,7 +250,6 @@ Daemon::PublishCounts Daemon::Publish(const Config& cfg, const Config* previous)
       seg.Retire(uint32_t(index));
       Observe(uint32_t(index), false);
       ++counts.retired;
-      LOG(INFO) << "dependency " << name << ": retired (removed from the config)";
     }
   }
   shm::StorePolicy(cfg.defaults, h.defaults);
@@ -255,8 +274,9 @@ void Daemon::RetryPending(uint64_t now_ns) {
     uint32_t index = 0;
     if (!Put(name, put.policy, deadline_ns, &index)) continue;
     ++written;
-    LOG(INFO) << "dependency " << name << ": " << (in_segment ? "policy changed" : "added")
-              << " (pending for " << (shm::PreciseNowNs() - put.since_ns) / kMsNs << "ms)";
+    LOG(INFO) << "dependency " << name << ": "
+              << (in_segment ? "new policy written" : "added to the segment") << " (pending for "
+              << (shm::PreciseNowNs() - put.since_ns) / kMsNs << "ms)";
     Observe(index, false);
   }
   if (written == 0) return;
@@ -294,9 +314,20 @@ Status Daemon::Reload() {
     return Status::Ok();
   }
   Config next;
-  if (Status st = LoadConfigFile(options_.config_path, &next); !st.ok()) {
-    last_reload_error_ = st.message();
-    LOG(ERROR) << "reload: " << st.message() << "; keeping the running config";
+  std::vector<ConfigError> errors;
+  if (Status st = LoadConfigFile(options_.config_path, &next, &errors); !st.ok()) {
+    // A line per error, each an error entry of its own in the journal; the STATUS line, one
+    // line, names the first.
+    if (errors.size() <= 1) {
+      LOG(ERROR) << "reload: " << st.message() << "; keeping the running config";
+      last_reload_error_ = st.message();
+      return st;
+    }
+    LOG(ERROR) << "reload: " << errors.size() << " errors in " << options_.config_path
+               << "; keeping the running config";
+    for (const ConfigError& e : errors) LOG(ERROR) << "reload: " << e.ToString();
+    last_reload_error_ = errors.front().ToString() + " (and " +
+                         std::to_string(errors.size() - 1) + " more, in the log)";
     return st;
   }
   ApplyOverrides(options_, &next);
@@ -335,6 +366,7 @@ Status Daemon::Reload() {
                  << "running [fleet]";
     next.fleet = config_.fleet;
   }
+  LogChanges(config_, next);
 
   const bool tick_changed = n.tick_ms != o.tick_ms;
   const bool metrics_changed =

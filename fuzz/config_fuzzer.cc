@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "daemon/config.h"
 #include "shm/segment.h"
@@ -12,12 +13,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace retryd;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   daemon::Config cfg;
-  const Status s = daemon::ParseConfig(text, "fuzz.toml", &cfg);
+  std::vector<daemon::ConfigError> errors;
+  const Status s = daemon::ParseConfig(text, "fuzz.toml", &cfg, &errors);
   if (!s.ok()) {
-    // Every error names where it comes from.
-    if (s.message().rfind("fuzz.toml", 0) != 0) std::abort();
+    // Every error names where it comes from, and they come in file order.
+    if (errors.empty()) std::abort();
+    for (size_t i = 0; i < errors.size(); ++i) {
+      if (errors[i].source != "fuzz.toml") std::abort();
+      if (i > 0 && errors[i].line < errors[i - 1].line) std::abort();
+    }
+    if (s.message().find(errors.front().ToString()) == std::string::npos) std::abort();
     return 0;
   }
+  if (!errors.empty()) std::abort();
   // What the parser accepts, the policy validator accepts too.
   if (!shm::Validate(cfg.defaults).ok()) std::abort();
   for (const auto& [name, policy] : cfg.dependencies) {

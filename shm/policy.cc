@@ -60,22 +60,36 @@ const KnobSpec* FindKnob(std::string_view key) {
   return nullptr;
 }
 
-PolicyProblem Validate(const Policy& p) {
+std::vector<PolicyProblem> ValidateAll(const Policy& p) {
+  std::vector<PolicyProblem> problems;
+  auto in_range = [&p](Knob k) {
+    const KnobSpec& s = Spec(k);
+    return p.*s.field >= s.min && p.*s.field <= s.max;
+  };
   for (const KnobSpec& s : kKnobs) {
-    const uint32_t v = p.*s.field;
-    const uint32_t lo = MinOf(s, p);
-    if (v >= lo && v <= s.max) continue;
-    if (lo != s.min) {  // open_for_max under open_for
-      return {s.key, std::string(s.key) + " must be at least open_for (" + FormatKnobValue(s, lo) +
-                         "), got " + FormatKnobValue(s, v)};
-    }
-    return {s.key, Range(s, v)};
+    if (!in_range(s.knob)) problems.push_back({s.key, nullptr, Range(s, p.*s.field)});
   }
-  if (p.window_ms / p.window_buckets < kMinBucketMs) {
-    return {"window", "window / window_buckets must be at least " + std::to_string(kMinBucketMs) +
-                          "ms, got " + std::to_string(p.window_ms / p.window_buckets) + "ms"};
+  if (in_range(Knob::open_for_ms) && in_range(Knob::open_for_max_ms) &&
+      p.open_for_max_ms < p.open_for_ms) {
+    const KnobSpec& s = Spec(Knob::open_for_max_ms);
+    problems.push_back({s.key, Spec(Knob::open_for_ms).key,
+                        std::string(s.key) + " must be at least open_for (" +
+                            FormatKnobValue(s, p.open_for_ms) + "), got " +
+                            FormatKnobValue(s, p.open_for_max_ms)});
   }
-  return {};
+  if (in_range(Knob::window_ms) && in_range(Knob::window_buckets) &&
+      p.window_ms / p.window_buckets < kMinBucketMs) {
+    problems.push_back({Spec(Knob::window_ms).key, Spec(Knob::window_buckets).key,
+                        "window / window_buckets must be at least " +
+                            std::to_string(kMinBucketMs) + "ms, got " +
+                            std::to_string(p.window_ms / p.window_buckets) + "ms"});
+  }
+  return problems;
+}
+
+PolicyProblem Validate(const Policy& p) {
+  std::vector<PolicyProblem> problems = ValidateAll(p);
+  return problems.empty() ? PolicyProblem{} : std::move(problems.front());
 }
 
 Policy Clamped(const Policy& in) {
@@ -121,6 +135,11 @@ std::string FormatKnobValue(const KnobSpec& s, uint32_t v) {
   return std::to_string(v);
 }
 
+std::string FormatKnobToml(const KnobSpec& s, uint32_t v) {
+  const std::string value = FormatKnobValue(s, v);
+  return s.kind == KnobKind::kDuration ? "\"" + value + "\"" : value;
+}
+
 std::string DefaultPolicyToml() {
   const Policy defaults;
   std::string out =
@@ -130,9 +149,7 @@ std::string DefaultPolicyToml() {
     if (s.min != 0 || s.max != UINT32_MAX) {
       doc += " Valid:\x01" + FormatKnobValue(s, s.min) + ".." + FormatKnobValue(s, s.max) + ".";
     }
-    std::string value = FormatKnobValue(s, defaults.*s.field);
-    if (s.kind == KnobKind::kDuration) value = "\"" + value + "\"";
-    out += Comment(doc) + s.key + " = " + value + "\n";
+    out += Comment(doc) + s.key + " = " + FormatKnobToml(s, defaults.*s.field) + "\n";
   }
   return out;
 }

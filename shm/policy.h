@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shm/layout.h"
 
@@ -88,16 +89,23 @@ inline uint32_t LoadKnob(const PolicyWords& words) {
   }
 }
 
-// A value out of range: the knob's config key (nullptr for a problem of the whole policy, none
-// so far) and a message that names it ("window_buckets must be 1..16, got 40").
+// A value out of range, or a broken rule between two knobs: the knob's config key (nullptr for a
+// problem of the whole policy, none so far), for a rule the other knob's key, and a message
+// that names it ("window_buckets must be 1..16, got 40").
 struct PolicyProblem {
   const char* key = nullptr;
+  const char* other_key = nullptr;
   std::string message;
   bool ok() const { return message.empty(); }
 };
 
-// Validate returns the first value out of its row's range, or the first broken rule between
-// knobs (open_for_max >= open_for, window / window_buckets >= 50ms), naming the config key.
+// ValidateAll returns every problem of `p`, in row order: each value out of its row's range,
+// then each broken rule between knobs (open_for_max >= open_for, window / window_buckets >=
+// 50ms). A rule is checked only when both of its values are in range, so that one bad value
+// is one problem.
+std::vector<PolicyProblem> ValidateAll(const Policy& p);
+
+// Validate returns the first problem of ValidateAll, or none.
 PolicyProblem Validate(const Policy& p);
 
 // Clamped returns `p` with every value pulled into range, the rules between knobs included.
@@ -113,8 +121,10 @@ Policy LoadPolicy(const PolicyWords& words);
 // divides it ("10s", "1500ms"); the config loader's ParseDurationMs reads it back exactly (up to
 // 2^32-1 ms).
 std::string FormatConfigDuration(uint64_t ms);
-// FormatKnobValue renders a value as a config file spells it: 0.2, 10, "10s".
+// FormatKnobValue renders a value in the config's units, unquoted: 0.2, 10, 10s.
 std::string FormatKnobValue(const KnobSpec& spec, uint32_t value);
+// FormatKnobToml renders a value as a config file spells it, a duration quoted: 0.2, 10, "10s".
+std::string FormatKnobToml(const KnobSpec& spec, uint32_t value);
 // DefaultPolicyToml renders the [defaults] section of the default config from the table: each
 // knob's doc as a comment, then `key = default`.
 std::string DefaultPolicyToml();

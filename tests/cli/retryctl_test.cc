@@ -1071,6 +1071,15 @@ TEST(RetryctlCheckConfig, AcceptsAGoodFileAndNamesTheProblemInABadOne) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("retry_ration"));
 
+  // Every problem, each on a line of its own.
+  const std::string two = WriteTemp("[defaults]\nretry_ration = 0.2\nwindow_buckets = 40\n");
+  r = Retryctl({"check-config", two});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("2 errors in " + two + ":\n" + two + ":2:1: unknown key "
+                               "'retry_ration'"));
+  EXPECT_THAT(r.err, HasSubstr("\n" + two + ":3:18: key 'defaults.window_buckets'"));
+  unlink(two.c_str());
+
   r = Retryctl({"check-config", "/nonexistent/retryd.toml"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/retryd.toml"));

@@ -370,12 +370,133 @@ INSTANTIATE_TEST_SUITE_P(AllErrors, ConfigErrorTest, ::testing::ValuesIn(kBadCas
                            return std::string(info.param.name);
                          });
 
+// Every problem of a file is reported at once, in file order, whatever order the sections are
+// read in ([defaults] before the dependencies, the dependencies by name).
+TEST(ConfigTest, EveryErrorIsReportedInFileOrder) {
+  const char* text =
+      "[dependency.zeta]\n"           // 1
+      "window = \"10 sec\"\n"         // 2
+      "[defaults]\n"                  // 3
+      "retry_ration = 0.3\n"          // 4
+      "[dependency.alpha]\n"          // 5
+      "half_open_probes = 9\n"        // 6
+      "[daemon]\n"                    // 7
+      "tick = \"2s\"\n";              // 8
+  Config cfg = BuiltinConfig();
+  cfg.daemon.segment = "sentinel";
+  std::vector<ConfigError> errors;
+  const Status st = ParseConfig(text, "bad.toml", &cfg, &errors);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(cfg.daemon.segment, "sentinel") << "*out unchanged";
+  ASSERT_EQ(errors.size(), 4u) << st.message();
+  EXPECT_EQ(errors[0].ToString(),
+            "bad.toml:2:10: key 'dependency.zeta.window': bad duration \"10 sec\" (use a number "
+            "with ms, s, m or h, e.g. \"500ms\")");
+  EXPECT_EQ(errors[1].line, 4u);
+  EXPECT_EQ(errors[1].column, 1u);
+  EXPECT_EQ(errors[1].ToString().rfind("bad.toml:4:1: unknown key 'retry_ration' in [defaults] "
+                                       "(did you mean 'retry_ratio'?)",
+                                       0),
+            0u)
+      << errors[1].ToString();
+  EXPECT_EQ(errors[2].ToString(),
+            "bad.toml:6:20: key 'dependency.alpha.half_open_probes': half_open_probes must be "
+            "1..8, got 9");
+  EXPECT_EQ(errors[3].ToString(),
+            "bad.toml:8:8: key 'daemon.tick': duration \"2s\" out of range (valid: 1ms to 1s)");
+  // The status says how many, then each on a line of its own.
+  std::string expected = "4 errors in bad.toml:";
+  for (const ConfigError& e : errors) expected += "\n" + e.ToString();
+  EXPECT_EQ(st.message(), expected);
+}
+
+TEST(ConfigTest, OneErrorIsTheMessageItselfAndAGoodFileClearsTheErrors) {
+  std::vector<ConfigError> errors = {{"stale.toml", 1, 1, "stale"}};
+  Config cfg;
+  const Status st = ParseConfig("[defaults]\nclose_after = 0\n", "bad.toml", &cfg, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(st.message(), "bad.toml:2:15: key 'defaults.close_after': close_after must be "
+                          "1..255, got 0");
+  EXPECT_EQ(st.message(), errors[0].ToString());
+  EXPECT_TRUE(ParseConfig("[defaults]\nclose_after = 1\n", "good.toml", &cfg, &errors).ok());
+  EXPECT_TRUE(errors.empty());
+}
+
+// What follows from a value already refused is not reported again: one mistake, one error.
+TEST(ConfigTest, AValueThatDependsOnARefusedOneIsNotJudgedAgain) {
+  struct Case {
+    const char* name;
+    const char* text;
+    const char* only_error;
+  } cases[] = {
+      {"rule_with_an_unreadable_value",
+       "[defaults]\nopen_for = \"a minute\"\nopen_for_max = \"500ms\"\n",
+       "bad.toml:2:12: key 'defaults.open_for': bad duration \"a minute\""},
+      {"rule_with_a_value_out_of_range", "[defaults]\nopen_for = \"48h\"\n",
+       "bad.toml:2:12: key 'defaults.open_for': open_for must be 1ms..24h, got 48h"},
+      {"defaults_inherited_by_every_dependency",
+       "[defaults]\nwindow_buckets = 40\n[dependency.a]\n[dependency.b]\nretry_burst = 3\n",
+       "bad.toml:2:18: key 'defaults.window_buckets': window_buckets must be 1..16, got 40"},
+      {"fleet_rules_after_a_refused_key", "[fleet]\nredis = 6379\n",
+       "bad.toml:2:9: key 'fleet.redis': expected a string, got an integer 6379"},
+      {"fleet_dependency_of_a_refused_fleet",
+       "[fleet]\nredis = \"redis.local\"\n[dependency.db]\nfleet = true\n",
+       "bad.toml:2:9: key 'fleet.redis': bad address \"redis.local\""},
+      {"fleet_true_inherited_is_the_defaults_mistake",
+       "[defaults]\nfleet = true\n[dependency.a]\n[dependency.b]\n",
+       "bad.toml:2:9: key 'defaults.fleet': true, but the config has no [fleet] section"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Config cfg;
+    std::vector<ConfigError> errors;
+    const Status st = ParseConfig(c.text, "bad.toml", &cfg, &errors);
+    ASSERT_EQ(errors.size(), 1u) << st.message();
+    EXPECT_EQ(errors[0].ToString().rfind(c.only_error, 0), 0u) << errors[0].ToString();
+  }
+}
+
+// A rule between two keys, both set and both in range, is still judged, and so is every other
+// problem of the same section.
+TEST(ConfigTest, RulesAndRangesOfOneSectionAreAllReported) {
+  Config cfg;
+  std::vector<ConfigError> errors;
+  const Status st = ParseConfig(
+      "[dependency.db]\nwindow = \"200ms\"\nwindow_buckets = 16\nclose_after = 0\n"
+      "open_for = \"1m\"\n",
+      "bad.toml", &cfg, &errors);
+  ASSERT_EQ(errors.size(), 3u) << st.message();
+  EXPECT_EQ(errors[0].ToString(), "bad.toml:1:1: [dependency.db]: open_for_max must be at least "
+                                  "open_for (1m), got 30s");
+  EXPECT_EQ(errors[1].ToString(), "bad.toml:2:10: key 'dependency.db.window': window / "
+                                  "window_buckets must be at least 50ms, got 12ms");
+  EXPECT_EQ(errors[2].ToString(), "bad.toml:4:15: key 'dependency.db.close_after': close_after "
+                                  "must be 1..255, got 0");
+}
+
+TEST(ConfigTest, ASyntaxErrorIsTheOnlyError) {
+  Config cfg;
+  std::vector<ConfigError> errors;
+  const Status st =
+      ParseConfig("[defaults]\nclose_after = 0\n[daemon\ntick = \"2s\"\n", "bad.toml", &cfg, &errors);
+  ASSERT_EQ(errors.size(), 1u) << st.message();
+  EXPECT_EQ(errors[0].line, 3u);
+  EXPECT_EQ(st.message().rfind("bad.toml:3:", 0), 0u) << st.message();
+}
+
 TEST(ConfigTest, MissingFileIsNotFoundNamingThePath) {
   Config cfg;
   Status st = LoadConfigFile("/nonexistent/retryd.toml", &cfg);
   EXPECT_EQ(st.code(), Status::Code::kNotFound);
   EXPECT_NE(st.message().find("/nonexistent/retryd.toml"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("No such file"), std::string::npos) << st.message();
+  std::vector<ConfigError> errors;
+  EXPECT_EQ(LoadConfigFile("/nonexistent/retryd.toml", &cfg, &errors).code(),
+            Status::Code::kNotFound);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].line, 0u) << "the file as a whole";
+  EXPECT_EQ(errors[0].ToString(), st.message());
 }
 
 TEST(ConfigTest, FileErrorsCarryThePath) {

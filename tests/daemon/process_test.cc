@@ -208,8 +208,49 @@ TEST_F(DaemonProcessTest, ReloadAddsChangesAndRetiresWithoutLosingState) {
   EXPECT_EQ(seg->Find("created-by-worker"), int32_t(worker_dep))
       << "a dependency a worker created is not the config's to retire";
   EXPECT_GT(seg->header().generation.load(), generation);
-  EXPECT_TRUE(LogHas(*d, "dependency a: retired"));
   EXPECT_TRUE(LogHas(*d, "1 added, 1 changed, 1 retired"));
+  EXPECT_TRUE(LogHas(*d, "reload: dependency 'a': removed\n")) << d->Log();
+  EXPECT_TRUE(LogHas(*d, "reload: dependency 'b': retry_burst 10 -> 7\n")) << d->Log();
+  EXPECT_TRUE(LogHas(*d, "reload: dependency 'c': added\n")) << d->Log();
+}
+
+// Each key a reload changes is logged with its old and new value, spelled as the config spells
+// them, on one line per dependency; the dependencies it does not change get no line.
+TEST_F(DaemonProcessTest, ReloadLogsEveryChangedKeyWithItsOldAndNewValue) {
+  auto d = StartDaemon(Config(
+      "[dependency.db]\nretry_ratio = 0.1\nopen_for = \"1s\"\n[dependency.cache]\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  WriteFile(config_, Config("[dependency.db]\nretry_ratio = 0.2\nopen_for = \"2s\"\n"
+                            "[dependency.cache]\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  EXPECT_TRUE(LogHas(*d, "] reload: dependency 'db': retry_ratio 0.1 -> 0.2, open_for \"1s\" -> "
+                         "\"2s\"\n"))
+      << d->Log();
+  EXPECT_TRUE(LogHas(*d, "reload: " + config_ + " applied: 2 dependencies (0 added, 1 changed"))
+      << d->Log();
+  EXPECT_EQ(d->Log().find("dependency 'cache'"), std::string::npos) << d->Log();
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).open_for_ms, 2'000u);
+}
+
+TEST_F(DaemonProcessTest, AReloadThatChangesNothingLogsNoChangeLine) {
+  const std::string text = Config("tick = \"20ms\"\n[defaults]\nretry_burst = 4\n"
+                                  "[dependency.db]\nopen_for = \"2s\"\n");
+  auto d = StartDaemon(text);
+  WriteFile(config_, text);
+  d->Signal(SIGHUP);
+  // The change lines come before the line that says the reload is done.
+  ASSERT_TRUE(LogHas(*d, "reload: " + config_ + " applied: 1 dependencies (0 added, 0 changed, "
+                         "0 retired)"))
+      << d->Log();
+  const std::string log = d->Log();
+  for (const char* change : {"reload: dependency", "reload: [daemon]", "reload: [defaults]",
+                             "dependency db: "}) {
+    EXPECT_EQ(log.find(change), std::string::npos) << change << " in:\n" << log;
+  }
 }
 
 // The daemon's sweep frees expired leases in every word of every slot in use: a bulkhead word
@@ -268,6 +309,7 @@ TEST_F(DaemonProcessTest, BadReloadKeepsTheRunningConfig) {
   ASSERT_GE(db, 0);
   EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).retry_burst, 5u);
   EXPECT_EQ(seg->header().generation.load(), generation);
+  EXPECT_EQ(ready.find("more, in the log"), std::string::npos) << "one error: " << ready;
 
   // Fixed: the next reload applies and clears the failure from the status.
   WriteFile(config_, Config("[dependency.db]\nretry_burst = 6\n"));
@@ -276,6 +318,39 @@ TEST_F(DaemonProcessTest, BadReloadKeepsTheRunningConfig) {
   const std::string fixed = notify_.WaitFor("READY=1", 5'000);
   EXPECT_EQ(fixed.find("failed"), std::string::npos) << fixed;
   EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).retry_burst, 6u);
+}
+
+// A reload refused for several errors logs each, in file order, each on a line (an entry of the
+// journal) of its own, and keeps the running config.
+TEST_F(DaemonProcessTest, BadReloadWithTwoErrorsLogsBothAndKeepsTheRunningConfig) {
+  auto d = StartDaemon(Config("[dependency.db]\nretry_burst = 5\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  const uint64_t generation = seg->header().generation.load();
+
+  WriteFile(config_, Config("[dependency.db]\nretry_burst = 6\nwindow = \"10 sec\"\n"
+                            "close_after = 0\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("RELOADING=1", 5'000), "");
+  const std::string ready = notify_.WaitFor("READY=1", 5'000);
+  ASSERT_NE(ready, "") << d->Log();
+  const std::string first = config_ + ":7:10: key 'dependency.db.window': bad duration \"10 sec\"";
+  const std::string second =
+      config_ + ":8:15: key 'dependency.db.close_after': close_after must be 1..255, got 0";
+  EXPECT_TRUE(LogHas(*d, "] reload: 2 errors in " + config_ + "; keeping the running config\n"))
+      << d->Log();
+  EXPECT_TRUE(LogHas(*d, "] reload: " + first)) << d->Log();
+  EXPECT_TRUE(LogHas(*d, "] reload: " + second + "\n")) << d->Log();
+  const std::string log = d->Log();
+  EXPECT_LT(log.find(first), log.find(second)) << "in file order";
+  // The STATUS line is one line: the first error, and how many more.
+  EXPECT_NE(ready.find("last reload failed: " + first), std::string::npos) << ready;
+  EXPECT_NE(ready.find("(and 1 more, in the log)"), std::string::npos) << ready;
+  EXPECT_EQ(kill(d->pid(), 0), 0) << "still running";
+  EXPECT_EQ(shm::LoadPolicy(seg->dependency(uint32_t(db))->policy).retry_burst, 5u);
+  EXPECT_EQ(seg->header().generation.load(), generation);
 }
 
 TEST_F(DaemonProcessTest, RestartOnlySettingsAreKeptUntilRestart) {
@@ -791,6 +866,57 @@ TEST_F(DaemonProcessTest, StartFailsWithTheConfigError) {
   EXPECT_EQ(notify_.WaitFor("READY=1", 200), "");
 }
 
+// Three errors on three lines, in sections read in another order than the file's ([defaults]
+// first, then the dependencies by name): all three, in file order, each with its line.
+constexpr char kThreeErrors[] =
+    "[dependency.db]\n"          // line 5, after Config's [daemon]
+    "window = \"10 sec\"\n"      // 6
+    "[defaults]\n"               // 7
+    "retry_ration = 0.3\n"       // 8
+    "[dependency.api]\n"         // 9
+    "half_open_probes = 9\n";    // 10
+
+std::vector<std::string> ThreeErrors(const std::string& path) {
+  return {path + ":6:10: key 'dependency.db.window': bad duration \"10 sec\" (use a number with "
+                 "ms, s, m or h, e.g. \"500ms\")",
+          path + ":8:1: unknown key 'retry_ration' in [defaults] (did you mean 'retry_ratio'?)",
+          path + ":10:20: key 'dependency.api.half_open_probes': half_open_probes must be 1..8, "
+                 "got 9"};
+}
+
+TEST_F(DaemonProcessTest, CheckConfigReportsEveryErrorInFileOrder) {
+  WriteFile(config_, Config(kThreeErrors));
+  const testing::RunResult r = testing::RunToCompletion({"--check_config=" + config_});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  std::vector<std::string> lines;
+  std::istringstream err(r.err);
+  for (std::string line; std::getline(err, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u) << r.err;
+  EXPECT_EQ(lines[0], "3 errors in " + config_ + ":");
+  const std::vector<std::string> want = ThreeErrors(config_);
+  EXPECT_EQ(lines[1], want[0]);
+  EXPECT_EQ(lines[2].rfind(want[1], 0), 0u) << lines[2];  // then the valid keys
+  EXPECT_EQ(lines[3], want[2]);
+}
+
+TEST_F(DaemonProcessTest, StartFailsWithEveryConfigError) {
+  WriteFile(config_, Config(kThreeErrors));
+  DaemonProcess d({"--config=" + config_}, notify_.path());
+  EXPECT_EQ(d.Wait(10'000), 1);
+  const std::string log = d.Log();
+  // One log entry per line, so that the journal takes each as an error.
+  const size_t count = log.find("] daemon: cannot start: 3 errors in " + config_ + ":\n");
+  EXPECT_NE(count, std::string::npos) << log;
+  size_t last = count;
+  for (const std::string& e : ThreeErrors(config_)) {
+    const size_t at = log.find("] daemon: " + e);
+    EXPECT_NE(at, std::string::npos) << e << "\nnot in:\n" << log;
+    EXPECT_GT(at, last) << "in file order: " << e;
+    last = at;
+  }
+}
+
 TEST_F(DaemonProcessTest, StartFailsOnAnUnknownOwner) {
   WriteFile(config_, Config("owner = \"no-such-user-retryd-test\"\n"));
   DaemonProcess d({"--config=" + config_}, "");
@@ -869,20 +995,27 @@ TEST(JournalTest, EachLineCarriesItsSyslogPriorityWhenStderrIsTheJournal) {
   kill(daemon, SIGTERM);
   EXPECT_EQ(Reap(daemon), 0);
   EXPECT_EQ(Reap(RunWithStderr({"--config=/nonexistent/retryd.toml"}, log, true)), 1);
+  // A config refused for two errors: the count and each error are entries of their own.
+  const std::string bad = TempPath(".toml");
+  WriteFile(bad, "[defaults]\nwindow = \"10 sec\"\nclose_after = 0\n");
+  EXPECT_EQ(Reap(RunWithStderr({"--config=" + bad}, log, true)), 1);
 
   const std::string text = ReadFile(log);
   std::istringstream lines(text);
-  int info = 0, error = 0, n = 0;
+  int info = 0, error = 0, bad_lines = 0, n = 0;
   for (std::string line; std::getline(lines, line); ++n) {
     ASSERT_GE(line.size(), 5u) << line;
     const std::string head = line.substr(0, 5);
     EXPECT_TRUE(head == "<6>I " || head == "<4>W " || head == "<3>E ") << line;
     info += head == "<6>I " && line.find("daemon: ready") != std::string::npos;
     error += head == "<3>E " && line.find("cannot start") != std::string::npos;
+    bad_lines += head == "<3>E " && line.find(bad + ":") != std::string::npos;
   }
   EXPECT_GT(n, 2) << text;
   EXPECT_EQ(info, 1) << text;
-  EXPECT_EQ(error, 1) << text;
+  EXPECT_EQ(error, 2) << text;
+  EXPECT_EQ(bad_lines, 3) << "\"2 errors in FILE:\" and one line per error:\n" << text;
+  unlink(bad.c_str());
 
   // A stderr that is not the journal's stream keeps glog's own prefix.
   const std::string plain = TempPath(".log");

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace retryd::shm {
 namespace {
@@ -76,6 +77,35 @@ TEST(PolicyKnobsTest, ValidateStatesRangesInTheUnitsOfTheConfig) {
   EXPECT_EQ(Validate(p).message, "window / window_buckets must be at least 50ms, got 12ms");
 }
 
+// Every problem at once, and each bad value once: a rule between two knobs is judged only when
+// both values are in range (a window of 0 buckets is out of range, not a division by zero).
+TEST(PolicyKnobsTest, ValidateAllReportsEveryProblemAndEachBadValueOnce) {
+  EXPECT_TRUE(ValidateAll(Policy{}).empty());
+  Policy p;
+  p.window_buckets = 0;
+  p.close_after = 0;
+  p.open_for_ms = 60'000;
+  std::vector<PolicyProblem> problems = ValidateAll(p);
+  ASSERT_EQ(problems.size(), 3u);
+  EXPECT_STREQ(problems[0].key, "window_buckets");
+  EXPECT_EQ(problems[0].other_key, nullptr);
+  EXPECT_STREQ(problems[1].key, "close_after");
+  EXPECT_STREQ(problems[2].key, "open_for_max");
+  EXPECT_STREQ(problems[2].other_key, "open_for");
+  EXPECT_EQ(problems[2].message, "open_for_max must be at least open_for (1m), got 30s");
+  EXPECT_EQ(Validate(p).message, problems[0].message);
+
+  p = Policy{};
+  p.open_for_ms = 0;  // out of range: not also below open_for_max's rule
+  p.window_ms = 200;
+  p.window_buckets = 16;
+  problems = ValidateAll(p);
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_STREQ(problems[0].key, "open_for");
+  EXPECT_STREQ(problems[1].key, "window");
+  EXPECT_STREQ(problems[1].other_key, "window_buckets");
+}
+
 // Whatever a scribbling client leaves in the words, every reader sees values in range.
 TEST(PolicyKnobsTest, LoadClampsEveryScribbledWord) {
   PolicyWords words;
@@ -119,6 +149,10 @@ TEST(PolicyKnobsTest, FormatKnobValueSpellsValuesAsTheConfigDoes) {
   EXPECT_EQ(FormatKnobValue(Spec(Knob::open_for_max_ms), 86'400'000), "24h");
   EXPECT_EQ(FormatKnobValue(Spec(Knob::slow_call_ms), 0), "0s");
   EXPECT_EQ(FormatKnobValue(Spec(Knob::min_calls), 20), "20");
+  // As TOML: a duration is a string.
+  EXPECT_EQ(FormatKnobToml(Spec(Knob::window_ms), 10'000), "\"10s\"");
+  EXPECT_EQ(FormatKnobToml(Spec(Knob::retry_ratio_milli), 200), "0.2");
+  EXPECT_EQ(FormatKnobToml(Spec(Knob::min_calls), 20), "20");
 }
 
 // The shipped config documents every knob with its default, word for word as the table says.
