@@ -79,6 +79,9 @@ Status ParseArguments(int argc, const char* const* argv, Invocation* out) {
     } else if (name == "--json") {
       s = no_value();
       out->json = true;
+    } else if (name == "--wide") {
+      s = no_value();
+      out->wide = true;
     } else if (name == "--segment" || name == "-s") {
       s = require_value(&out->segment);
       if (s.ok() && out->segment.empty()) {
@@ -180,6 +183,19 @@ bool UseColor(const Invocation& inv, bool stdout_is_terminal) {
   return stdout_is_terminal && (no_color == nullptr || no_color[0] == '\0');
 }
 
+uint32_t OutputWidth(const Invocation& inv, bool stdout_is_terminal, uint32_t terminal_columns) {
+  if (inv.wide || inv.json || !stdout_is_terminal) return 0;
+  if (terminal_columns > 0) return terminal_columns;
+  constexpr unsigned long kMaxColumns = 10'000;
+  if (const char* env = std::getenv("COLUMNS"); env != nullptr && env[0] >= '0' && env[0] <= '9') {
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(env, &end, 10);
+    if (errno == 0 && *end == '\0' && v >= 1 && v <= kMaxColumns) return uint32_t(v);
+  }
+  return 80;
+}
+
 std::string GeneralHelp() {
   std::string text = R"(retryctl: inspect and steer retryd (host-wide retry budgets and circuit breakers).
 
@@ -213,6 +229,10 @@ Options:
                                name); read-only, but read-write for set-mode and reset
       --json                   machine-readable output (status, workers, fleet; schema:
                                docs/retryctl-json-schema.json)
+      --wide                   status: every column and whole names, however wide the
+                               terminal (on a terminal, status shows the columns that fit
+                               and says which it left out; piped or redirected, it always
+                               shows every column)
   -w, --watch [SECONDS]        refresh every SECONDS (default 2) until Ctrl-C (status, workers,
                                fleet)
       --color auto|always|never  ANSI colour (default auto: only on a terminal, never with

@@ -1,16 +1,21 @@
 #include "cli/commands.h"
 
+#include <langinfo.h>
+#include <locale.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "cli/args.h"
 #include "cli/render.h"
+#include "cli/text.h"
 #include "shm/view.h"
 #include "daemon/config.h"
 #include "daemon/metrics.h"
@@ -31,6 +36,7 @@ struct Context {
   std::FILE* err;
   bool color = false;
   bool out_is_terminal = false;
+  bool utf8 = false;  // the locale's characters are UTF-8: a cut name ends in "…"
 };
 
 namespace {
@@ -128,6 +134,32 @@ RenderOptions MakeRenderOptions(const Context& c) {
   return r;
 }
 
+// Utf8Locale: the user's locale ($LC_ALL, $LC_CTYPE, $LANG) encodes characters as UTF-8. Reads
+// it without making it the process's.
+bool Utf8Locale() {
+  const locale_t locale = newlocale(LC_CTYPE_MASK, "", locale_t(0));
+  if (locale == locale_t(0)) return false;  // unset, or not installed: the C locale
+  const bool utf8 = std::strcmp(nl_langinfo_l(CODESET, locale), "UTF-8") == 0;
+  freelocale(locale);
+  return utf8;
+}
+
+// Width: the columns the output keeps within now (OutputWidth; 0: no limit). Read again for
+// every frame of --watch, so that a resized terminal gets frames of its new size.
+uint32_t Width(const Context& c) {
+  winsize size{};
+  const uint32_t columns =
+      c.out_is_terminal && ioctl(fileno(c.out), TIOCGWINSZ, &size) == 0 ? size.ws_col : 0;
+  return OutputWidth(c.inv, c.out_is_terminal, columns);
+}
+
+RenderOptions StatusRenderOptions(const Context& c) {
+  RenderOptions r = MakeRenderOptions(c);
+  r.width = Width(c);
+  r.utf8 = c.utf8;
+  return r;
+}
+
 // Frame renders one refresh into text and returns the exit code it would end with.
 using Frame = std::function<int(std::string* text)>;
 
@@ -158,7 +190,7 @@ int Watch(const Context& c, const Frame& frame) {
       char head[96];
       std::snprintf(head, sizeof head, "Every %.1fs: retryctl %s", c.inv.watch_seconds,
                     c.inv.command.c_str());
-      text = std::string(head) + "    " + LocalTimeNow() + "\n\n" + text;
+      text = WrapToWidth(std::string(head) + "    " + LocalTimeNow(), Width(c), 2) + "\n" + text;
       if (c.out_is_terminal) {
         text = "\033[H\033[2J" + text;
       } else {
@@ -229,7 +261,7 @@ int RunStatus(const Context& c) {
     shm::SegmentStatus first;
     if (Status s = shm::BuildStatus(*seg, build, &first); !s.ok()) return Fail(c, s.message());
     if (!c.inv.watch) {
-      Print(c.out, render(first, MakeRenderOptions(c)));
+      Print(c.out, render(first, StatusRenderOptions(c)));
       return StatusExit(first);
     }
   }
@@ -256,7 +288,7 @@ int RunStatus(const Context& c) {
                          : "retryctl: " + s.message() + "\n";
       return kExitError;
     }
-    RenderOptions r = MakeRenderOptions(c);
+    RenderOptions r = StatusRenderOptions(c);
     if (previous && previous->name == snap.name) {
       r.deltas = true;
       r.interval_ms = (snap.now_ns - previous->now_ns) / 1'000'000;
@@ -481,12 +513,14 @@ const Command kCommands[] = {
      "one row per dependency: mode, breaker, window, retry budget,\n"
      "bulkhead, rejections (exit 1 if a shown dependency is open, 3 if the\n"
      "daemon is down)",
-     "retryctl status [--json] [--watch [SECONDS]] [DEP...]",
+     "retryctl status [--json] [--wide] [--watch [SECONDS]] [DEP...]",
      R"(Shows the segment header (generation, daemon pid, heartbeat age, attached processes) and one row
 per active dependency, or only the named ones:
   MODE          enforce, shadow, disabled or forced-open
   BREAKER       closed; open and the time until it goes half-open; half-open with probe leases
                 in flight / allowed
+  SINCE         how long the breaker has been in its state
+  LAST PROBE    the last half-open probe's outcome (ok, failed, expired) and how long ago
   WINDOW        failure rate and calls in the breaker's sliding window (approximate at bucket
                 edges)
   RETRY TOKENS  retry budget tokens available now / burst
@@ -498,6 +532,13 @@ per active dependency, or only the named ones:
 Counters are cumulative since the dependency was created; with --watch, every refresh after
 the first shows the change since the previous refresh instead, and the header says so.
 --json prints one JSON document (one per refresh, one per line, with --watch).
+
+On a terminal, the table fits the terminal's width (where it does not say, $COLUMNS, else 80;
+each refresh of --watch fits the width of the moment): DEPENDENCY and BREAKER always, then as
+many as fit of MODE, WINDOW, REJECTED, RETRY TOKENS, SINCE, LAST PROBE, RETRIES, RETRY RATIO,
+BULKHEAD and FLEET, in that order; long names are cut with an ellipsis, and a line under the
+table names what was left out. --wide shows every column and whole names. Piped or
+redirected, status always prints the whole table, as --wide does.
 
 With a [fleet], a line under the header says whether the host is joined, local (the store
 does not answer) or stale (joined, but no sync for over --fleet-stale-after), and the FLEET
@@ -623,6 +664,7 @@ int RunRetryctl(int argc, const char* const* argv, std::FILE* out, std::FILE* er
   c.socket = ResolveSocketPath(c.inv);
   c.out_is_terminal = isatty(fileno(out)) == 1;
   c.color = UseColor(c.inv, c.out_is_terminal) && !c.inv.json;
+  c.utf8 = Utf8Locale();
 
   // ParseArguments accepted only names in the table, and turned `help` into --help.
   return FindCommand(c.inv.command)->run(c);

@@ -5,7 +5,12 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <numeric>
+#include <string_view>
 
+#include "cli/text.h"
 #include "shm/policy.h"
 #include "shm/retry_budget.h"
 
@@ -62,7 +67,8 @@ uint64_t NowUnixMs(const RenderOptions& opt) {
   return opt.now_unix_ms != 0 ? opt.now_unix_ms : NowUnixMs();
 }
 
-// A text table whose cells may carry a style; widths ignore the escapes.
+// A text table whose cells may carry a style; widths count the cells' columns (DisplayWidth),
+// never the escapes. Columns are two spaces apart; a line has no trailing space.
 class Table {
  public:
   struct Cell {
@@ -72,22 +78,29 @@ class Table {
   void AddRow(std::vector<Cell> row) { rows_.push_back(std::move(row)); }
   void AddToLastRow(Cell cell) { rows_.back().push_back(std::move(cell)); }
   size_t rows() const { return rows_.size(); }
-  std::string Render(bool color) const {
+  const std::vector<std::vector<Cell>>& cells() const { return rows_; }
+  // Widths: each column's widest cell.
+  std::vector<size_t> Widths() const {
     std::vector<size_t> width;
     for (const auto& row : rows_) {
       if (width.size() < row.size()) width.resize(row.size(), 0);
-      for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].text.size());
+      for (size_t i = 0; i < row.size(); ++i) {
+        width[i] = std::max(width[i], DisplayWidth(row[i].text));
+      }
     }
+    return width;
+  }
+  std::string Render(bool color) const {
+    const std::vector<size_t> width = Widths();
     std::string out;
     for (const auto& row : rows_) {
       std::string line;
       for (size_t i = 0; i < row.size(); ++i) {
-        std::string text = row[i].text;
-        if (i + 1 < row.size()) text.resize(width[i], ' ');
-        // Pad before painting so that escapes do not count toward the width.
-        const size_t pad = text.size() - row[i].text.size();
+        const bool last = i + 1 == row.size();
+        // Padded after painting, by the text's own width, so escapes take no column.
+        const size_t pad = last ? 0 : width[i] - DisplayWidth(row[i].text);
         line += Paint(row[i].text, row[i].style, color) + std::string(pad, ' ');
-        if (i + 1 < row.size()) line += "  ";
+        if (!last) line += "  ";
       }
       while (!line.empty() && line.back() == ' ') line.pop_back();
       out += line + "\n";
@@ -98,6 +111,18 @@ class Table {
  private:
   std::vector<std::vector<Cell>> rows_;
 };
+
+// PaintLines paints each line of `lines` (each ending in '\n') on its own, so that a style
+// never runs on past the end of a line.
+std::string PaintLines(const std::string& lines, const char* style, bool color) {
+  std::string out;
+  for (size_t pos = 0; pos < lines.size();) {
+    const size_t end = lines.find('\n', pos);
+    out += Paint(lines.substr(pos, end - pos), style, color) + "\n";
+    pos = end == std::string::npos ? lines.size() : end + 1;
+  }
+  return out;
+}
 
 const char* ModeStyle(shm::Mode m) {
   switch (m) {
@@ -184,7 +209,8 @@ std::string FleetLine(const shm::SegmentStatus& s, const RenderOptions& opt, uin
   return out;
 }
 
-// DaemonDownLines: the alarm of a daemon that is down or stale, "" when it is up.
+// DaemonDownLines: the alarm of a daemon that is down or stale, "" when it is up; wrapped to
+// opt.width.
 std::string DaemonDownLines(const shm::SegmentStatus& s, const RenderOptions& opt) {
   const shm::DaemonStatus& d = s.daemon;
   if (d.state == shm::DaemonState::kUp) return "";
@@ -205,10 +231,12 @@ std::string DaemonDownLines(const shm::SegmentStatus& s, const RenderOptions& op
           " (threshold " + FormatHumanDuration(opt.stale_after_ms) + ")";
   }
   const char* title = d.state == shm::DaemonState::kDown ? "DAEMON DOWN" : "DAEMON STALE";
-  out += Paint(std::string("!!! ") + title + ": " + why + " !!!", kAlarm, color) + "\n";
-  out +=
-      "    limits still hold in the segment; leases of dead workers are freed only when "
-      "they expire\n";
+  out += PaintLines(WrapToWidth(std::string("!!! ") + title + ": " + why + " !!!", opt.width, 4),
+                    kAlarm, color);
+  out += WrapToWidth(
+      "    limits still hold in the segment; leases of dead workers are freed only when they "
+      "expire",
+      opt.width, 4);
   return out;
 }
 
@@ -221,6 +249,101 @@ std::string FleetText(const shm::DependencyStatus& d) {
     case shm::FleetRole::kProbing: return "probes for " + std::to_string(d.fleet_hosts);
   }
   return "-";
+}
+
+// The status table's columns, in the order the full table shows them (FLEET only with a
+// fleet): the name `status --help` and a narrow table's footer call each by, what its header
+// adds (and whether the counters' span, TOTAL or LAST 2.0s, follows), and its rank on a
+// terminal too narrow for them all. Columns get room in rank order, and from the first that
+// does not fit on, the rest are left out; rank 0 is always shown. After the dependency and its
+// breaker, what an on-call engineer needs first: whether someone forced its mode, how badly it
+// fails, what callers are refused and whether retries have budget left; then the others from
+// left to right, so that a narrowing terminal drops them from the right.
+struct StatusColumn {
+  const char* name;
+  const char* detail;
+  bool span;
+  uint32_t rank;
+};
+constexpr StatusColumn kStatusColumns[] = {
+    {"DEPENDENCY", "", false, 0},
+    {"MODE", "", false, 1},
+    {"BREAKER", "", false, 0},
+    {"SINCE", "", false, 5},
+    {"LAST PROBE", "", false, 6},
+    {"WINDOW", " FAIL% OF CALLS", false, 2},
+    {"RETRY TOKENS", "", false, 4},
+    {"RETRIES", " OK/DENIED", true, 7},
+    {"RETRY RATIO", "", true, 8},
+    {"BULKHEAD", "", false, 9},
+    {"REJECTED", "", true, 3},
+    {"FLEET", "", false, 10},
+};
+constexpr size_t kDependencyColumn = 0, kBreakerColumn = 2, kWindowColumn = 5,
+                 kRetryTokensColumn = 6, kRetriesColumn = 7, kRetryRatioColumn = 8,
+                 kBulkheadColumn = 9, kRejectedColumn = 10, kFleetColumn = 11;
+static_assert(std::size(kStatusColumns) == kFleetColumn + 1);
+static_assert(std::string_view(kStatusColumns[kBreakerColumn].name) == "BREAKER" &&
+              std::string_view(kStatusColumns[kWindowColumn].name) == "WINDOW" &&
+              std::string_view(kStatusColumns[kRetryTokensColumn].name) == "RETRY TOKENS" &&
+              std::string_view(kStatusColumns[kRetriesColumn].name) == "RETRIES" &&
+              std::string_view(kStatusColumns[kRetryRatioColumn].name) == "RETRY RATIO" &&
+              std::string_view(kStatusColumns[kBulkheadColumn].name) == "BULKHEAD" &&
+              std::string_view(kStatusColumns[kRejectedColumn].name) == "REJECTED" &&
+              std::string_view(kStatusColumns[kFleetColumn].name) == "FLEET");
+// A narrow table chooses its columns with names cut to this many columns, then gives the names
+// what room the chosen columns leave: a failure rate matters more than a long name's tail.
+constexpr size_t kNarrowNameWidth = 16;
+
+// ColumnFit: the columns of the status table that a terminal shows.
+struct ColumnFit {
+  std::vector<size_t> shown;   // indices into kStatusColumns, in table order
+  std::vector<size_t> hidden;  // likewise
+  size_t name_width = 0;       // DEPENDENCY's: longer names are cut to it
+  bool names_cut = false;
+};
+
+// FitStatusColumns chooses the columns of a table whose columns are `widths` wide (each its
+// widest cell) that fit `width` (0: all). A width too small for the rank-0 columns takes room
+// from the names, down to the header's width, and no further: such lines stay too long.
+ColumnFit FitStatusColumns(const std::vector<size_t>& widths, size_t width) {
+  ColumnFit fit;
+  const size_t n = widths.size();
+  const size_t gaps = 2 * (n - 1);
+  fit.name_width = widths[kDependencyColumn];
+  if (width == 0 || std::accumulate(widths.begin(), widths.end(), gaps) <= width) {
+    fit.shown.resize(n);
+    std::iota(fit.shown.begin(), fit.shown.end(), 0);
+    return fit;
+  }
+  std::vector<size_t> by_rank(n);
+  std::iota(by_rank.begin(), by_rank.end(), 0);
+  std::stable_sort(by_rank.begin(), by_rank.end(), [](size_t a, size_t b) {
+    return kStatusColumns[a].rank < kStatusColumns[b].rank;
+  });
+  std::vector<bool> shown(n, false);
+  size_t name_width = std::min(widths[kDependencyColumn], kNarrowNameWidth);
+  size_t used = 0;
+  bool full = false;
+  for (const size_t c : by_rank) {
+    const size_t need = (used == 0 ? 0 : 2) + (c == kDependencyColumn ? name_width : widths[c]);
+    if (kStatusColumns[c].rank == 0 || (!full && used + need <= width)) {
+      shown[c] = true;
+      used += need;
+    } else {
+      full = true;
+    }
+  }
+  const size_t header_width = std::strlen(kStatusColumns[kDependencyColumn].name);
+  if (used <= width) {
+    name_width = std::min(widths[kDependencyColumn], name_width + (width - used));
+  } else {
+    name_width = std::max(header_width, name_width - std::min(name_width, used - width));
+  }
+  for (size_t c = 0; c < n; ++c) (shown[c] ? fit.shown : fit.hidden).push_back(c);
+  fit.name_width = name_width;
+  fit.names_cut = name_width < widths[kDependencyColumn];
+  return fit;
 }
 
 }  // namespace
@@ -247,20 +370,24 @@ std::string FormatHumanDuration(uint64_t ms) {
 std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt) {
   const bool color = opt.color;
   const shm::DaemonStatus& d = s.daemon;
-  std::string out;
-  out += Paint("segment", kBold, color) + " '" + s.name + "'  generation " +
-         std::to_string(s.generation) + "  daemon pid " +
-         (d.pid == 0 ? std::string("none") : std::to_string(d.pid)) + "  heartbeat " +
-         (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " ago" : "never") +
-         "  attached processes " + std::to_string(s.processes_live);
-  if (s.processes_dead > 0) out += " (+" + std::to_string(s.processes_dead) + " dead)";
-  out += "\n";
+  std::vector<std::string> header = {
+      Paint("segment", kBold, color) + " '" + s.name + "'",
+      "generation " + std::to_string(s.generation),
+      "daemon pid " + (d.pid == 0 ? std::string("none") : std::to_string(d.pid)),
+      "heartbeat " +
+          (d.heartbeat_age_ms ? FormatHumanDuration(*d.heartbeat_age_ms) + " ago" : "never"),
+      "attached processes " + std::to_string(s.processes_live) +
+          (s.processes_dead > 0 ? " (+" + std::to_string(s.processes_dead) + " dead)" : "")};
+  std::string out = PackFields(header, opt.width, "  ");
   out += DaemonDownLines(s, opt);
-  if (s.fleet.state != shm::FleetState::kOff) out += FleetLine(s, opt, NowUnixMs(opt)) + "\n";
+  if (s.fleet.state != shm::FleetState::kOff) {
+    out += WrapToWidth(FleetLine(s, opt, NowUnixMs(opt)), opt.width, 4);
+  }
   if (s.table_full_events + s.registry_full_events > 0) {
-    out += Paint("warning:", kRed, color) + " dependency table full " +
-           std::to_string(s.table_full_events) + " times, process registry full " +
-           std::to_string(s.registry_full_events) + " times\n";
+    out += WrapToWidth(Paint("warning:", kRed, color) + " dependency table full " +
+                           std::to_string(s.table_full_events) + " times, process registry full " +
+                           std::to_string(s.registry_full_events) + " times",
+                       opt.width, 4);
   }
   out += "\n";
   if (s.dependencies.empty()) {
@@ -270,21 +397,15 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
 
   const std::string span =
       opt.deltas ? "LAST " + FormatHumanDuration(opt.interval_ms) : std::string("TOTAL");
-  Table t;
-  const char* hs = kBold;
-  t.AddRow({{"DEPENDENCY", hs},
-            {"MODE", hs},
-            {"BREAKER", hs},
-            {"SINCE", hs},
-            {"LAST PROBE", hs},
-            {"WINDOW FAIL% OF CALLS", hs},
-            {"RETRY TOKENS", hs},
-            {"RETRIES OK/DENIED " + span, hs},
-            {"RETRY RATIO " + span, hs},
-            {"BULKHEAD", hs},
-            {"REJECTED " + span, hs}});
   const bool fleet = s.fleet.state != shm::FleetState::kOff;
-  if (fleet) t.AddToLastRow({"FLEET", hs});
+  std::vector<Table::Cell> headers;
+  for (size_t c = 0; c < (fleet ? kFleetColumn + 1 : kFleetColumn); ++c) {
+    const StatusColumn& col = kStatusColumns[c];
+    headers.push_back(
+        {std::string(col.name) + col.detail + (col.span ? " " + span : std::string()), kBold});
+  }
+  Table t;
+  t.AddRow(std::move(headers));
   for (const shm::DependencyStatus& dep : s.dependencies) {
     std::string window = "-";
     if (const auto rate = dep.FailureRate()) {
@@ -323,17 +444,74 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
                                                                                   : nullptr});
     }
   }
-  out += t.Render(color);
-  out += "\n";
-  if (opt.deltas) {
-    out += "RETRIES, RETRY RATIO and REJECTED: change over the last " +
-           FormatHumanDuration(opt.interval_ms) + "; BREAKER, WINDOW, TOKENS and BULKHEAD: now.\n";
+  const ColumnFit fit = FitStatusColumns(t.Widths(), opt.width);
+  if (fit.hidden.empty() && !fit.names_cut) {
+    out += t.Render(color);
   } else {
-    out +=
-        "RETRIES, RETRY RATIO and REJECTED: totals since each dependency was created "
-        "(--watch shows changes per refresh).\n";
+    Table narrow;
+    for (const std::vector<Table::Cell>& row : t.cells()) {
+      std::vector<Table::Cell> cells;
+      for (const size_t c : fit.shown) cells.push_back(row[c]);
+      if (&row != &t.cells().front()) {  // never the header: name_width is at least its width
+        cells.front().text = TruncateToWidth(cells.front().text, fit.name_width, opt.utf8);
+      }
+      narrow.AddRow(std::move(cells));
+    }
+    out += narrow.Render(color);
   }
-  out += "RETRY RATIO = retries granted / first attempts; WINDOW is approximate at bucket edges.\n";
+  out += "\n";
+  if (!fit.hidden.empty() || fit.names_cut) {
+    // What the narrow table leaves out, and how to see it all.
+    std::string what;
+    if (!fit.hidden.empty()) {
+      what = "Not shown at " + std::to_string(opt.width) + " columns:";
+      for (size_t k = 0; k < fit.hidden.size(); ++k) {
+        what += std::string(k == 0 ? " " : ", ") + kStatusColumns[fit.hidden[k]].name;
+      }
+    }
+    if (fit.names_cut) {
+      what += std::string(what.empty() ? "Dependency" : "; dependency") + " names cut to " +
+              std::to_string(fit.name_width) + " characters";
+    }
+    out += WrapToWidth(what + " (retryctl status --wide shows all).", opt.width, 2);
+  }
+  // The notes speak of the columns shown only.
+  auto shown = [&](size_t c) {
+    return std::find(fit.shown.begin(), fit.shown.end(), c) != fit.shown.end();
+  };
+  auto listed = [&](const std::vector<std::pair<size_t, const char*>>& columns) {
+    std::vector<const char*> names;
+    for (const auto& [c, name] : columns) {
+      if (shown(c)) names.push_back(name);
+    }
+    std::string text;
+    for (size_t k = 0; k < names.size(); ++k) {
+      text += std::string(k == 0 ? "" : k + 1 == names.size() ? " and " : ", ") + names[k];
+    }
+    return text;
+  };
+  const std::string counters =
+      listed({{kRetriesColumn, "RETRIES"}, {kRetryRatioColumn, "RETRY RATIO"},
+              {kRejectedColumn, "REJECTED"}});
+  if (!counters.empty() && opt.deltas) {
+    out += WrapToWidth(counters + ": change over the last " +
+                           FormatHumanDuration(opt.interval_ms) + "; " +
+                           listed({{kBreakerColumn, "BREAKER"}, {kWindowColumn, "WINDOW"},
+                                   {kRetryTokensColumn, "TOKENS"}, {kBulkheadColumn, "BULKHEAD"}}) +
+                           ": now.",
+                       opt.width, 2);
+  } else if (!counters.empty()) {
+    out += WrapToWidth(counters +
+                           ": totals since each dependency was created (--watch shows changes "
+                           "per refresh).",
+                       opt.width, 2);
+  }
+  std::string about;
+  if (shown(kRetryRatioColumn)) about = "RETRY RATIO = retries granted / first attempts";
+  if (shown(kWindowColumn)) {
+    about += std::string(about.empty() ? "" : "; ") + "WINDOW is approximate at bucket edges";
+  }
+  if (!about.empty()) out += WrapToWidth(about + ".", opt.width, 2);
   return out;
 }
 

@@ -28,6 +28,13 @@ struct RenderOptions {
   uint64_t fleet_stale_after_ms = 120'000;
   // The wall clock the fleet's ages are measured at; 0: read it when rendering.
   uint64_t now_unix_ms = 0;
+  // The terminal's width in columns, which RenderStatusTable keeps within: it shows the
+  // columns that fit, by rank (see kStatusColumns in render.cc), cuts long dependency names
+  // and wraps its other lines, and says in a footer what it left out. 0: no limit, every
+  // column and whole names (retryctl passes 0 with --wide, and when stdout is no terminal).
+  uint32_t width = 0;
+  // A cut name ends in "…" (the terminal takes UTF-8), else in "...".
+  bool utf8 = false;
 };
 
 // What `retryctl fleet` says of the host in its fleet, from the segment's fleet words and
@@ -52,7 +59,8 @@ FleetVerdict JudgeFleet(const shm::SegmentStatus& s, uint64_t now_unix_ms,
 std::string FormatHumanDuration(uint64_t ms);
 
 // RenderStatusTable: the header lines (segment, generation, daemon, processes; a daemon that
-// is down or stale is called out on a line of its own) and one row per dependency.
+// is down or stale is called out on a line of its own) and one row per dependency, fitted to
+// `opt.width`.
 std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt);
 nlohmann::ordered_json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt);
 

@@ -60,12 +60,15 @@ Daemon::~Daemon() {
 }
 
 std::string Daemon::StatusLine() const {
+  // Read before the view: joining then, the fleet had tried nothing that failed, so a local
+  // state in the view is not an outage.
+  const bool fleet_joining = fleet_ != nullptr && fleet_->joining();
   shm::SegmentStatus view;
   // BuildStatus fails only for a name in `only`, which is empty here.
   shm::BuildOptions options = DaemonViewOptions(now_ns_);
   options.summary_only = true;  // the line counts dependencies and open breakers, no more
   (void)shm::BuildStatus(*segment_, options, &view);
-  std::string line = daemon::StatusLine(view, last_reload_error_);
+  std::string line = daemon::StatusLine(view, last_reload_error_, fleet_joining);
   if (!pending_.empty()) line += "; " + PendingSummary();
   return line;
 }

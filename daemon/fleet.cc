@@ -359,7 +359,7 @@ void Fleet::Loop() {
       if (Status st = store_.Connect(); st.ok()) {
         LOG(INFO) << "fleet: host " << host_id_ << " joined through " << store_.address()
                   << " (sync every " << settings_.sync_ms << "ms, " << runs_.size()
-                  << " fleet dependencies)";
+                  << (runs_.size() == 1 ? " fleet dependency)" : " fleet dependencies)");
         joined_ = true;
         syncs_since_join_ = 0;
         outage_logged_ = false;
@@ -373,6 +373,8 @@ void Fleet::Loop() {
         next_connect_ns_ = now_ns + wait_ms * kMsNs;
         GoLocal("cannot reach the store: " + st.message());
       }
+      // After the segment's state: a reader that sees this sees what the attempt found.
+      joining_.store(false, std::memory_order_release);
     }
     if (store_.connected() && !Step(shm::PreciseNowNs())) {
       // Step named what failed; next_connect_ns_ is now, so the next pass reconnects (at once

@@ -51,6 +51,7 @@
 // fleet thread runs; the fleet thread touches the segment only through its atomic words.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -89,6 +90,10 @@ class Fleet {
 
   // Start starts the fleet thread; the segment says kLocal until the first sync.
   void Start();
+  // joining: no attempt to reach the store has ended since the fleet was made (the first is
+  // under way, or Start has not run): the segment's kLocal says nothing has failed yet. Once
+  // false, the segment's fleet state is what the attempts found. Thread-safe.
+  bool joining() const { return joining_.load(std::memory_order_acquire); }
   // Stop stops the thread, giving back what it holds: holds released, leases deleted (if the
   // store answers within the timeout), local floors restored. Idempotent.
   void Stop();
@@ -119,6 +124,7 @@ class Fleet {
   std::condition_variable cv_;
   bool stop_ = false;
   std::unique_ptr<std::map<std::string, FleetDependency>> pending_;
+  std::atomic<bool> joining_{true};  // cleared once the first connect has ended, either way
 
   // The fleet thread's own.
   std::map<std::string, Run> runs_;

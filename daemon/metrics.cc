@@ -252,19 +252,23 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
   return w.Take();
 }
 
-std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error) {
+std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error,
+                       bool fleet_joining) {
   const uint32_t active = view.dependencies_active;
   const uint32_t open = view.dependencies_open;
   const uint32_t attached = view.processes_attached;
   std::string line = std::to_string(active) + (active == 1 ? " dependency, " : " dependencies, ") +
                      std::to_string(open) + " open, " + std::to_string(attached) +
                      (attached == 1 ? " process attached" : " processes attached");
-  if (view.fleet.state == shm::FleetState::kJoined) {
+  // The segment's fleet words may be a previous daemon's (an adopted segment): whether this
+  // one has tried the store yet is the fleet thread's to say.
+  if (view.fleet.state == shm::FleetState::kJoined && view.fleet.hosts == 0) {
+    line += "; fleet: joined the store (first sync under way)";
+  } else if (view.fleet.state == shm::FleetState::kJoined) {
     line += "; fleet of " + std::to_string(view.fleet.hosts) +
             (view.fleet.hosts == 1 ? " host" : " hosts");
-  } else if (view.fleet.state == shm::FleetState::kLocal && view.fleet.synced_unix_ms == 0 &&
-             view.fleet.fallbacks == 0) {
-    line += "; fleet: joining the store (deciding locally until then)";  // at start
+  } else if (view.fleet.state == shm::FleetState::kLocal && fleet_joining) {
+    line += "; fleet: joining the store (deciding locally until then)";
   } else if (view.fleet.state == shm::FleetState::kLocal) {
     line += "; fleet store unreachable: deciding locally";
   }

@@ -37,10 +37,14 @@ std::string RenderDaemonUnreachable();
 // /proc read: it runs on every tick).
 shm::BuildOptions DaemonViewOptions(uint64_t now_ns);
 
-// StatusLine: "12 dependencies, 2 open, 37 processes attached", then "; fleet of 8 hosts" or
-// "; fleet store unreachable: deciding locally" with a fleet, and "; last reload failed: WHY"
-// when `last_reload_error` is not empty. "open" is DependencyStatus::IsOpen, the same as
-// retryctl's; "attached" is SegmentStatus::processes_attached.
-std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error);
+// StatusLine: "12 dependencies, 2 open, 37 processes attached", then with a fleet one of
+// "; fleet of 8 hosts" (joined), "; fleet: joined the store (first sync under way)",
+// "; fleet: joining the store (deciding locally until then)" (local while `fleet_joining`,
+// Fleet::joining read before `view` was built: no attempt has failed yet) or "; fleet store
+// unreachable: deciding locally" (local otherwise: an attempt failed), and "; last reload
+// failed: WHY" when `last_reload_error` is not empty. "open" is DependencyStatus::IsOpen, the
+// same as retryctl's; "attached" is SegmentStatus::processes_attached.
+std::string StatusLine(const shm::SegmentStatus& view, const std::string& last_reload_error,
+                       bool fleet_joining);
 
 }  // namespace retryd::daemon

@@ -217,13 +217,15 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
     if (Status st = CheckFleetFiles(cfg.fleet, cfg.source); !st.ok()) return st;
     d->fleet_ = std::make_unique<Fleet>(*d->segment_, cfg.fleet);
     d->fleet_->SetDependencies(FleetDependencies(cfg));
-    LOG(INFO) << "fleet: host " << d->fleet_->host_id() << ", "
-              << FleetDependencies(cfg).size() << " fleet dependencies, store "
+    // The fleet thread says how its attempts end: "joined", or why it cannot reach the store.
+    const size_t n = FleetDependencies(cfg).size();
+    LOG(INFO) << "fleet: host " << d->fleet_->host_id() << " joining the store "
               << (cfg.fleet.sentinels.empty() ? cfg.fleet.redis
-                                              : "master " + cfg.fleet.master_name +
-                                                    " of " +
+                                              : "(master " + cfg.fleet.master_name + " of " +
                                                     std::to_string(cfg.fleet.sentinels.size()) +
-                                                    " Sentinels");
+                                                    " Sentinels)")
+              << " with " << n << (n == 1 ? " fleet dependency" : " fleet dependencies")
+              << "; deciding locally until it answers";
   } else {
     h.fleet_state.store(uint32_t(shm::FleetState::kOff), kRelaxed);
     h.fleet_hosts.store(0, kRelaxed);

@@ -2,8 +2,13 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -154,6 +159,139 @@ RunResult Python(const std::string& script, const std::vector<std::string>& args
   o.unset_env = {"PYTHONPATH", "PYTHONHOME"};
   o.set_env = {{"PYTHONNOUSERSITE", "1"}};
   return Run(argv, o);
+}
+
+TerminalProcess::TerminalProcess(const std::vector<std::string>& args, uint16_t columns,
+                                 const RunOptions& opt) {
+  winsize size{};
+  size.ws_col = columns;
+  size.ws_row = columns == 0 ? 0 : 50;
+  int slave = -1;
+  if (openpty(&master_, &slave, nullptr, nullptr, &size) != 0) {
+    ADD_FAILURE() << "openpty: " << std::strerror(errno);
+    return;
+  }
+  termios mode;
+  if (tcgetattr(slave, &mode) == 0) {
+    mode.c_oflag &= ~tcflag_t(ONLCR);  // '\n' as written, not "\r\n"
+    tcsetattr(slave, TCSANOW, &mode);
+  }
+  err_fd_ = TempFile();
+  std::vector<std::string> argv = {RETRYCTL_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  std::fflush(nullptr);
+  pid_ = fork();
+  if (pid_ < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return;
+  }
+  if (pid_ == 0) {
+    setsid();
+    ioctl(slave, TIOCSCTTY, 0);
+    const int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(slave, 1);
+    dup2(err_fd_, 2);
+    for (const char* k : {"NO_COLOR", "RETRYD_SEGMENT", "RETRYD_SOCKET", "COLUMNS"}) unsetenv(k);
+    setenv("LC_ALL", "C.UTF-8", 1);
+    for (const std::string& k : opt.unset_env) unsetenv(k.c_str());
+    for (const auto& [k, v] : opt.set_env) setenv(k.c_str(), v.c_str(), 1);
+    execv(c_argv[0], c_argv.data());
+    std::fprintf(stderr, "test child: exec %s: %s\n", c_argv[0], std::strerror(errno));
+    _exit(98);
+  }
+  close(slave);
+}
+
+TerminalProcess::~TerminalProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (master_ >= 0) close(master_);
+  if (err_fd_ >= 0) close(err_fd_);
+}
+
+bool TerminalProcess::ReadUntil(const std::function<bool(const std::string&)>& done,
+                                int timeout_ms) {
+  const uint64_t deadline = NowNs() + uint64_t(timeout_ms) * 1'000'000;
+  while (!done(out_)) {
+    const uint64_t now = NowNs();
+    if (closed_ || master_ < 0 || now >= deadline) return false;
+    pollfd p{master_, POLLIN, 0};
+    const int ready = poll(&p, 1, int((deadline - now) / 1'000'000) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    char buf[65536];
+    const ssize_t n = read(master_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      closed_ = true;  // EIO: every descriptor of the child's side is closed
+    } else {
+      out_.append(buf, size_t(n));
+    }
+  }
+  return true;
+}
+
+void TerminalProcess::Resize(uint16_t columns) {
+  winsize size{};
+  size.ws_col = columns;
+  size.ws_row = 50;
+  if (ioctl(master_, TIOCSWINSZ, &size) != 0) {
+    ADD_FAILURE() << "TIOCSWINSZ: " << std::strerror(errno);
+  }
+}
+
+RunResult TerminalProcess::Finish(bool interrupt) {
+  RunResult r;
+  if (pid_ <= 0) return r;
+  if (interrupt) kill(pid_, SIGINT);
+  // Bounded only so that a hung child fails the test instead of hanging it.
+  EXPECT_TRUE(ReadUntil([&](const std::string&) { return closed_; }, 60'000))
+      << "retryctl did not end; it wrote:\n" << out_;
+  if (!closed_) kill(pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = out_;
+  r.err = ReadAll(err_fd_);
+  return r;
+}
+
+RunResult RetryctlInTerminal(const std::vector<std::string>& args, uint16_t columns,
+                             const RunOptions& opt) {
+  TerminalProcess p(args, columns, opt);
+  return p.Finish(/*interrupt=*/false);
+}
+
+std::vector<std::string> DisplayLines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::string line;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\033' && i + 1 < text.size() && text[i + 1] == '[') {
+      for (i += 2; i < text.size() && !(text[i] >= 0x40 && text[i] <= 0x7e); ++i) {
+      }
+    } else if (text[i] == '\n') {
+      lines.push_back(line);
+      line.clear();
+    } else {
+      line += text[i];
+    }
+  }
+  if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+size_t ColumnsOf(const std::string& line) {
+  size_t n = 0;
+  for (const char c : line) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
 }
 
 std::string SchemaPath() {

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,48 @@ RunResult Retryctl(const std::vector<std::string>& args, const RunOptions& opt =
 // Python runs the Debian python3 on a checker script in tests/cli with `args`.
 RunResult Python(const std::string& script, const std::vector<std::string>& args,
                  const std::string& stdin_text);
+
+// TerminalProcess runs the built retryctl with `args` and its stdout on a pseudo-terminal
+// `columns` wide (0: one that does not say its size), in a session of its own, with stdin
+// /dev/null and stderr apart. Like Retryctl, it unsets NO_COLOR, RETRYD_SEGMENT and
+// RETRYD_SOCKET; it also unsets COLUMNS and sets LC_ALL=C.UTF-8 (set_env applies after). The
+// terminal passes bytes as written ('\n' stays '\n'). Kills (SIGKILL) and reaps a child still
+// running when destroyed.
+class TerminalProcess {
+ public:
+  TerminalProcess(const std::vector<std::string>& args, uint16_t columns,
+                  const RunOptions& opt = {});
+  ~TerminalProcess();
+  TerminalProcess(const TerminalProcess&) = delete;
+  TerminalProcess& operator=(const TerminalProcess&) = delete;
+
+  // ReadUntil reads what the child writes until `done(everything read so far)` holds (true),
+  // the child's side closes, or `timeout_ms` passes (false unless `done` holds then).
+  bool ReadUntil(const std::function<bool(const std::string&)>& done, int timeout_ms);
+  // Resize sets the terminal's width, as a terminal window that is resized does.
+  void Resize(uint16_t columns);
+  // Finish waits for the child to exit, reading all it writes; with `interrupt`, sends SIGINT
+  // first, as Ctrl-C would. Returns its exit code, out (everything read) and err.
+  RunResult Finish(bool interrupt);
+  const std::string& output() const { return out_; }
+
+ private:
+  pid_t pid_ = -1;
+  int master_ = -1;
+  int err_fd_ = -1;
+  bool closed_ = false;  // the child's side of the terminal is closed
+  std::string out_;
+};
+
+// RetryctlInTerminal runs retryctl in a TerminalProcess to its end.
+RunResult RetryctlInTerminal(const std::vector<std::string>& args, uint16_t columns,
+                             const RunOptions& opt = {});
+
+// DisplayLines splits `text` into lines, each with its escape sequences (ESC '[' ... final
+// byte) taken out; ColumnsOf counts a line's UTF-8 characters (code points), the columns a
+// terminal gives it (the text holds no wide character).
+std::vector<std::string> DisplayLines(const std::string& text);
+size_t ColumnsOf(const std::string& line);
 
 std::string SchemaPath();
 std::string UniqueSegmentName(const char* tag);

@@ -3,7 +3,9 @@
 // downstream that counts what reaches it (a shared page; tests/daemon/redis_harness.h). Each
 // test stands in for a fleet of hosts on one machine. The store's failures in the middle of the
 // fleet's work are in fleet_chaos_test.cc.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -647,6 +649,121 @@ TEST_F(FleetTest, APasswordFileAndAUnixSocket) {
   unlink(good.c_str());
   unlink(bad.c_str());
   unlink(sock.c_str());
+}
+
+// LineOf: the first line of `log` holding `what`, or "".
+std::string LineOf(const std::string& log, const std::string& what) {
+  const size_t at = log.find(what);
+  if (at == std::string::npos) return "";
+  const size_t begin = log.rfind('\n', at);
+  const size_t start = begin == std::string::npos ? 0 : begin + 1;
+  return log.substr(start, log.find('\n', at) - start);
+}
+
+// A daemon that starts against a store that answers says it is joining, then that it joined,
+// and never that the store is unreachable: not at its first start, and not when it restarts on
+// the segment of a daemon that synced before (whose fleet words stay behind) while its first
+// attempt waits for the store's answer (the store frozen until the daemon is ready; a timeout
+// of 5 s, so that the wait cannot end the attempt first).
+TEST_F(FleetTest, ADaemonStartingAgainstAReachableStoreNeverSaysItIsUnreachable) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  ASSERT_NO_FATAL_FAILURE(StartHosts(1, "redis = \"" + redis.address() + "\"\n", "fleet = true\n"));
+  ASSERT_TRUE(WaitJoined());
+  Host& h = hosts_[0];
+  ASSERT_TRUE(WaitUntil([&] { return h.seg->header().fleet_synced_unix_ms.load() != 0; }, 10'000));
+  auto expect_no_outage = [](const std::string& log) {
+    EXPECT_EQ(log.find("unreachable"), std::string::npos) << log;
+    EXPECT_EQ(log.find("deciding locally ("), std::string::npos) << log;
+    EXPECT_EQ(log.find("cannot reach"), std::string::npos) << log;
+  };
+  std::string log = h.daemon->Log();
+  EXPECT_NE(LineOf(log, "fleet: host host-0 joining the store " + redis.address() +
+                            " with 1 fleet dependency; deciding locally until it answers"),
+            "") << log;
+  EXPECT_NE(LineOf(log, "fleet: host host-0 joined through " + redis.address()), "") << log;
+  expect_no_outage(log);
+
+  // Stopped, the daemon leaves the segment local, with its last sync.
+  h.daemon->Signal(SIGTERM);
+  ASSERT_EQ(h.daemon->Wait(10'000), 0) << h.daemon->Log();
+  ASSERT_EQ(FleetStateOf(0), shm::FleetState::kLocal);
+  ASSERT_NE(h.seg->header().fleet_synced_unix_ms.load(), 0u);
+  const std::string sync = "sync = \"" + std::to_string(kSyncMs) + "ms\"\n";
+  std::string config = testing::ReadFile(h.config);
+  ASSERT_NE(config.find(sync), std::string::npos) << config;
+  config.replace(config.find(sync), sync.size(), "sync = \"10s\"\ntimeout = \"5s\"\n");
+  WriteFile(h.config, config);
+  redis.Freeze();
+  h.notify = std::make_unique<testing::NotifySocket>();
+  h.daemon = std::make_unique<testing::DaemonProcess>(
+      std::vector<std::string>{"--config=" + h.config}, h.notify->path());
+  const std::string ready = h.notify->WaitFor("READY=1", 10'000);
+  redis.Thaw();
+  ASSERT_NE(ready, "") << h.daemon->Log();
+  EXPECT_NE(ready.find("; fleet: joining the store (deciding locally until then)"),
+            std::string::npos)
+      << ready;
+  ASSERT_TRUE(WaitJoined());
+  // The status line moves on with the fleet, at the daemon's next status refresh.
+  EXPECT_NE(h.notify->WaitFor("STATUS=1 dependency, 0 open, 0 processes attached; fleet of 1 host",
+                              15'000),
+            "")
+      << h.daemon->Log();
+  log = h.daemon->Log();
+  EXPECT_NE(LineOf(log, "daemon: ready, pid " + std::to_string(h.daemon->pid()) +
+                            ": 1 dependency, 0 open, 0 processes attached; fleet: joining the "
+                            "store (deciding locally until then)"),
+            "")
+      << log;
+  EXPECT_NE(LineOf(log, "fleet: host host-0 joined through " + redis.address()), "") << log;
+  expect_no_outage(log);
+}
+
+// A store that does not answer (a port nobody listens on) is logged once, with why, and the
+// status line says it is unreachable once the attempt has failed.
+TEST_F(FleetTest, ADaemonWhoseStoreIsUnreachableSaysSo) {
+  SKIP_WITHOUT_REDIS();
+  // A port bound, never listened on: every connect to it is refused.
+  const int reserved = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(reserved, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(reserved, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(reserved, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  ASSERT_NO_FATAL_FAILURE(
+      StartHosts(1, "redis = \"" + address + "\"\ntimeout = \"250ms\"\n", "fleet = true\n"));
+  Host& h = hosts_[0];
+  const std::string outage = "fleet: cannot reach the store: " + address + ": ";
+  ASSERT_TRUE(WaitUntil([&] { return h.daemon->Log().find(outage) != std::string::npos; },
+                        10'000))
+      << h.daemon->Log();
+  std::string log = h.daemon->Log();
+  EXPECT_NE(LineOf(log, outage).find(": deciding locally (every breaker, probe and floor is this "
+                                     "host's) until the store answers"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(FleetStateOf(0), shm::FleetState::kLocal);
+  // Ready while its first attempt was under way (joining), or after it failed (unreachable);
+  // either way, unreachable at the status refresh after the failure.
+  const std::string ready = LineOf(log, "daemon: ready, pid ");
+  const std::string unreachable = "; fleet store unreachable: deciding locally";
+  if (ready.find(unreachable) == std::string::npos) {
+    EXPECT_NE(ready.find("; fleet: joining the store (deciding locally until then)"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(h.notify->WaitFor("STATUS=1 dependency, 0 open, 0 processes attached" + unreachable,
+                                15'000),
+              "")
+        << log;
+  }
+  log = h.daemon->Log();
+  EXPECT_EQ(log.find(outage), log.rfind(outage)) << "one line per outage\n" << log;
+  EXPECT_EQ(log.find("joined"), std::string::npos) << log;
+  close(reserved);
 }
 
 // A reload that takes a dependency out of the fleet gives it back its own floor and burst, and

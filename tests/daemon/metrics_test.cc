@@ -144,31 +144,48 @@ TEST(StatusLineTest, CountsDependenciesOpenOnesAndAttachedProcesses) {
   shm::SegmentStatus view;
   ASSERT_TRUE(shm::BuildStatus(*seg, DaemonViewOptions(now), &view).ok());
   EXPECT_EQ(view.dependencies.size(), 4u);
-  EXPECT_EQ(StatusLine(view, ""), "4 dependencies, 2 open, 1 process attached");
-  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops"),
+  EXPECT_EQ(StatusLine(view, "", false), "4 dependencies, 2 open, 1 process attached");
+  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops", false),
             "4 dependencies, 2 open, 1 process attached; last reload failed: bad.toml:3: oops");
 
   std::unique_ptr<shm::Segment> one = shm::Segment::CreatePrivate(1, 1, shm::Policy{});
   uint32_t i = 0;
   ASSERT_TRUE(one->PutDependency("only", shm::Policy{}, &i).ok());
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
-  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached");
+  EXPECT_EQ(StatusLine(view, "", false), "1 dependency, 0 open, 0 processes attached");
 
   // The fleet, as its thread leaves the header words.
   one->header().fleet_state.store(uint32_t(shm::FleetState::kJoined));
   one->header().fleet_hosts.store(8);
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
-  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached; fleet of 8 hosts");
-  // Local before the first sync: joining; after a sync or a fallback: the store is unreachable.
+  EXPECT_EQ(StatusLine(view, "", false),
+            "1 dependency, 0 open, 0 processes attached; fleet of 8 hosts");
+  // Joined, before its first sync has counted the hosts.
+  one->header().fleet_hosts.store(0);
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, "", false), "1 dependency, 0 open, 0 processes attached; fleet: "
+                                         "joined the store (first sync under way)");
+  // Local while the fleet's first attempt is under way: joining, whatever the segment's other
+  // fleet words say (a previous daemon's sync, its fallbacks); local once an attempt failed:
+  // the store is unreachable, synced before or never.
   one->header().fleet_state.store(uint32_t(shm::FleetState::kLocal));
-  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
-  EXPECT_EQ(StatusLine(view, ""), "1 dependency, 0 open, 0 processes attached; fleet: joining the "
-                                  "store (deciding locally until then)");
   one->header().fleet_synced_unix_ms.store(1);
+  one->header().fleet_fallbacks.store(3);
   ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
-  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops"),
+  EXPECT_EQ(StatusLine(view, "", true), "1 dependency, 0 open, 0 processes attached; fleet: "
+                                        "joining the store (deciding locally until then)");
+  EXPECT_EQ(StatusLine(view, "bad.toml:3: oops", false),
             "1 dependency, 0 open, 0 processes attached; fleet store unreachable: deciding "
             "locally; last reload failed: bad.toml:3: oops");
+  one->header().fleet_synced_unix_ms.store(0);
+  one->header().fleet_fallbacks.store(0);
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, "", false), "1 dependency, 0 open, 0 processes attached; fleet "
+                                         "store unreachable: deciding locally");
+  // No fleet: no word of one.
+  one->header().fleet_state.store(uint32_t(shm::FleetState::kOff));
+  ASSERT_TRUE(shm::BuildStatus(*one, DaemonViewOptions(now), &view).ok());
+  EXPECT_EQ(StatusLine(view, "", false), "1 dependency, 0 open, 0 processes attached");
 }
 
 TEST(PrometheusCheckTest, RejectsMalformedText) {
