@@ -1,11 +1,14 @@
 #include "daemon/config.h"
 #include "daemon/config_toml.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -44,7 +47,7 @@ const char* TypeName(const toml::node& n) {
 
 // Render shows a scalar as the file spells it ("10 sec" quoted, 10 bare), others by type.
 std::string Render(const toml::node& n) {
-  if (auto s = n.as_string()) return "\"" + s->get() + "\"";
+  if (auto s = n.as_string()) return QuotedValue(s->get());
   if (auto i = n.as_integer()) return std::to_string(i->get());
   if (auto f = n.as_floating_point()) {
     std::ostringstream os;
@@ -318,7 +321,7 @@ void ApplyFleetTable(Reader& r, const toml::table& tbl, FleetSettings* f) {
       if (r.StringList(v, path, &f->sentinels)) {
         for (const std::string& a : f->sentinels) {
           if (!ValidHostPort(a)) {
-            r.Error(v, path, "bad Sentinel address \"" + a + "\" (HOST:PORT, e.g. "
+            r.Error(v, path, "bad Sentinel address " + QuotedValue(a) + " (HOST:PORT, e.g. "
                              "\"10.0.0.5:26379\")");
           }
         }
@@ -682,6 +685,32 @@ Status ParseConfig(std::string_view text, const std::string& source_name, Config
   return Status::Ok();
 }
 
+std::string QuotedValue(std::string_view value, size_t max_bytes) {
+  std::string out = "\"";
+  size_t i = 0;
+  for (; i < value.size() && i < max_bytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04X", c);
+          out += buf;
+        } else {
+          out += char(c);
+        }
+    }
+  }
+  out += "\"";
+  if (i < value.size()) out += "... (" + std::to_string(value.size()) + " bytes)";
+  return out;
+}
+
 Status LoadConfigFile(const std::string& path, Config* out, std::vector<ConfigError>* errors) {
   // A file that cannot be read is one error, of the file as a whole.
   auto unreadable = [&](Status (*make)(std::string), const std::string& what) {
@@ -689,20 +718,36 @@ Status LoadConfigFile(const std::string& path, Config* out, std::vector<ConfigEr
     if (errors != nullptr) *errors = {e};
     return make(e.ToString());
   };
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return unreadable(Status::IoError, "cannot read config file: it is a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  // O_NONBLOCK: a FIFO put where the file was must not hang a reload (or the check) until
+  // something writes to it; only a regular file is read.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     const int err = errno;
     return unreadable(err == ENOENT ? Status::NotFound : Status::IoError,
                       std::string("cannot open config file: ") + std::strerror(err));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return unreadable(Status::IoError, "cannot read config file");
-  return ParseConfig(text.str(), path, out, errors);
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return unreadable(Status::IoError, S_ISDIR(st.st_mode)
+                                           ? "cannot read config file: it is a directory"
+                                           : "cannot read config file: not a regular file");
+  }
+  std::string text;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return unreadable(Status::IoError, std::string("cannot read config file: ") +
+                                             std::strerror(err));
+    }
+    text.append(buf, size_t(n));
+  }
+  close(fd);
+  return ParseConfig(text, path, out, errors);
 }
 
 }  // namespace retryd::daemon

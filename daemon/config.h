@@ -146,6 +146,12 @@ bool SameSettings(const Config& a, const Config& b);
 // DaemonSettings and shm::Policy, no dependencies, auto_create on.
 Config BuiltinConfig();
 
+// QuotedValue spells a string value of the config for a message or a log line: a TOML basic
+// string, with every control character escaped (a newline in a value can never start a line of
+// the log, or an assignment of an sd_notify message), cut after `max_bytes` bytes with how
+// many there were.
+std::string QuotedValue(std::string_view value, size_t max_bytes = 200);
+
 // ParseConfig parses TOML `text`; `source_name` is the source of every error. On success
 // stores the config in *out (source = source_name) and clears *errors. On error leaves *out
 // unchanged, stores every problem found in *errors, in file order, and returns

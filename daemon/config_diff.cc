@@ -6,7 +6,7 @@
 namespace retryd::daemon {
 namespace {
 
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
+std::string Quoted(const std::string& s) { return QuotedValue(s); }
 
 std::string Boolean(bool b) { return b ? "true" : "false"; }
 
@@ -18,9 +18,14 @@ std::string Octal(uint32_t mode) {
   return Quoted(buf);
 }
 
+// List spells a list of strings; past 20 items, how many more there are.
 std::string List(const std::vector<std::string>& items) {
+  constexpr size_t kShown = 20;
   std::string out = "[";
-  for (const std::string& item : items) out += (out.size() > 1 ? ", " : "") + Quoted(item);
+  for (size_t i = 0; i < items.size() && i < kShown; ++i) {
+    out += (i > 0 ? ", " : "") + Quoted(items[i]);
+  }
+  if (items.size() > kShown) out += ", ... " + std::to_string(items.size() - kShown) + " more";
   return out + "]";
 }
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "daemon/metrics.h"
@@ -59,6 +60,37 @@ Daemon::~Daemon() {
   if (timer_fd_ >= 0) close(timer_fd_);
 }
 
+namespace {
+
+// OneLine makes `text` one line of at most kMaxStatusBytes: the STATUS= of an sd_notify message
+// (one assignment a line; systemd ignores a message over 4 KB) and a log line. A control
+// character, which only a path or a value of the config could bring, is spelled as \uXXXX.
+constexpr size_t kMaxStatusBytes = 1024;
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04X", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+    if (out.size() >= kMaxStatusBytes) {
+      // Cut at a character's start, never inside a UTF-8 sequence.
+      while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) {
+        out.pop_back();
+      }
+      if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
+      return out + "...";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string Daemon::StatusLine() const {
   // Read before the view: joining then, the fleet had tried nothing that failed, so a local
   // state in the view is not an outage.
@@ -70,7 +102,7 @@ std::string Daemon::StatusLine() const {
   (void)shm::BuildStatus(*segment_, options, &view);
   std::string line = daemon::StatusLine(view, last_reload_error_, fleet_joining);
   if (!pending_.empty()) line += "; " + PendingSummary();
-  return line;
+  return OneLine(line);
 }
 
 void Daemon::Tick(uint64_t now_ns) {

@@ -3,8 +3,12 @@
 #include "daemon/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -372,6 +376,44 @@ INSTANTIATE_TEST_SUITE_P(AllErrors, ConfigErrorTest, ::testing::ValuesIn(kBadCas
 
 // Every problem of a file is reported at once, in file order, whatever order the sections are
 // read in ([defaults] before the dependencies, the dependencies by name).
+// A value's control characters are escaped in the error and a long value is cut: an error is
+// one line of the log, of a bounded length.
+TEST(ConfigTest, AnErrorSpellsAValuesControlCharactersEscapedAndCutsALongOne) {
+  Config cfg = BuiltinConfig();
+  std::vector<ConfigError> errors;
+  ASSERT_FALSE(ParseConfig("[defaults]\nmode = \"a\\nb\\u0000c\\u001b[2J\\\"\"\n", "x.toml", &cfg,
+                           &errors)
+                   .ok());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].message.find("bad mode \"a\\nb\\u0000c\\u001B[2J\\\"\""), std::string::npos)
+      << errors[0].message;
+  const std::string long_value(10'000, 'v');
+  errors.clear();
+  ASSERT_FALSE(
+      ParseConfig("[defaults]\nmode = \"" + long_value + "\"\n", "x.toml", &cfg, &errors).ok());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_LT(errors[0].ToString().size(), 600u);
+  EXPECT_NE(errors[0].message.find("... (10000 bytes)"), std::string::npos) << errors[0].message;
+  for (const ConfigError& e : errors) {
+    EXPECT_EQ(e.ToString().find_first_of(std::string("\n\r\0", 3)), std::string::npos);
+  }
+}
+
+// A FIFO where the config file was is refused at once: a reload, or the check, never waits for
+// a writer.
+TEST(ConfigTest, AFifoInPlaceOfTheFileIsRefusedWithoutWaitingForAWriter) {
+  const std::string path = ::testing::TempDir() + "/retryd-config-fifo-" + std::to_string(getpid());
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  Config cfg = BuiltinConfig();
+  std::vector<ConfigError> errors;
+  const Status st = LoadConfigFile(path, &cfg, &errors);
+  unlink(path.c_str());
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st.ToString();
+  ASSERT_EQ(errors.size(), 1u);
+}
+
 TEST(ConfigTest, EveryErrorIsReportedInFileOrder) {
   const char* text =
       "[dependency.zeta]\n"           // 1

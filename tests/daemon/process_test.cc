@@ -353,6 +353,28 @@ TEST_F(DaemonProcessTest, BadReloadWithTwoErrorsLogsBothAndKeepsTheRunningConfig
   EXPECT_EQ(seg->header().generation.load(), generation);
 }
 
+// A value of the config with a newline in it can write neither a line of its own into the log
+// nor an assignment into the sd_notify message (systemd reads one assignment a line): it is
+// spelled escaped, and the STATUS line stays one line.
+TEST_F(DaemonProcessTest, ANewlineInAConfigValueStartsNoLineOfTheLogOrOfTheNotifyMessage) {
+  auto d = StartDaemon(Config("[dependency.db]\n"));
+  WriteFile(config_, Config("[dependency.db]\nmode = \"x\\nWATCHDOG=trigger\\n"
+                            "reload: dependency 'db': removed\"\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("RELOADING=1", 5'000), "");
+  const std::string ready = notify_.WaitFor("READY=1", 5'000);
+  ASSERT_NE(ready, "") << d->Log();
+  EXPECT_NE(ready.find("bad mode \"x\\nWATCHDOG=trigger\\nreload: dependency 'db': removed\""),
+            std::string::npos)
+      << ready;
+  EXPECT_EQ(ready.find("\nWATCHDOG="), std::string::npos) << "an assignment was injected: " << ready;
+  EXPECT_EQ(std::count(ready.begin(), ready.end(), '\n'), 1) << "READY=1 and STATUS=, no more";
+  const std::string log = d->Log();
+  EXPECT_EQ(log.find("\nWATCHDOG=trigger"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\nreload: dependency 'db': removed"), std::string::npos)
+      << "a forged line in the log:\n" << log;
+}
+
 TEST_F(DaemonProcessTest, RestartOnlySettingsAreKeptUntilRestart) {
   auto d = StartDaemon(Config("[dependency.db]\n"));
   std::string text = Config("[dependency.db]\n");
