@@ -334,9 +334,18 @@ TestSegment::TestSegment(uint32_t mode) : name_(UniqueSegmentName("seg")) {
   caller_.lease_tag = 0;
   caller_.rng = 12345;
   Heartbeat(uint32_t(getpid()), 0);
+  beater_ = std::thread([this] {
+    while (!stop_.load()) {
+      usleep(100'000);
+      const std::lock_guard<std::mutex> lock(beat_mu_);
+      if (beating_) seg_->header().heartbeat_ns.store(NowNs());
+    }
+  });
 }
 
 TestSegment::~TestSegment() {
+  stop_.store(true);
+  beater_.join();
   for (shm::Permit& p : held_) {
     shm::Complete(*seg_->dependency(p.dependency), &p, shm::Outcome::kIgnored, 0, NowNs(), caller_);
   }
@@ -351,6 +360,8 @@ uint32_t TestSegment::AddDependency(const std::string& name, const shm::Policy& 
 }
 
 void TestSegment::Heartbeat(uint32_t pid, uint64_t age_ms) {
+  const std::lock_guard<std::mutex> lock(beat_mu_);
+  beating_ = pid != 0 && age_ms == 0;
   shm::SegmentHeader& h = seg_->header();
   h.daemon_pid.store(pid);
   h.heartbeat_ns.store(pid == 0 && age_ms == 0 ? 0 : NowNs() - age_ms * 1'000'000);

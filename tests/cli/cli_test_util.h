@@ -11,10 +11,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -107,6 +110,9 @@ class TestSegment {
   // AddDependency publishes `name` with `policy`, as the daemon does from its config.
   uint32_t AddDependency(const std::string& name, const shm::Policy& policy);
   // Heartbeat writes the daemon liveness words: `pid` beat `age_ms` ago (pid 0: no daemon).
+  // With a pid and an age of 0 the segment goes on beating every 100 ms, as a daemon's tick
+  // does, until the next Heartbeat: the seconds a loaded machine may put between two steps of
+  // a test never make its daemon look stale (retryctl's --stale-after is 3 s).
   void Heartbeat(uint32_t pid, uint64_t age_ms);
 
   // Call admits attempt number `attempt` at `now_ns` and, if admitted, completes it at once
@@ -122,6 +128,10 @@ class TestSegment {
   std::unique_ptr<shm::Segment> seg_;
   shm::Caller caller_{};
   std::vector<shm::Permit> held_;
+  std::mutex beat_mu_;   // a beat and a Heartbeat never interleave
+  bool beating_ = false;  // guarded by beat_mu_
+  std::atomic<bool> stop_{false};
+  std::thread beater_;
 };
 
 // A policy whose breaker trips after `min_calls` failures and stays open for `open_for_ms`
