@@ -282,15 +282,10 @@ TEST_F(RetryctlSocket, AStoppedOrKilledDaemonIsDownForStatusWorkersAndMetrics) {
 TEST_F(RetryctlSocket, FleetIsTheHealthCheckOfTheHostInItsFleet) {
   // A port bound and never listened on: a connection to it is refused. Close-on-exec, or the
   // daemon would hold the port after the test gives it to redis-server.
-  const int reserved = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(reserved, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(reserved, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(reserved, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
+  uint16_t refused = 0;
+  const int reserved = retryd::daemon::testing::RefusedPort(&refused);
+  ASSERT_GE(reserved, 0) << std::strerror(errno);
+  const std::string port = std::to_string(refused);
   StartDaemon("redis = \"127.0.0.1:" + port + "\"\nsync = \"100ms\"\ntimeout = \"50ms\"\n" +
                   "host_id = \"cli-test\"\n",
               "fleet = true\n");

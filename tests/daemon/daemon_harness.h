@@ -113,6 +113,11 @@ class ChildProcess {
   FILE* out_ = nullptr;
 };
 
+// RefusedPort binds a loopback TCP port and never listens on it, so that a connection to it is
+// refused: the fd that holds it (close-on-exec, so that no child keeps the port; -1 on
+// failure) and, in *port, its number. Closing the fd frees the port for a server to take.
+int RefusedPort(uint16_t* port);
+
 // WaitUntil polls `cond` every millisecond; false if it did not hold within `timeout_ms` (a
 // bound that only ends a failing test: tests wait for conditions, never for margins).
 bool WaitUntil(const std::function<bool()>& cond, int timeout_ms);

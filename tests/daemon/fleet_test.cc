@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -725,15 +727,10 @@ TEST_F(FleetTest, ADaemonStartingAgainstAReachableStoreNeverSaysItIsUnreachable)
 TEST_F(FleetTest, ADaemonWhoseStoreIsUnreachableSaysSo) {
   SKIP_WITHOUT_REDIS();
   // A port bound, never listened on: every connect to it is refused.
-  const int reserved = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(reserved, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(reserved, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(reserved, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  uint16_t refused = 0;
+  const int reserved = retryd::daemon::testing::RefusedPort(&refused);
+  ASSERT_GE(reserved, 0) << std::strerror(errno);
+  const std::string address = "127.0.0.1:" + std::to_string(refused);
   ASSERT_NO_FATAL_FAILURE(
       StartHosts(1, "redis = \"" + address + "\"\ntimeout = \"250ms\"\n", "fleet = true\n"));
   Host& h = hosts_[0];
