@@ -7,16 +7,28 @@
 #ifndef RETRYD_TESTS_SANITIZED_H_
 #define RETRYD_TESTS_SANITIZED_H_
 
+// RETRYD_ADDRESS_SANITIZER / RETRYD_THREAD_SANITIZER: 1 under that sanitizer, for GCC (which
+// defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__) and clang (whose 14 defines only the
+// first, and answers __has_feature for both).
+#if defined(__SANITIZE_ADDRESS__)
+#define RETRYD_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RETRYD_ADDRESS_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define RETRYD_THREAD_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RETRYD_THREAD_SANITIZER 1
+#endif
+#endif
+
 namespace retryd {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RETRYD_ADDRESS_SANITIZER) || defined(RETRYD_THREAD_SANITIZER)
 inline constexpr bool kSanitizedBuild = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kSanitizedBuild = true;
-#else
-inline constexpr bool kSanitizedBuild = false;
-#endif
 #else
 inline constexpr bool kSanitizedBuild = false;
 #endif

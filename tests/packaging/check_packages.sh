@@ -24,7 +24,10 @@ step() { echo "=== $* (at ${SECONDS}s)"; }
 step "scripts/package --out $out"
 rm -rf "$out"
 mkdir -p "$out"
-if ! "$src/scripts/package" --out "$out"; then
+# Under CI, GCC's warnings with Debian's flags are errors: the suite's other builds are clang's.
+werror=OFF
+[ -z "${CI:-}" ] || werror=ON
+if ! RETRYD_WERROR=$werror "$src/scripts/package" --out "$out"; then
   fail "scripts/package failed: the build, or lintian errors or warnings (output above)"
 fi
 

@@ -18,6 +18,7 @@
 #include "shm/admission.h"
 #include "shm/segment.h"
 #include "shm/stripes.h"
+#include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -120,7 +121,7 @@ TEST(RseqDescriptorTest, AProcessOutlivesTheUnloadOfALibraryThatRanSequences) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_FALSE(WIFSIGNALED(status)) << "the child died of signal " << WTERMSIG(status);
   ASSERT_TRUE(WIFEXITED(status));
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RETRYD_ADDRESS_SANITIZER) || defined(RETRYD_THREAD_SANITIZER)
   // A sanitizer's runtime may keep an unloaded library mapped.
   if (WEXITSTATUS(status) == 14) GTEST_SKIP() << "the library stayed loaded under the sanitizer";
 #endif

@@ -23,6 +23,7 @@
 #include "shm/retry_budget.h"
 #include "shm/segment.h"
 #include "shm/stripes.h"
+#include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -32,7 +33,7 @@ using testing::kMs;
 using testing::kSec;
 
 // ThreadSanitizer holds a signal until its thread reaches a safe point, never inside a sequence.
-#if defined(__SANITIZE_THREAD__)
+#if defined(RETRYD_THREAD_SANITIZER)
 constexpr bool kSignalsDeferred = true;
 #else
 constexpr bool kSignalsDeferred = false;
