@@ -167,6 +167,24 @@ class Reader {
     return true;
   }
 
+  // Count accepts the integer of a count or percent knob. Its range proper is ValidatePolicy's
+  // (which judges it with the other knobs); a value that does not fit the knob's 32 bits is
+  // refused here, and the message gives the knob's range, not the word's.
+  bool Count(const toml::node& n, const std::string& path, const shm::KnobSpec& knob,
+             uint32_t* out) {
+    auto i = n.as_integer();
+    if (!i) return WrongType(n, path, "an integer");
+    const int64_t v = i->get();
+    if (v < 0 || v > int64_t(std::numeric_limits<uint32_t>::max())) {
+      const char* unit = knob.kind == shm::KnobKind::kPercent ? " percent" : "";
+      return Error(n, path, "value " + std::to_string(v) + " out of range (valid: " +
+                                shm::FormatKnobValue(knob, knob.min) + ".." +
+                                shm::FormatKnobValue(knob, knob.max) + unit + ")");
+    }
+    *out = uint32_t(v);
+    return true;
+  }
+
   bool Duration(const toml::node& n, const std::string& path, uint32_t* ms) {
     if (n.is_integer() || n.is_floating_point()) {
       return Error(n, path, "bad duration " + Render(n) + " (a duration needs a unit: " +
@@ -210,7 +228,16 @@ class Reader {
                                 shm::FormatKnobValue(knob, knob.min) + " to " +
                                 shm::FormatKnobValue(knob, knob.max) + ")");
     }
-    *milli = uint32_t(std::lround(v * 1000));
+    // The segment keeps a ratio in thousandths: a finer value would be rounded, and one below
+    // 0.0005 silently to 0 (no retries at all). It is refused with the two values around it.
+    const double thousandths = v * 1000;
+    if (std::fabs(thousandths - std::round(thousandths)) > 1e-6) {
+      const auto below = uint32_t(std::floor(thousandths));
+      return Error(n, path, "value " + Render(n) + " is finer than the thousandths a ratio is " +
+                                "kept in (use " + shm::FormatKnobValue(knob, below) + " or " +
+                                shm::FormatKnobValue(knob, below + 1) + ")");
+    }
+    *milli = uint32_t(std::lround(thousandths));
     return true;
   }
 
@@ -414,8 +441,7 @@ void ApplyPolicyTable(Reader& r, const toml::table& tbl, const std::string& sect
       case shm::KnobKind::kRatio: r.Ratio(v, path, *knob, field); break;
       case shm::KnobKind::kCount:
       case shm::KnobKind::kPercent:
-        // The range proper is ValidatePolicy's; this only keeps the value in 32 bits.
-        r.Uint32(v, path, 0, std::numeric_limits<uint32_t>::max(), field);
+        r.Count(v, path, *knob, field);
         break;
       case shm::KnobKind::kDuration: r.Duration(v, path, field); break;
     }

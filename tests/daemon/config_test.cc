@@ -348,6 +348,17 @@ const BadCase kBadCases[] = {
     {"ratio_string", "[defaults]\nretry_ratio = \"20%\"\n",
      {"key 'defaults.retry_ratio': expected a number like 0.2, got a string \"20%\""}},
     {"negative_count", "[defaults]\nmin_calls = -1\n", {"key 'defaults.min_calls': value -1 out of range"}},
+    // A count past its 32 bits is refused with the knob's range, not the word's.
+    {"count_below_zero_names_the_knobs_range", "[defaults]\nretry_burst = -1\n",
+     {"key 'defaults.retry_burst': value -1 out of range (valid: 1..1000000)"}},
+    {"percent_past_32_bits_names_the_knobs_range", "[defaults]\nfailure_rate_threshold = 5000000000\n",
+     {"key 'defaults.failure_rate_threshold': value 5000000000 out of range (valid: 1..100 percent)"}},
+    // A ratio finer than the thousandths it is kept in would be rounded (0.0004 to 0: no retries).
+    {"ratio_finer_than_thousandths", "[defaults]\nretry_ratio = 0.0004\n",
+     {"key 'defaults.retry_ratio': value 0.0004 is finer than the thousandths a ratio is kept in "
+      "(use 0 or 0.001)"}},
+    {"ratio_finer_in_a_dependency", "[dependency.db]\nretry_ratio = 0.2505\n",
+     {"key 'dependency.db.retry_ratio'", "(use 0.25 or 0.251)"}},
     {"count_over_32_bits", "[defaults]\nretry_burst = 5000000000\n",
      {"key 'defaults.retry_burst': value 5000000000 out of range"}},
     {"buckets_out_of_range", "[defaults]\nwindow_buckets = 40\n",

@@ -300,6 +300,13 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   auto master = std::make_unique<Redis>(FreePort());
   Redis replica(FreePort(), master->address());
   Redis sentinel(FreePort(), "", master->port());
+  // The replica follows the master before the fleet starts: a replica still making its first
+  // connection (it tries once a second) or its first full copy on a loaded machine would miss
+  // the lease below.
+  ASSERT_TRUE(WaitUntil([&] {
+    return replica.Command({"INFO", "replication"}).str.find("master_link_status:up") !=
+           std::string::npos;
+  }, 30'000)) << replica.Command({"INFO", "replication"}).str;
   constexpr int kHosts = 3;
   constexpr uint32_t kOpenForMaxMs = 2'000;
   // Each probe hangs until the test lifts the hang (60 s at most, and no probe_timeout before).
@@ -319,7 +326,9 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   const std::string lease_key = prefix_ + ":dep:orders:lease:0";
   // The replica has the lease (replication is asynchronous: this is the case where it did not
   // lag), and the fleet's outcome count so far.
-  ASSERT_TRUE(WaitUntil([&] { return replica.Command({"GET", lease_key}).type == StoreReply::Type::kString; }, 5'000));
+  ASSERT_TRUE(WaitUntil([&] { return replica.Command({"GET", lease_key}).type == StoreReply::Type::kString; }, 10'000))
+      << "master: " << master->Command({"GET", lease_key}).str << "\n"
+      << replica.Command({"INFO", "replication"}).str << hosts_[size_t(prober)].daemon->Log();
   const std::string n_before = Outcome(*master, "n");
   uint64_t probes_before[kMaxHosts];
   for (int i = 0; i < kHosts; ++i) probes_before[i] = ds_->probes[i].load();
