@@ -13,13 +13,15 @@ PHP_ARG_WITH([retryd],
     [retryd: install prefix DIR (DIR/include, DIR/lib); default pkg-config, /usr/local, /usr])],
   [yes])
 
+dnl The two below only say whether their option was given ("no" when not): where the headers
+dnl and the library were found is the "checking for retryd/retryd_call.h" line further down.
 PHP_ARG_WITH([retryd-include],
-  [for the retryd headers],
+  [whether --with-retryd-include names the headers' directory],
   [AS_HELP_STRING([--with-retryd-include=DIR], [retryd: directory holding retryd/retryd.h])],
   [no], [no])
 
 PHP_ARG_WITH([retryd-lib],
-  [for libretryd],
+  [whether --with-retryd-lib names libretryd],
   [AS_HELP_STRING([--with-retryd-lib=DIR|FILE], [retryd: directory of libretryd.so, or the file])],
   [no], [no])
 
