@@ -11,6 +11,7 @@
 // The length of each kill campaign is $RETRYD_FAULT_SECONDS (default 4 s per variant).
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -319,9 +320,16 @@ std::string ClientConfig(const std::string& segment, uint32_t max_processes) {
 std::vector<pid_t> StartClientWorkers(int n, const std::string& name, WorkerBoard* board,
                                       ClientFlags* flags, bool expect_frozen_open) {
   std::vector<pid_t> pids;
+  const pid_t parent = getpid();
   for (int w = 0; w < n; ++w) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(ClientWorker(name, board, w, flags, 4, expect_frozen_open));
+    if (pid == 0) {
+      // A test killed by ctest's timeout never stops its workers: they die with it instead of
+      // running flat out through the rest of the suite.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      _exit(ClientWorker(name, board, w, flags, 4, expect_frozen_open));
+    }
     pids.push_back(pid);
   }
   return pids;
