@@ -470,7 +470,12 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
     return n;
   };
   EXPECT_TRUE(WaitUntil([&] { return registered() == 3; }, 5'000)) << registered();
-  const DependencySlot& orders = *fresh->dependency(uint32_t(fresh->Find("orders")));
+  // The new daemon puts its dependencies after it says it created the segment: until then,
+  // Find says -1 (which, read as a slot index, took the test to a wild pointer and a crash).
+  int32_t orders_index = -1;
+  ASSERT_TRUE(WaitUntil([&] { return (orders_index = fresh->Find("orders")) >= 0; }, 10'000))
+      << daemon->Log();
+  const DependencySlot& orders = *fresh->dependency(uint32_t(orders_index));
   const uint64_t before = shm::ReadCounter(orders, shm::kFirstAttempts);
   EXPECT_TRUE(WaitUntil([&] { return shm::ReadCounter(orders, shm::kFirstAttempts) > before + 1000; }, 5'000));
   StopClientWorkers(pids, flags);
