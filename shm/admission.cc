@@ -255,7 +255,7 @@ void Reset(DependencySlot& slot, uint64_t now_ns) {
   ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng);
   // An empty window in every state: a head with no bucket bits (breaker.h) holds no calls, and
   // the first call of each period starts its bucket anew.
-  slot.window_head.store(0, std::memory_order_release);
+  StartEpoch(slot);
   const uint64_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
   slot.budget.store(RetryBudget::Make(burst * RetryBudget::kTokenScale, NsToMs32(now_ns)),
                     kRelaxed);

@@ -134,7 +134,7 @@ void AdvanceHead(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
     if (WindowHead::StartMs(head) == start_ms) return;
     const uint64_t newest = NewestPeriod(head, now_ns, s);
     if (newest != kNoPeriod && newest >= period) return;
-    const uint64_t next = WindowHead::Make(start_ms, KeptBits(head, newest, period, s));
+    const uint64_t next = WindowHead::Moved(head, start_ms, KeptBits(head, newest, period, s));
     if (slot.window_head.compare_exchange_weak(head, next, std::memory_order_acq_rel,
                                                std::memory_order_acquire)) {
       return;
@@ -157,7 +157,7 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
         WindowHead::StartMs(head) == start_ms ? period : NewestPeriod(head, now_ns, s);
     if (newest == kNoPeriod || newest < period) {
       // A new bucket period: the newest moves to it, keeping the buckets still in its window.
-      const uint64_t next = WindowHead::Make(start_ms, KeptBits(head, newest, period, s));
+      const uint64_t next = WindowHead::Moved(head, start_ms, KeptBits(head, newest, period, s));
       if (slot.window_head.compare_exchange_weak(head, next, std::memory_order_acq_rel,
                                                  std::memory_order_acquire)) {
         head = next;
@@ -171,8 +171,8 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
     }
     // The first call of this bucket period, as far as the head tells.
     const uint64_t empty = Bucket::Make(period, 0, 0, 0);
-    const uint64_t fresh = Bucket::Add(
-        empty, calls, failures, slow, Bucket::NeedsDraw(empty, calls) ? NextRandom(rng) : 0);
+    const uint64_t fresh = Bucket::Add(empty, calls, failures, slow,
+                                       Bucket::NeedsDraw(empty, calls) ? NextRandom(rng) : 0);
     if (!word.compare_exchange_strong(cur, fresh, kRelaxed)) {
       // The bucket changed since it was read: a racer started this period (add to it; it sets
       // the bit), or a late call wrote an older one (look again).
@@ -185,8 +185,9 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
     uint64_t expected = head;
     while (!slot.window_head.compare_exchange_weak(expected, expected | bit,
                                                    std::memory_order_release, kRelaxed)) {
-      // Another process set this bit, or moved the newest on: either way, nothing to add.
-      if (WindowHead::StartMs(expected) != WindowHead::StartMs(head) ||
+      // Another process set this bit, moved the newest on or started the window anew: either
+      // way, nothing to add.
+      if ((expected | WindowHead::kBitsMask) != (head | WindowHead::kBitsMask) ||
           (WindowHead::Bits(expected) & bit)) {
         return;
       }
@@ -207,6 +208,22 @@ uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
   return end_period == 0 ? 0 : end_period - 1;
 }
 
+// BeginHandover tells window readers that the count of stripe window word `w` is about to leave
+// the stripe for a shared bucket, before it does (the fence orders the two stores for a reader
+// that reads the stripe's window first): from the moment the stripe no longer holds it until
+// the bucket does, a reader finds it here (ReadWindowOnce). EndHandover clears it, once the
+// bucket holds it (or the stripe kept it), unless another handover on the stripe's CPU has
+// replaced it meanwhile. A handover whose process died before EndHandover leaves a count that a
+// reader may count twice, toward staying closed, until its period leaves the window.
+void BeginHandover(Stripe& st, uint64_t w) {
+  st.handing.store(w, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void EndHandover(Stripe& st, uint64_t w) {
+  st.handing.compare_exchange_strong(w, 0, std::memory_order_release, kRelaxed);
+}
+
 // RecordStripeSuccess records one success (not slow) at `now_ns` in stripe `i`, written in
 // `mode`; false when the shared buckets must take it instead: the stripe or the window's head
 // holds a later period (this call's clock read lags it), or it could not be written. A
@@ -224,12 +241,14 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
       if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) {
         // Full: the count goes to the shared bucket of its period, and the stripe counts on.
-        const int r = StripeCompareStore(st.window, w, StripeWindow::Make(StripeWindow::End40(w), 1),
-                                         i, mode);
+        BeginHandover(st, w);
+        const int r = StripeCompareStore(st.window, w,
+                                         StripeWindow::Make(StripeWindow::End40(w), 1), i, mode);
+        if (r != 0) EndHandover(st, w);
         if (r < 0) return false;
         if (r > 0) continue;
-        RecordCalls(slot, s, StripePeriod(w, now_ms, s), now_ns, StripeWindow::Count(w), 0, 0,
-                    rng);
+        RecordCalls(slot, s, StripePeriod(w, now_ms, s), now_ns, StripeWindow::Count(w), 0, 0, rng);
+        EndHandover(st, w);
         return true;
       }
       const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
@@ -249,8 +268,11 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     }
     const uint64_t start_ms = (period * s.bucket_ns + 999'999u) / 1'000'000u;
     const uint64_t end_ms = ((period + 1) * s.bucket_ns + 999'999u) / 1'000'000u;
-    const int r = StripeCompareStore2(st.window, w, StripeWindow::Make(end_ms, 1),
-                                      st.window_start, start_ms, i, mode);
+    const bool hands_over = !empty && period - old < s.buckets;
+    if (hands_over) BeginHandover(st, w);
+    const int r = StripeCompareStore2(st.window, w, StripeWindow::Make(end_ms, 1), st.window_start,
+                                      start_ms, i, mode);
+    if (r != 0 && hands_over) EndHandover(st, w);
     if (r < 0) return false;
     if (r > 0) continue;
     // A reload that changed the shape since `s` was read may have emptied the stripes before
@@ -264,8 +286,9 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
         now_shape.bucket_ns != s.bucket_ns || now_shape.buckets != s.buckets) {
       st.window_start.store(~uint64_t{0}, kRelaxed);
     }
-    if (!empty && period - old < s.buckets) {
+    if (hands_over) {
       RecordCalls(slot, s, old, now_ns, StripeWindow::Count(w), 0, 0, rng);
+      EndHandover(st, w);
     }
     AdvanceHead(slot, s, period, now_ns);
     return true;
@@ -354,6 +377,13 @@ BreakerWord Reopened(const PolicyWords& policy, const BreakerWord& b, uint32_t n
 
 }  // namespace
 
+void StartEpoch(DependencySlot& slot) {
+  uint64_t head = slot.window_head.load(kRelaxed);
+  while (!slot.window_head.compare_exchange_weak(head, WindowHead::Anew(head),
+                                                 std::memory_order_acq_rel, kRelaxed)) {
+  }
+}
+
 // StartWindowAnew empties the window for a new shape: no bucket counts (the head's bits are
 // cleared), and no stripe holds a period. A stripe's start is set out of reach before its count
 // is taken, so that a success racing this on the stripe's CPU, which may store its count back
@@ -365,7 +395,7 @@ void StartWindowAnew(DependencySlot& slot) {
   // The buckets (failures) go before the stripes (successes): a reader that finds a stripe
   // emptied finds the head changed when it looks again (ReadWindow), and never counts the old
   // failures without the successes beside them.
-  slot.window_head.exchange(0, std::memory_order_acq_rel);
+  StartEpoch(slot);
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
     slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
     std::atomic<uint64_t>& word = slot.stripes[i].window;
@@ -373,6 +403,7 @@ void StartWindowAnew(DependencySlot& slot) {
     while (w != 0 && !word.compare_exchange_weak(w, 0, std::memory_order_release,
                                                  std::memory_order_relaxed)) {
     }
+    slot.stripes[i].handing.store(0, kRelaxed);
   }
 }
 
@@ -511,37 +542,67 @@ bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_
 
 namespace {
 
+// The successes stripe word `word` holds for a period of the reader's window, as a bucket's
+// calls count (ReadWindowOnce): in the window of `period`, not a window behind the newest
+// period, and not before the floor.
+uint64_t StripeCalls(uint64_t word, uint64_t now_ns, uint64_t period, uint64_t floor,
+                     uint64_t newest, const WindowShape& s) {
+  if (StripeWindow::Count(word) == 0) return 0;
+  const uint64_t p = StripePeriod(word, now_ns / 1'000'000u, s);
+  if (p > period || p + s.buckets <= period || p < floor ||
+      (newest != kNoPeriod && p + s.buckets <= newest)) {
+    return 0;
+  }
+  return StripeWindow::Count(word);
+}
+
+// ReadWindowOnce reads the window under `head`, read just before. The stripes (successes) are
+// read before the shared buckets (the failures among them) and again after: a reader that the
+// scheduler stops between the two would otherwise count the failures that came meanwhile
+// without the successes beside them, and a young window (a reload's, a close's) then reads
+// as failing. From the second read, each stripe's successes include every one that came before
+// the buckets were read. A stripe that handed its count over to a shared bucket in between
+// (a new period, or a full count) counts from both reads: the bucket read may have come before
+// the count reached it, and a success counted twice for one read errs toward staying closed.
+// A count already on its way when the stripes were first read (taken from the stripe, not yet
+// in its bucket: BeginHandover) counts from the stripe's `handing` word.
 WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t head) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
-  WindowStats w;
-  // The successes the stripes hold for their newest periods (stripes.h).
-  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    const uint64_t word = slot.stripes[i].window.load(std::memory_order_acquire);
-    if (StripeWindow::Count(word) == 0) continue;
-    const uint64_t p = StripePeriod(word, now_ns / 1'000'000u, s);
-    // As for a bucket: in the reader's window, and not a window behind the newest period.
-    if (p > period || p + s.buckets <= period || p < floor ||
-        (newest != kNoPeriod && p + s.buckets <= newest)) {
-      continue;
-    }
-    w.calls += StripeWindow::Count(word);
+  const uint32_t stripes = StripeCount(slot);
+  uint64_t before[kMaxStripes];
+  uint64_t handing[kMaxStripes];
+  for (uint32_t i = 0; i < stripes; ++i) {
+    before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
+    handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
   }
-  if (newest == kNoPeriod) return w;
-  for (uint32_t i = 0; i < s.buckets; ++i) {
-    if (!(WindowHead::Bits(head) & (1u << i))) continue;
-    const uint64_t expected = ExpectedPeriod(newest, i, s);
-    if (expected == kNoPeriod || expected > period || period - expected >= s.buckets ||
-        expected < floor) {
-      continue;
+  WindowStats w;
+  if (newest != kNoPeriod) {
+    for (uint32_t i = 0; i < s.buckets; ++i) {
+      if (!(WindowHead::Bits(head) & (1u << i))) continue;
+      const uint64_t expected = ExpectedPeriod(newest, i, s);
+      if (expected == kNoPeriod || expected > period || period - expected >= s.buckets ||
+          expected < floor) {
+        continue;
+      }
+      const uint64_t word = slot.buckets[i].load(std::memory_order_acquire);
+      if (Bucket::Ahead(word, expected) != 0) continue;
+      w.calls += Bucket::Calls(word);
+      w.failures += Bucket::Failures(word);
+      w.slow += Bucket::Slow(word);
     }
-    const uint64_t word = slot.buckets[i].load(kRelaxed);
-    if (Bucket::Ahead(word, expected) != 0) continue;
-    w.calls += Bucket::Calls(word);
-    w.failures += Bucket::Failures(word);
-    w.slow += Bucket::Slow(word);
+  }
+  for (uint32_t i = 0; i < stripes; ++i) {
+    const uint64_t after = slot.stripes[i].window.load(std::memory_order_acquire);
+    const bool same_count = StripeWindow::End40(after) == StripeWindow::End40(before[i]) &&
+                            StripeWindow::Count(after) >= StripeWindow::Count(before[i]);
+    w.calls += StripeCalls(after, now_ns, period, floor, newest, s);
+    if (!same_count) w.calls += StripeCalls(before[i], now_ns, period, floor, newest, s);
+    if (handing[i] != before[i]) {
+      w.calls += StripeCalls(handing[i], now_ns, period, floor, newest, s);
+    }
   }
   return w;
 }
@@ -551,7 +612,8 @@ WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   // A window started anew (StartWindowAnew) while it was read could give the old buckets'
   // failures without the stripes' successes: read again when the head moved meanwhile, and
-  // read nothing if it keeps moving.
+  // read nothing if it keeps moving. The head's epoch tells a window started anew from the
+  // old one even when its first calls gave it the old head's period and bits.
   for (int round = 0; round < 4; ++round) {
     const uint64_t head = slot.window_head.load(std::memory_order_acquire);
     const WindowStats w = ReadWindowOnce(slot, now_ns, head);

@@ -64,7 +64,13 @@
 //   bits  0..15  bit i set: bucket i holds the calls of its period in the window that ends
 //                with the newest period (the one period p <= newest, p > newest - buckets,
 //                with p % window_buckets == i)
-//   bits 16..63  the newest period's start, ms of the clock (48 bits: 8,900 years)
+//   bits 16..19  the window's epoch (mod 16): StartWindowAnew and Reset move it on, and every
+//                other write keeps it
+//   bits 20..63  the newest period's start, ms of the clock (44 bits: 557 years)
+// The epoch keeps a window read honest across a reload (ReadWindow): a window started anew
+// soon has the head it had before (the same period's start, the same bucket's bit), and a
+// reader that compared the head alone before and after its read took the old buckets'
+// failures for the new window's, beside stripes already emptied.
 // A 12-bit period number alone aliases: after 4,096 periods a stale bucket reads as current.
 // So a bucket counts only when its bit is set in the head and its period number is the one the
 // head expects, and the window is empty when the newest period is a window old: no idle gap of
@@ -281,11 +287,19 @@ struct Bucket {
 // The head word of the window (see above).
 struct WindowHead {
   static constexpr uint64_t kBitsMask = 0xFFFF;
+  static constexpr uint64_t kEpochMask = 0xF;
   static uint32_t Bits(uint64_t w) { return uint32_t(w & kBitsMask); }
-  static uint64_t StartMs(uint64_t w) { return w >> 16; }
-  static uint64_t Make(uint64_t start_ms, uint32_t bits) {
-    return (start_ms << 16) | (bits & kBitsMask);
+  static uint32_t Epoch(uint64_t w) { return uint32_t(w >> 16 & kEpochMask); }
+  static uint64_t StartMs(uint64_t w) { return w >> 20; }
+  static uint64_t Make(uint64_t start_ms, uint32_t bits, uint32_t epoch = 0) {
+    return (start_ms << 20) | (uint64_t{epoch} & kEpochMask) << 16 | (bits & kBitsMask);
   }
+  // Moved is `head` with its newest period's start and bits replaced, in the same epoch.
+  static uint64_t Moved(uint64_t head, uint64_t start_ms, uint32_t bits) {
+    return Make(start_ms, bits, Epoch(head));
+  }
+  // Anew is the empty window of the epoch after `head`'s.
+  static uint64_t Anew(uint64_t head) { return Make(0, 0, Epoch(head) + 1); }
 };
 
 // StartWindowAnew empties the window of `slot`, its shared buckets and the periods its stripes
@@ -295,6 +309,11 @@ struct WindowHead {
 // then go to the shared buckets until the old period ends, when its count is handed over to the
 // bucket of the new shape's period that ends there. Thread-safe.
 void StartWindowAnew(DependencySlot& slot);
+
+// StartEpoch empties the shared buckets of `slot`'s window: a head with no bucket bits, in the
+// next epoch, so that no read that began before it counts what the buckets held (ReadWindow).
+// Thread-safe.
+void StartEpoch(DependencySlot& slot);
 
 // ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
@@ -319,7 +338,8 @@ inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, u
   }
   Stripe& s = slot.stripes[stripe];
   const uint64_t w = s.window.load(std::memory_order_relaxed);
-  if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed), now_ns / 1'000'000u)) {
+  if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed),
+                           now_ns / 1'000'000u)) {
     return false;
   }
   if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;  // full: shared

@@ -27,7 +27,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 5;
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
@@ -81,7 +81,10 @@ struct alignas(kCacheLine) Stripe {
   std::atomic<uint64_t> deposits;        // retry budget deposits, thousandths, cumulative
   // Of `deposits`, the thousandths withdrawals have taken into the budget word (any CPU, CAS).
   std::atomic<uint64_t> deposits_taken;
-  std::atomic<uint64_t> reserved[2];
+  // The window word whose count is on its way to a shared bucket (stripes.h), or 0: set before
+  // the count leaves `window`, cleared once the bucket has it, so that a window read finds it.
+  std::atomic<uint64_t> handing;
+  std::atomic<uint64_t> reserved;
 };
 
 // One downstream dependency. Hot words that many processes write live on their own cache

@@ -3,14 +3,15 @@
 // mid-call loses at most that call, and the folds (window, deposits) give what one shared word
 // would. The model test (model_test.cc) drives the stripes from virtual CPUs against the
 // reference model; here they run on the real CPUs.
+#include "shm/stripes.h"
+
+#include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
@@ -22,7 +23,6 @@
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
 #include "shm/segment.h"
-#include "shm/stripes.h"
 #include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
@@ -39,7 +39,9 @@ constexpr bool kSignalsDeferred = true;
 constexpr bool kSignalsDeferred = false;
 #endif
 
-int Cpus() { return int(std::min<uint32_t>(HostStripes(), 8)); }
+int Cpus() {
+  return int(std::min<uint32_t>(HostStripes(), 8));
+}
 
 void PinTo(int cpu) {
   cpu_set_t set;
@@ -100,7 +102,7 @@ class Interrupter {
   std::thread thread_;
 };
 
-#define SKIP_WITHOUT_RSEQ()                                                               \
+#define SKIP_WITHOUT_RSEQ() \
   if (CurrentCpu() == kNoStripe) GTEST_SKIP() << "no rseq registered: nothing is striped"
 
 // Hammer runs `op` in kThreadsPerCpu threads pinned to each CPU, under an Interrupter, until
@@ -467,7 +469,7 @@ TEST_F(StripeFoldTest, AReloadThatShortensTheBucketKeepsCountingSuccesses) {
   const uint64_t t0 = 7'200 * kSec;  // a 600 s period starts here
   for (int i = 0; i < 400; ++i) Call(uint16_t(i % 4), t0 + uint64_t(i) * kMs, Outcome::kSuccess);
   EXPECT_EQ(ReadWindow(*slot_, t0 + kSec).calls, 400u);
-  Policy short_window = policy_;  // 10 s in 10 buckets
+  Policy short_window = policy_;                          // 10 s in 10 buckets
   testing::AddDependency(*seg_, "orders", short_window);  // the daemon's reload
   EXPECT_EQ(ReadWindow(*slot_, t0 + kSec).calls, 0u) << "the window starts anew";
   const uint64_t t1 = t0 + 2 * kSec;
@@ -605,6 +607,56 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
   EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
+// A window read is several words read one after another, and its reader may be stopped between
+// any two. One thread keeps a young window (each round starts it anew, as a reload that
+// changes its shape does, then gives it 61 calls, 20 of them failures, the successes in a
+// stripe), while another reads it flat out on the other CPU and asks whether it should trip.
+// No read may find half failures: the reader took the stripes before the buckets (so failures
+// came without their successes), and a window started anew soon had its old head back (the
+// same period, the same bucket), so a read across the restart took the old buckets for the new
+// window's. Before the fixes, 168 of 60 million reads in 5 s said trip.
+TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing) {
+  Policy p;
+  p.window_ms = 1'000;
+  p.window_buckets = 5;
+  p.min_calls = 20;
+  p.failure_rate_pct = 50;
+  auto seg = Segment::CreatePrivate(1, 8, p);
+  const uint32_t index = testing::AddDependency(*seg, "orders", p);
+  DependencySlot& slot = *seg->dependency(index);
+  slot.stripe_count.store(2);
+  const uint64_t t0 = 5'000 * kSec + 10 * kMs;  // one period throughout
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> reads{0}, failing{0};
+  std::thread reader([&] {
+    PinTo(1 % Cpus());
+    while (!stop.load(std::memory_order_relaxed)) {
+      failing += ShouldTrip(slot, ReadWindow(slot, t0));
+      reads.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  PinTo(0);
+  uint32_t rng = 7;
+  auto call = [&](bool failure) {
+    RecordOutcome(slot, t0, failure, false, rng, 0, StripeMode::kAtomic);
+  };
+  uint64_t rounds = 0;
+  for (const uint64_t end = PreciseNowNs() + 2 * kSec; PreciseNowNs() < end; ++rounds) {
+    StartWindowAnew(slot);
+    call(false);  // the stripe starts the period: the head has it, with no bucket bit yet
+    call(true);   // the bucket's first failure: the head is what it was before the restart
+    for (int i = 0; i < 40; ++i) call(false);
+    for (int i = 0; i < 19; ++i) call(true);
+  }
+  stop = true;
+  reader.join();
+  EXPECT_GT(rounds, 1'000u);
+  EXPECT_GT(reads.load(), 100'000u);
+  EXPECT_EQ(failing.load(), 0u) << "reads of " << reads.load() << " that said trip, over " << rounds
+                                << " restarts";
+  EXPECT_EQ(slot.counters[kOpened].load(), 0u);
+}
+
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
   const uint64_t t0 = 3'000 * kSec;
   // Drain the burst of 2.
@@ -630,6 +682,38 @@ TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
     ++granted;
   }
   EXPECT_EQ(granted, 2);
+}
+
+// A stripe hands its period's successes over to their shared bucket when its next period starts:
+// it takes the count from the stripe, then adds it to the bucket. A process the scheduler stops
+// between the two holds the count where no window read sees it, while the failures beside those
+// successes stay in the bucket: a young window read then as failing. The count waits in the
+// stripe's `handing` word meanwhile; here the stripe is left as such a stopped process leaves it.
+TEST_F(StripeFoldTest, ASuccessCountOnItsWayToItsBucketStillCounts) {
+  const uint64_t t0 = 6'000 * kSec;
+  for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
+  for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
+  ASSERT_EQ(ReadWindow(*slot_, t0).calls, 1'030u);
+  Stripe& st = slot_->stripes[0];
+  const uint64_t taken = st.window.load();
+  ASSERT_EQ(StripeWindow::Count(taken), 1'000u);
+  // The next period's first success on CPU 0 has taken the count and not yet added it.
+  const uint64_t t1 = t0 + kSec;
+  st.handing.store(taken);
+  st.window.store(StripeWindow::Make((t1 / kSec + 1) * 1'000, 1));
+  st.window_start.store(t1 / kMs);
+  const WindowStats w = ReadWindow(*slot_, t1);
+  EXPECT_EQ(w.calls, 1'031u);
+  EXPECT_EQ(w.failures, 30u);
+  EXPECT_FALSE(ShouldTrip(*slot_, w));
+  // The stopped process never came back; put the stripe as it was, and let the real handover
+  // run: it ends with the count in its bucket, counted once, and nothing on its way.
+  st.handing.store(0);
+  st.window.store(taken);
+  st.window_start.store(t0 / kMs);
+  Call(0, t1, Outcome::kSuccess);
+  EXPECT_EQ(st.handing.load(), 0u);
+  EXPECT_EQ(ReadWindow(*slot_, t1).calls, 1'031u);
 }
 
 // A reset refills the budget and drops what waited in the stripes; a policy stored by the
