@@ -708,7 +708,14 @@ int main(int argc, char** argv) {
       for (uint32_t& x : v) in >> x;
       std::vector<uint32_t> latency(r.latency_buckets);
       for (uint32_t& x : latency) in >> x;
-      if (b >= bins) continue;  // the drain
+      // The totals count every attempt, as the simulator's do; an attempt sent after the
+      // scenario's end (a loaded host's workers run late) belongs to a request counted in it.
+      r.attempts_sent += v[0];
+      r.first_attempts_sent += v[0] - v[1];
+      r.probes += v[7];
+      host.probes += v[7];
+      r.user_failed += v[5];
+      if (b >= bins) continue;  // the drain: no bin of the scenario's
       retryd::stampede::Bin& bin = r.bins[b];
       bin.sent += v[0];
       bin.retries += v[1];
@@ -719,11 +726,6 @@ int main(int argc, char** argv) {
       bin.rejected += v[6];
       bin.probes += v[7];
       for (uint32_t k = 0; k < r.latency_buckets; ++k) r.latency_ms[b][k] += latency[k];
-      r.attempts_sent += v[0];
-      r.first_attempts_sent += v[0] - v[1];
-      r.probes += v[7];
-      host.probes += v[7];
-      r.user_failed += v[5];
     }
     if (!in) {
       std::fprintf(stderr, "retryd_fleet: %s: truncated\n", path.c_str());
