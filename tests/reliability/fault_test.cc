@@ -8,7 +8,7 @@
 //   - an incompatible segment (newer layout, other capacity): the new daemon retires it and the
 //     running clients move to the new one on their next admit;
 //   - pid reuse: a dead worker's pid given to a new process does not keep its leases alive.
-// The length of each kill campaign is $RETRYD_FAULT_SECONDS (default 4 s per variant).
+// The length of each kill campaign is $RETRYD_FAULT_SECONDS (default 2 s per variant in the suite; any length on demand).
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -139,7 +139,7 @@ class WorkerKillTest : public ::testing::TestWithParam<Reclaimer> {};
 // that survivors keep admitting while the dead ones' leases come back.
 TEST_P(WorkerKillTest, LeasesComeBackAndLimitsHold) {
   const Reclaimer how = GetParam();
-  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 4);
+  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 2);
   // By expiry the leases must come back soon; otherwise long timeouts prove that the reclaim
   // came from the death, not from the clock.
   const int lease_ms = how == Reclaimer::kExpiry ? 400 : 60'000;
@@ -352,7 +352,7 @@ T* SharedPage() {
 
 // The daemon SIGKILLed at random instants and restarted, while client workers run flat out.
 TEST(DaemonKillTest, WorkersNeverNoticeAndStateIsAdopted) {
-  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 4);
+  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 2);
   const std::string name = UniqueName("dkill");
   const std::string config = TempFile(".toml");
   WriteFile(config, ClientConfig(name, 64));

@@ -280,7 +280,7 @@ class HostileClientTest : public ::testing::TestWithParam<bool> {};
 // cleanly.
 TEST_P(HostileClientTest, DaemonSurvivesAndHonestWorkersAreSafe) {
   const bool spare_honest = GetParam();
-  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 4);
+  const double seconds = EnvSeconds("RETRYD_FAULT_SECONDS", 2);
   const std::string name = UniqueName("hostile");
   const std::string path = TempFile(".toml");
   WriteFile(path, Config(name, "mode = \"0600\"\n"));

@@ -1,5 +1,5 @@
 // Soak: processes x threads x dependencies hammering admit/complete through the real client
-// library for $RETRYD_SOAK_SECONDS (default 10), while the real `retryd` ticks every 2 ms and
+// library for $RETRYD_SOAK_SECONDS (default 5 in the suite), while the real `retryd` ticks every 2 ms and
 // reloads a changing config (SIGHUP) every 250 ms. Then the exact invariants, from the
 // segment's counters and the workers' own tallies:
 //   - retry budget: retries granted <= burst + ratio x first attempts + floor x seconds;
@@ -126,7 +126,7 @@ int WorkerProcess(const std::string& name, Tally* tally, WorkerBoard* board, int
 }
 
 TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
-  const double seconds = EnvSeconds("RETRYD_SOAK_SECONDS", 10);
+  const double seconds = EnvSeconds("RETRYD_SOAK_SECONDS", 5);
   const std::string name = UniqueName("soak");
   const std::string path = TempFile(".toml");
   WriteFile(path, SoakConfig(name, 0));
