@@ -1,19 +1,23 @@
 #include "shm/breaker.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "shm/clock.h"
 #include "shm/leases.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 
 namespace retryd::shm {
+
+namespace window_internal {
+std::atomic<void (*)(WindowReadPause)> g_read_pause{nullptr};
+}  // namespace window_internal
 
 static_assert(kMaxStampedAheadMs >= 2 * uint64_t{kMaxKnobDurationMs},
               "an open period (open_for_max + open_jitter) must fit under the wrap guard");
 
 namespace {
-
-constexpr auto kRelaxed = std::memory_order_relaxed;
 
 // Bound on the rounds of ApplyBreakerEvent. Each round that fails means another process
 // committed a change to the word. An event applies to one state (a probe's, to one seq), and
@@ -542,6 +546,10 @@ bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_
 
 namespace {
 
+void PauseForTest(WindowReadPause at) {
+  if (const auto pause = window_internal::g_read_pause.load(kRelaxed)) pause(at);
+}
+
 // The successes stripe word `word` holds for a period of the reader's window, as a bucket's
 // calls count (ReadWindowOnce): in the window of `period`, not a window behind the newest
 // period, and not before the floor.
@@ -556,17 +564,20 @@ uint64_t StripeCalls(uint64_t word, uint64_t now_ns, uint64_t period, uint64_t f
   return StripeWindow::Count(word);
 }
 
-// ReadWindowOnce reads the window under `head`, read just before. The stripes (successes) are
-// read before the shared buckets (the failures among them) and again after: a reader that the
-// scheduler stops between the two would otherwise count the failures that came meanwhile
-// without the successes beside them, and a young window (a reload's, a close's) then reads
-// as failing. From the second read, each stripe's successes include every one that came before
-// the buckets were read. A stripe that handed its count over to a shared bucket in between
-// (a new period, or a full count) counts from both reads: the bucket read may have come before
-// the count reached it, and a success counted twice for one read errs toward staying closed.
-// A count already on its way when the stripes were first read (taken from the stripe, not yet
-// in its bucket: BeginHandover) counts from the stripe's `handing` word.
-WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t head) {
+// ReadWindowOnce reads the window under `head`, read just before, or nothing when a stripe
+// moved while it read. The stripes (successes) are read before the shared buckets (the failures
+// among them) and again after: a reader that the scheduler stops between the two would
+// otherwise count the failures that came meanwhile without the successes beside them, and a
+// young window (a reload's, a close's) then reads as failing. From the second read, each
+// stripe's successes include every one that came before the buckets were read, as long as the
+// stripe kept its period and its count only grew. A stripe that handed its count over to a
+// shared bucket in between (a new period, or a full count) may have given it to the bucket after
+// the bucket was read: the read is not counted, and ReadWindow reads again. A count already on
+// its way when the stripes were first read (taken from the stripe, not yet in its bucket:
+// BeginHandover) counts from the stripe's `handing` word; if it reached the bucket before the
+// bucket was read, it counts twice for this read, which errs toward staying closed.
+std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns,
+                                          uint64_t head) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
@@ -578,6 +589,7 @@ WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t
     before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
     handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
   }
+  PauseForTest(WindowReadPause::kStripesRead);
   WindowStats w;
   if (newest != kNoPeriod) {
     for (uint32_t i = 0; i < s.buckets; ++i) {
@@ -594,12 +606,14 @@ WindowStats ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns, uint64_t
       w.slow += Bucket::Slow(word);
     }
   }
+  PauseForTest(WindowReadPause::kBucketsRead);
   for (uint32_t i = 0; i < stripes; ++i) {
     const uint64_t after = slot.stripes[i].window.load(std::memory_order_acquire);
-    const bool same_count = StripeWindow::End40(after) == StripeWindow::End40(before[i]) &&
-                            StripeWindow::Count(after) >= StripeWindow::Count(before[i]);
+    if (StripeWindow::End40(after) != StripeWindow::End40(before[i]) ||
+        StripeWindow::Count(after) < StripeWindow::Count(before[i])) {
+      return std::nullopt;
+    }
     w.calls += StripeCalls(after, now_ns, period, floor, newest, s);
-    if (!same_count) w.calls += StripeCalls(before[i], now_ns, period, floor, newest, s);
     if (handing[i] != before[i]) {
       w.calls += StripeCalls(handing[i], now_ns, period, floor, newest, s);
     }
@@ -616,8 +630,8 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   // old one even when its first calls gave it the old head's period and bits.
   for (int round = 0; round < 4; ++round) {
     const uint64_t head = slot.window_head.load(std::memory_order_acquire);
-    const WindowStats w = ReadWindowOnce(slot, now_ns, head);
-    if (slot.window_head.load(std::memory_order_acquire) == head) return w;
+    const std::optional<WindowStats> w = ReadWindowOnce(slot, now_ns, head);
+    if (w && slot.window_head.load(std::memory_order_acquire) == head) return *w;
   }
   return WindowStats{};
 }

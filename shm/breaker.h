@@ -318,6 +318,15 @@ void StartEpoch(DependencySlot& slot);
 // ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 
+// For tests only: where a window read may be stopped (ReadWindow reads the stripes, then the
+// shared buckets, then the stripes again), and the function a read calls at each of those
+// points when one is set, so that a test can do there what other processes would while the
+// scheduler stops the reader. Never set in the product: a relaxed load of a null pointer.
+enum class WindowReadPause { kStripesRead, kBucketsRead };
+namespace window_internal {
+extern std::atomic<void (*)(WindowReadPause)> g_read_pause;
+}  // namespace window_internal
+
 // RecordOutcome records one completed call of a closed breaker (not a probe) in the window and,
 // for a failure or a slow call, trips the breaker if the window says so (kTrip), drawing the
 // open period's jitter from `rng`. A success that is not slow goes to stripe `stripe`, written

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -716,6 +717,79 @@ TEST_F(StripeFoldTest, ASuccessCountOnItsWayToItsBucketStillCounts) {
   EXPECT_EQ(ReadWindow(*slot_, t1).calls, 1'031u);
 }
 
+// A window read that the scheduler stops, while other processes go on: the reader reads the
+// stripes, then the buckets, then the stripes again (ReadWindow), and a test can act at each of
+// those points as other processes would (window_internal::g_read_pause). Stopped after its first
+// read of the stripes, the reader's dependency made 995 more successes and 15 more failures,
+// then the next period began on the stripe's CPU; the read must still count them all.
+class StoppedReaderTest : public StripeFoldTest {
+ protected:
+  static constexpr uint64_t kT0 = 7'000 * kSec;
+  static constexpr uint64_t kT1 = kT0 + kSec;  // the next bucket period (1 s buckets)
+
+  ~StoppedReaderTest() override { window_internal::g_read_pause.store(nullptr); }
+
+  // Each test sets what happens at each pause; a pause runs once, and the calls it makes read
+  // the window without pausing.
+  static inline StoppedReaderTest* self_ = nullptr;
+  static inline bool pausing_ = false;
+  std::function<void()> at_[2];
+  void Arm() {
+    self_ = this;
+    window_internal::g_read_pause.store([](WindowReadPause at) {
+      if (pausing_) return;
+      std::function<void()> f;
+      std::swap(f, self_->at_[int(at)]);
+      pausing_ = true;
+      if (f) f();
+      pausing_ = false;
+    });
+  }
+  // The 995 successes and 15 failures of the meantime.
+  void CallsWhileStopped() {
+    for (int i = 0; i < 995; ++i) Call(0, kT0, Outcome::kSuccess);
+    for (int i = 0; i < 15; ++i) Call(1, kT0, Outcome::kFailure);
+  }
+};
+
+// The next period's first success on CPU 0 took the stripe's count and was stopped before it
+// added it to the bucket, as the reader read the buckets.
+TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
+  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
+  Call(1, kT0, Outcome::kFailure);
+  at_[int(WindowReadPause::kStripesRead)] = [this] {
+    CallsWhileStopped();
+    Stripe& st = slot_->stripes[0];
+    const uint64_t taken = st.window.load();
+    ASSERT_EQ(StripeWindow::Count(taken), 1'000u);
+    st.handing.store(taken);  // BeginHandover, then the take
+    st.window.store(StripeWindow::Make((kT1 / kSec + 1) * 1'000, 1));
+    st.window_start.store(kT1 / kMs);
+  };
+  Arm();
+  const WindowStats w = ReadWindow(*slot_, kT0);
+  EXPECT_EQ(w.failures, 16u);
+  EXPECT_GE(w.calls, 1'016u);
+  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
+}
+
+// The whole handover, take and add, came after the reader read the buckets and before it read
+// the stripes again: neither read holds the count, nor does `handing` any more. Another CPU had
+// begun the next period already, so the handover leaves the window's head as it was.
+TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted) {
+  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
+  Call(1, kT0, Outcome::kFailure);
+  Call(2, kT1, Outcome::kSuccess);
+  at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
+  at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT1, Outcome::kSuccess); };
+  Arm();
+  const WindowStats w = ReadWindow(*slot_, kT0);
+  EXPECT_EQ(slot_->stripes[0].handing.load(), 0u);
+  EXPECT_EQ(w.failures, 16u);
+  EXPECT_GE(w.calls, 1'016u);
+  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
+}
+
 // A reset refills the budget and drops what waited in the stripes; a policy stored by the
 // daemon folds them under the cap they were made with first.
 TEST_F(StripeFoldTest, AResetDropsTheWaitingDepositsAndAReloadCapsThemByTheOldBurst) {
@@ -735,6 +809,58 @@ TEST_F(StripeFoldTest, AResetDropsTheWaitingDepositsAndAReloadCapsThemByTheOldBu
   testing::AddDependency(*seg_, "orders", bigger);  // the daemon's reload of the same name
   EXPECT_EQ(PendingDeposits(*slot_), 0u);
   EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 2'000u);  // the old burst
+}
+
+// REVIEW stress: six processes on one CPU (one stripe), 1 % failures against 50 %, 100 ms
+// periods (a handover every period), a controller SIGSTOPs a random worker for 0..20 ms.
+TEST(StripesReview, StressOneCpuSigstop) {
+  testing::NamedSegment seg("rwstress", 4, 64);
+  Policy p;
+  p.window_ms = 1'000;
+  p.window_buckets = 10;
+  p.min_calls = 20;
+  p.failure_rate_pct = 50;
+  p.open_for_ms = 1'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "dep", p);
+  DependencySlot& slot = *seg.seg->dependency(index);
+  auto* stop = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::vector<pid_t> kids;
+  for (int w = 0; w < 6; ++w) {
+    const pid_t kid = fork();
+    if (kid == 0) {
+      PinTo(0);
+      Caller c{RegisterProcess(*seg.seg, getpid()), 0, uint32_t(777 + w)};
+      for (uint64_t n = 1; !stop->load(std::memory_order_relaxed); ++n) {
+        c.stripe = CurrentCpu();
+        Permit permit;
+        Admit(slot, index, 0, CoarseNowNs(), c, &permit);
+        Complete(slot, &permit, (n * 7 + w) % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess, 0,
+                 CoarseNowNs(), c);
+      }
+      _exit(0);
+    }
+    kids.push_back(kid);
+  }
+  const char* secs = getenv("RW_SECS");
+  const uint64_t end = PreciseNowNs() + (secs ? atoi(secs) : 10) * kSec;
+  uint32_t r = 12345;
+  uint64_t stops = 0;
+  while (PreciseNowNs() < end) {
+    r = r * 1103515245u + 12345u;
+    const pid_t k = kids[(r >> 8) % kids.size()];
+    kill(k, SIGSTOP);
+    ++stops;
+    usleep((r >> 16) % 20'000);
+    kill(k, SIGCONT);
+    usleep(500);
+  }
+  stop->store(1);
+  for (const pid_t kid : kids) { kill(kid, SIGCONT); waitpid(kid, nullptr, 0); }
+  munmap(stop, 4096);
+  printf("calls %lu stops %lu opened %lu\n", (unsigned long)ReadCounter(slot, kFirstAttempts),
+         (unsigned long)stops, (unsigned long)slot.counters[kOpened].load());
+  EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
 }  // namespace
