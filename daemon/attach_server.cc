@@ -22,12 +22,13 @@
 namespace retryd::daemon {
 namespace {
 
-std::string UserName(uid_t uid) {
+// UserLabel and GroupLabel: the name, or the number where the host has none.
+std::string UserLabel(uid_t uid) {
   const passwd* pw = getpwuid(uid);
   return pw ? std::string(pw->pw_name) : std::to_string(uid);
 }
 
-std::string GroupName(gid_t gid) {
+std::string GroupLabel(gid_t gid) {
   const group* gr = getgrgid(gid);
   return gr ? std::string(gr->gr_name) : std::to_string(gid);
 }
@@ -320,7 +321,7 @@ std::string AttachServer::Admits(uid_t uid, gid_t gid, const std::vector<gid_t>&
   for (const gid_t g : options_.allow_groups) {
     if (g == gid || std::find(groups.begin(), groups.end(), g) != groups.end()) return "";
   }
-  return "user " + UserName(uid) + " (uid " + std::to_string(uid) + ", group " + GroupName(gid) +
+  return "user " + UserLabel(uid) + " (uid " + std::to_string(uid) + ", group " + GroupLabel(gid) +
          ") is not allowed to attach: add it to allow_users, or one of its groups to "
          "allow_groups, in [daemon] of " + options_.source;
 }

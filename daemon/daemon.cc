@@ -16,8 +16,10 @@
 #include <cstring>
 
 #include "daemon/metrics.h"
+#include "daemon/units.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
@@ -25,8 +27,6 @@
 namespace retryd::daemon {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
-constexpr uint64_t kMsNs = 1'000'000;
 constexpr uint64_t kSecondNs = 1'000'000'000;
 // Every slot in use (active or retired) is swept for expired leases, and observed for changes,
 // once per this period, a slice of the table per tick, so that an idle table of thousands

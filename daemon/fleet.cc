@@ -8,18 +8,18 @@
 #include <random>
 #include <sstream>
 
+#include "daemon/units.h"
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/leases.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 #include "shm/stripes.h"
 
 namespace retryd::daemon {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
-constexpr uint64_t kMsNs = 1'000'000;
 // The step: how often an open breaker's hold, lease and the fleet's outcome are looked at.
 constexpr uint64_t kMaxStepMs = 100;
 constexpr uint64_t kMinBackoffMs = 250;

@@ -17,13 +17,12 @@
 
 #include "daemon/config_diff.h"
 #include "daemon/daemon.h"
+#include "daemon/units.h"
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 
 namespace retryd::daemon {
 namespace {
-
-constexpr auto kRelaxed = std::memory_order_relaxed;
-constexpr uint64_t kMsNs = 1'000'000;
 
 // A numeric id that names no account here: containers often run with ids /etc does not list.
 bool NumericId(const std::string& s, uint32_t* id) {

@@ -12,11 +12,10 @@
 #include <cstring>
 
 #include "daemon/daemon.h"
+#include "shm/memory_order.h"
 
 namespace retryd::daemon {
 namespace {
-
-constexpr auto kRelaxed = std::memory_order_relaxed;
 
 // The workers' pidfds are held open by the reaper: make room for one per process slot.
 void RaiseFileLimit(uint32_t max_processes) {

@@ -10,11 +10,11 @@
 
 #include "daemon/daemon.h"
 #include "shm/breaker.h"
+#include "shm/memory_order.h"
 
 namespace retryd::daemon {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr uint64_t kSecondNs = 1'000'000'000;
 constexpr uint32_t kChangeLinesPerSecond = 20;
 constexpr uint64_t kEventReportPeriodNs = 10 * kSecondNs;

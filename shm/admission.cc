@@ -169,7 +169,6 @@ void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, u
 }  // namespace admission_internal
 
 using admission_internal::Count;
-using admission_internal::kRelaxed;
 
 const char* DecisionName(Decision d) {
   switch (d) {

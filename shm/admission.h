@@ -19,6 +19,7 @@
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/layout.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 #include "shm/retry_budget.h"
 #include "shm/stripes.h"

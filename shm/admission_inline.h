@@ -9,8 +9,6 @@
 namespace retryd::shm {
 namespace admission_internal {
 
-inline constexpr auto kRelaxed = std::memory_order_relaxed;
-
 inline void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
 
 // The caller's stripe of `slot`, or nullptr when it writes the shared words (stripes.h).

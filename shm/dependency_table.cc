@@ -14,6 +14,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 #include "shm/retry_budget.h"
 #include "shm/stripes.h"
 #include "shm/segment.h"
@@ -21,7 +22,6 @@
 namespace retryd::shm {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
 // A create lock whose holder cannot be asked about (see CheckHolder) and is older than this
 // belongs to a process that died holding it.
 constexpr uint64_t kCreateLockStaleMs = 1'000;

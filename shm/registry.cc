@@ -14,11 +14,10 @@
 #include <cstring>
 
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 
 namespace retryd::shm {
 namespace {
-
-constexpr auto kRelaxed = std::memory_order_relaxed;
 
 void ReadComm(uint64_t out[2]) {
   char buf[16] = {};

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 
 namespace bip = boost::interprocess;
 
@@ -34,8 +35,6 @@ struct Segment::Mapping {
 };
 
 namespace {
-
-constexpr auto kRelaxed = std::memory_order_relaxed;
 
 std::string Quoted(std::string_view name) {
   return "segment '" + std::string(name) + "'";

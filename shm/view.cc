@@ -7,6 +7,7 @@
 
 #include "shm/clock.h"
 #include "shm/leases.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
@@ -15,7 +16,6 @@
 namespace retryd::shm {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr auto kAcquire = std::memory_order_acquire;
 
 uint32_t CountTaken(const std::atomic<uint64_t>* words, uint32_t count) {

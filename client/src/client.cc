@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "shm/clock.h"
+#include "shm/memory_order.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
 
@@ -16,7 +17,6 @@ namespace retryd {
 namespace internal {
 namespace {
 
-constexpr auto kRelaxed = std::memory_order_relaxed;
 // How often a client on process-private state looks for the host's segment.
 constexpr uint64_t kUpgradeIntervalNs = 1'000'000'000;
 // How often a client whose hello is sent looks for the daemon's answer (one non-blocking
