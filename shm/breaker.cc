@@ -212,16 +212,23 @@ uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
   return end_period == 0 ? 0 : end_period - 1;
 }
 
-// BeginHandover tells window readers that the count of stripe window word `w` is about to leave
-// the stripe for a shared bucket, before it does (the fence orders the two stores for a reader
-// that reads the stripe's window first): from the moment the stripe no longer holds it until
-// the bucket does, a reader finds it here (ReadWindowOnce). EndHandover clears it, once the
-// bucket holds it (or the stripe kept it), unless another handover on the stripe's CPU has
-// replaced it meanwhile. A handover whose process died before EndHandover leaves a count that a
-// reader may count twice, toward staying closed, until its period leaves the window.
-void BeginHandover(Stripe& st, uint64_t w) {
-  st.handing.store(w, kRelaxed);
+// BeginHandover claims stripe `st`'s `handing` word for the count of its window word `w`, about
+// to leave the stripe for the shared bucket of its period, before it does (the fence orders the
+// claim and the count of handovers before the take, for a reader that reads the stripe's window
+// first): from the moment the stripe no longer holds the count until the bucket does, a reader
+// finds it there (ReadWindowOnce). False when another handover holds the word with a period
+// still in the window (its process stopped, or killed, between its take and its add): the caller
+// then records its success in the shared bucket and leaves the stripe as it is, so that no
+// count on its way is ever out of sight. A word whose period has left the window is free again.
+// EndHandover gives the word back once the bucket holds the count (or the take failed).
+bool BeginHandover(Stripe& st, uint64_t w, uint64_t now_ms, uint64_t period,
+                   const WindowShape& s) {
+  uint64_t held = st.handing.load(kRelaxed);
+  if (held != 0 && StripePeriod(held, now_ms, s) + s.buckets > period) return false;
+  if (!st.handing.compare_exchange_strong(held, w, kRelaxed)) return false;
+  st.handovers.fetch_add(1, kRelaxed);
   std::atomic_thread_fence(std::memory_order_release);
+  return true;
 }
 
 void EndHandover(Stripe& st, uint64_t w) {
@@ -245,7 +252,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     if (StripeWindow::Holds(w, st.window_start.load(kRelaxed), now_ms)) {
       if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) {
         // Full: the count goes to the shared bucket of its period, and the stripe counts on.
-        BeginHandover(st, w);
+        if (!BeginHandover(st, w, now_ms, period, s)) return false;
         const int r = StripeCompareStore(st.window, w,
                                          StripeWindow::Make(StripeWindow::End40(w), 1), i, mode);
         if (r != 0) EndHandover(st, w);
@@ -273,7 +280,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     const uint64_t start_ms = (period * s.bucket_ns + 999'999u) / 1'000'000u;
     const uint64_t end_ms = ((period + 1) * s.bucket_ns + 999'999u) / 1'000'000u;
     const bool hands_over = !empty && period - old < s.buckets;
-    if (hands_over) BeginHandover(st, w);
+    if (hands_over && !BeginHandover(st, w, now_ms, period, s)) return false;
     const int r = StripeCompareStore2(st.window, w, StripeWindow::Make(end_ms, 1), st.window_start,
                                       start_ms, i, mode);
     if (r != 0 && hands_over) EndHandover(st, w);
@@ -308,6 +315,7 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    slot.stripes[i].handovers.fetch_add(1, kRelaxed);  // a read across this reads again
     std::atomic<uint64_t>& word = slot.stripes[i].window;
     uint64_t w = word.load(kRelaxed);
     while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
@@ -401,6 +409,7 @@ void StartWindowAnew(DependencySlot& slot) {
   // failures without the successes beside them.
   StartEpoch(slot);
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
+    slot.stripes[i].handovers.fetch_add(1, kRelaxed);  // a read across this reads again
     slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
     std::atomic<uint64_t>& word = slot.stripes[i].window;
     uint64_t w = word.load(kRelaxed);
@@ -569,10 +578,11 @@ uint64_t StripeCalls(uint64_t word, uint64_t now_ns, uint64_t period, uint64_t f
 // among them) and again after: a reader that the scheduler stops between the two would
 // otherwise count the failures that came meanwhile without the successes beside them, and a
 // young window (a reload's, a close's) then reads as failing. From the second read, each
-// stripe's successes include every one that came before the buckets were read, as long as the
-// stripe kept its period and its count only grew. A stripe that handed its count over to a
-// shared bucket in between (a new period, or a full count) may have given it to the bucket after
-// the bucket was read: the read is not counted, and ReadWindow reads again. A count already on
+// stripe's successes include every one that came before the buckets were read, as long as no
+// handover began on the stripe in between (its count of handovers, its period and its count
+// tell). A stripe that handed its count over to a shared bucket in between (a new period, or a
+// full count, even one the stripe counted back past) may have given it to the bucket after the
+// bucket was read: the read is not counted, and ReadWindow reads again. A count already on
 // its way when the stripes were first read (taken from the stripe, not yet in its bucket:
 // BeginHandover) counts from the stripe's `handing` word; if it reached the bucket before the
 // bucket was read, it counts twice for this read, which errs toward staying closed.
@@ -583,9 +593,11 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
   const uint32_t stripes = StripeCount(slot);
+  uint64_t handovers[kMaxStripes];
   uint64_t before[kMaxStripes];
   uint64_t handing[kMaxStripes];
   for (uint32_t i = 0; i < stripes; ++i) {
+    handovers[i] = slot.stripes[i].handovers.load(std::memory_order_acquire);
     before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
     handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
   }
@@ -610,7 +622,8 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   for (uint32_t i = 0; i < stripes; ++i) {
     const uint64_t after = slot.stripes[i].window.load(std::memory_order_acquire);
     if (StripeWindow::End40(after) != StripeWindow::End40(before[i]) ||
-        StripeWindow::Count(after) < StripeWindow::Count(before[i])) {
+        StripeWindow::Count(after) < StripeWindow::Count(before[i]) ||
+        slot.stripes[i].handovers.load(std::memory_order_acquire) != handovers[i]) {
       return std::nullopt;
     }
     w.calls += StripeCalls(after, now_ns, period, floor, newest, s);

@@ -70,7 +70,9 @@
 // The epoch keeps a window read honest across a reload (ReadWindow): a window started anew
 // soon has the head it had before (the same period's start, the same bucket's bit), and a
 // reader that compared the head alone before and after its read took the old buckets'
-// failures for the new window's, beside stripes already emptied.
+// failures for the new window's, beside stripes already emptied. Sixteen restarts within one
+// read bring the epoch back; a restart also counts as a handover on every stripe
+// (Stripe::handovers), which a read with stripes compares in full.
 // A 12-bit period number alone aliases: after 4,096 periods a stale bucket reads as current.
 // So a bucket counts only when its bit is set in the head and its period number is the one the
 // head expects, and the window is empty when the newest period is a window old: no idle gap of

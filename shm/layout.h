@@ -81,10 +81,12 @@ struct alignas(kCacheLine) Stripe {
   std::atomic<uint64_t> deposits;        // retry budget deposits, thousandths, cumulative
   // Of `deposits`, the thousandths withdrawals have taken into the budget word (any CPU, CAS).
   std::atomic<uint64_t> deposits_taken;
-  // The window word whose count is on its way to a shared bucket (stripes.h), or 0: set before
-  // the count leaves `window`, cleared once the bucket has it, so that a window read finds it.
+  // The window word whose count is on its way to a shared bucket (stripes.h), or 0: claimed
+  // before the count leaves `window`, cleared once the bucket has it, so that a window read
+  // finds it; and how many handovers have begun, so that a read knows when one came between
+  // its two looks at the stripe.
   std::atomic<uint64_t> handing;
-  std::atomic<uint64_t> reserved;
+  std::atomic<uint64_t> handovers;
 };
 
 // One downstream dependency. Hot words that many processes write live on their own cache

@@ -30,10 +30,12 @@
 //   - the window: a stripe holds the successes of its newest period; the first success of a
 //     later period moves the old count to the shared bucket of its period (Stripe::window).
 //     Between the store that takes the count and the shared add (a few instructions, or as
-//     long as the scheduler stops the process there) the count waits in Stripe::handing, where
-//     window reads find it; a process killed between the two loses it from the bucket (at most
-//     one period's successes of one stripe per kill, and never a failure: failures always go to
-//     the shared buckets), though reads count it from `handing` until its period is over.
+//     long as the scheduler stops the process there) the count waits in Stripe::handing, which
+//     one handover at a time claims, and where window reads find it; while it is held, that
+//     CPU's successes go to the shared buckets. A process killed between the two loses the count
+//     from the bucket (at most one period's successes of one stripe per kill, and never a
+//     failure: failures always go to the shared buckets), but reads count it from `handing`
+//     until its period leaves the window, when the word is free again.
 //
 // Stripe::window word, and Stripe::window_start:
 //   bits  0..23  successes recorded in the period, at most kStripeWindowMax (16,777,215): the

@@ -790,6 +790,89 @@ TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted)
   EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
 }
 
+// Sixteen restarts of the window (reloads that change its shape) while the reader was stopped
+// bring the head's epoch back to the value the reader read, and the stripe climbs back past
+// its first count: a restart counts as a handover on every stripe, and the read is read again.
+TEST_F(StoppedReaderTest, SixteenRestartsWhileTheReaderWasStoppedAreSeen) {
+  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
+  Call(1, kT0, Outcome::kFailure);
+  at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
+  at_[int(WindowReadPause::kBucketsRead)] = [this] {
+    for (int i = 0; i < 16; ++i) StartWindowAnew(*slot_);
+    for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
+    Call(1, kT0, Outcome::kFailure);
+  };
+  Arm();
+  const WindowStats w = ReadWindow(*slot_, kT0);
+  EXPECT_EQ(w.calls, 6u) << "the new window's calls only";
+  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
+}
+
+// A full stripe hands its count over and counts on from 1 in the same period: a reader stopped
+// across that sees the same period and a count no lower than before, but a handover began.
+TEST_F(StoppedReaderTest, AFullStripesHandoverWhileTheReaderWasStoppedIsSeen) {
+  Call(0, kT0, Outcome::kSuccess);
+  Call(1, kT0, Outcome::kFailure);
+  Stripe& st = slot_->stripes[0];
+  at_[int(WindowReadPause::kStripesRead)] = [&] {
+    st.window.store(StripeWindow::Make(StripeWindow::End40(st.window.load()),
+                                       StripeWindow::kStripeWindowMax));
+    for (int i = 0; i < 24; ++i) Call(1, kT0, Outcome::kFailure);
+  };
+  at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT0, Outcome::kSuccess); };
+  Arm();
+  // (Past 65,535 calls the bucket counts in larger units: its 25 failures are a fraction of
+  // one unit, as its rates are, not a count.)
+  const WindowStats w = ReadWindow(*slot_, kT0);
+  EXPECT_GE(w.calls, StripeWindow::kStripeWindowMax);
+  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
+}
+
+// A handover whose process was stopped (or killed) between its take and its add keeps the
+// stripe's `handing` word while its period is in the window: a later handover on the same CPU
+// may not write over it (the count would then be nowhere while its failures stay), and the
+// successes of that CPU go to the shared buckets meanwhile.
+TEST_F(StripeFoldTest, ACountOnItsWayIsNotWrittenOverByTheNextHandover) {
+  const uint64_t t0 = 8'000 * kSec, t1 = t0 + kSec, t2 = t0 + 2 * kSec;
+  for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
+  for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
+  Stripe& st = slot_->stripes[0];
+  const uint64_t taken = st.window.load();
+  // The stopped handover of t1: claimed, taken, not added.
+  st.handing.store(taken);
+  st.handovers.fetch_add(1);
+  st.window.store(StripeWindow::Make((t1 / kSec + 1) * 1'000, 1));
+  st.window_start.store(t1 / kMs);
+  // The next period's first success on CPU 0, and a failure that reads the window.
+  Call(0, t2, Outcome::kSuccess);
+  Call(1, t2, Outcome::kFailure);
+  EXPECT_EQ(st.handing.load(), taken);
+  const WindowStats w = ReadWindow(*slot_, t2);
+  EXPECT_EQ(w.failures, 31u);
+  EXPECT_GE(w.calls, 1'033u);
+  EXPECT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+}
+
+// Two handovers of the same count on one CPU: the one that claims `handing` first takes the
+// count; the other, finding the word held, leaves the stripe alone (its success goes to the
+// shared buckets), so it can neither take the count twice nor give back the first one's claim.
+TEST_F(StripeFoldTest, AHandoverFindingTheWordHeldLeavesTheStripeAlone) {
+  const uint64_t t0 = 9'000 * kSec, t1 = t0 + kSec;
+  for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
+  for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
+  Stripe& st = slot_->stripes[0];
+  const uint64_t w = st.window.load();
+  st.handing.store(w);  // claimed by a handover stopped before its take
+  st.handovers.fetch_add(1);
+  Call(0, t1, Outcome::kSuccess);
+  EXPECT_EQ(st.window.load(), w) << "the second handover took the count";
+  EXPECT_EQ(st.handing.load(), w) << "the second handover gave back the first one's claim";
+  Call(1, t1, Outcome::kFailure);
+  const WindowStats read = ReadWindow(*slot_, t1);
+  EXPECT_EQ(read.failures, 31u);
+  EXPECT_EQ(read.calls, 1'032u);
+}
+
 // A reset refills the budget and drops what waited in the stripes; a policy stored by the
 // daemon folds them under the cap they were made with first.
 TEST_F(StripeFoldTest, AResetDropsTheWaitingDepositsAndAReloadCapsThemByTheOldBurst) {
