@@ -351,11 +351,22 @@ void VoidEarlierProbes(DependencySlot& slot, uint16_t seq) {
 // Commit CASes the breaker from `from` to `to` and does what a transition entails. Returns
 // false if another process moved the word first.
 bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
+  const BreakerWord before = BreakerWord::Decode(from);
+  const BreakerWord after = BreakerWord::Decode(to);
+  // A breaker that closes after an outage starts its window before it reads closed: nothing is
+  // recorded in the window while it is not closed, so nothing is lost, and no caller finds the
+  // breaker closed beside the outage's failures or sees its first successes dropped by a
+  // restart that came after them (a closer stopped between the two). Should the swap fail, the
+  // window restarted is one nobody records in, or the next close restarts it again.
+  const bool reopens_window = after.state == BreakerState::kClosed &&
+                              before.state != BreakerState::kClosed && after.seq != before.seq;
+  if (reopens_window) {
+    RestartWindow(slot, now_ns);
+    RestartStripeWindows(slot, now_ns);
+  }
   if (!slot.breaker.compare_exchange_strong(from, to, std::memory_order_acq_rel, kRelaxed)) {
     return false;
   }
-  const BreakerWord before = BreakerWord::Decode(from);
-  const BreakerWord after = BreakerWord::Decode(to);
   if (after.seq == before.seq) return true;  // a probe success counted, no transition
   // The new word's time in full: now, or the open period's end, `until - now` after it.
   const uint64_t now_ms = now_ns / 1'000'000u;
@@ -367,7 +378,7 @@ bool Commit(DependencySlot& slot, uint64_t from, uint64_t to, uint64_t now_ns) {
                     : after.state == BreakerState::kHalfOpen ? kHalfOpened
                                                              : kClosed;
   slot.counters[c].fetch_add(1, kRelaxed);
-  if (after.state == BreakerState::kClosed) {
+  if (after.state == BreakerState::kClosed && !reopens_window) {  // a reset of a closed one
     RestartWindow(slot, now_ns);
     RestartStripeWindows(slot, now_ns);
   }

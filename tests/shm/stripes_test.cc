@@ -658,6 +658,61 @@ TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing
   EXPECT_EQ(slot.counters[kOpened].load(), 0u);
 }
 
+// A breaker that closes after an outage must never be found closed beside the outage's failures:
+// a caller that read it closed in between would count them in the new window, and a closer
+// stopped there would keep them for every caller. One thread trips a dependency with 30
+// failures and closes it again by a probe, round after round, all in one bucket period; the
+// other watches the breaker word on the other CPU and reads the window the moment it reads
+// closed. Before the window was restarted ahead of the close, it found the failures there.
+TEST(StripesTest, ABreakerFoundClosedNeverHoldsTheOutagesFailures) {
+  Policy p;
+  p.window_ms = 1'000;
+  p.window_buckets = 1;
+  p.min_calls = 20;
+  p.failure_rate_pct = 50;
+  p.close_after = 1;
+  p.half_open_probes = 1;
+  auto seg = Segment::CreatePrivate(1, 8, p);
+  const uint32_t index = testing::AddDependency(*seg, "orders", p);
+  DependencySlot& slot = *seg->dependency(index);
+  slot.stripe_count.store(2);
+  const uint64_t t0 = 5'000 * kSec + 10 * kMs;
+  std::atomic<bool> stop{false};
+  std::atomic<uint32_t> checked{0};  // the last close's seq the watcher has read
+  std::atomic<uint64_t> closes_seen{0}, found_failing{0};
+  std::thread watcher([&] {
+    PinTo(1 % Cpus());
+    while (!stop.load(std::memory_order_relaxed)) {
+      const BreakerWord b = BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire));
+      if (b.state != BreakerState::kClosed || b.seq == checked.load()) continue;
+      found_failing += ReadWindow(slot, t0).failures != 0;
+      ++closes_seen;
+      checked.store(b.seq);
+    }
+  });
+  PinTo(0);
+  uint32_t rng = 7;
+  uint64_t rounds = 0;
+  for (const uint64_t end = PreciseNowNs() + 2 * kSec; PreciseNowNs() < end; ++rounds) {
+    for (int i = 0; i < 30; ++i) RecordOutcome(slot, t0, true, false, rng, 0, StripeMode::kAtomic);
+    BreakerWord b = BreakerWord::Decode(slot.breaker.load());
+    ASSERT_EQ(b.state, BreakerState::kOpen);
+    b.state = BreakerState::kHalfOpen;  // the open period over: a test's write
+    b.seq = uint16_t(b.seq + 1);
+    slot.breaker.store(b.Encode());
+    ASSERT_TRUE(ApplyBreakerEvent(slot, BreakerEvent::kProbeSucceeded, t0, b.seq, rng));
+    const uint16_t closed_seq = uint16_t(b.seq + 1);
+    while (checked.load() != closed_seq && !stop.load()) {
+    }
+  }
+  stop = true;
+  watcher.join();
+  EXPECT_GT(rounds, 1'000u);
+  EXPECT_GT(closes_seen.load(), 1'000u);
+  EXPECT_EQ(found_failing.load(), 0u) << "closes found beside the outage's failures, of "
+                                      << closes_seen.load();
+}
+
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
   const uint64_t t0 = 3'000 * kSec;
   // Drain the burst of 2.
