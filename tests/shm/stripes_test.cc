@@ -800,18 +800,29 @@ class StoppedReaderTest : public StripeFoldTest {
       pausing_ = false;
     });
   }
-  // The 995 successes and 15 failures of the meantime.
+  // The 5 successes and the failure before the read, and the 995 successes and 15 failures of
+  // the meantime.
+  void CallsBeforeTheRead() {
+    for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
+    Call(1, kT0, Outcome::kFailure);
+  }
   void CallsWhileStopped() {
     for (int i = 0; i < 995; ++i) Call(0, kT0, Outcome::kSuccess);
     for (int i = 0; i < 15; ++i) Call(1, kT0, Outcome::kFailure);
+  }
+  // The read at kT0 finds all 1,016 calls and their 16 failures.
+  void ExpectEveryCallRead() {
+    const WindowStats w = ReadWindow(*slot_, kT0);
+    EXPECT_EQ(w.failures, 16u);
+    EXPECT_GE(w.calls, 1'016u);
+    EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
   }
 };
 
 // The next period's first success on CPU 0 took the stripe's count and was stopped before it
 // added it to the bucket, as the reader read the buckets.
 TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
-  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
-  Call(1, kT0, Outcome::kFailure);
+  CallsBeforeTheRead();
   at_[int(WindowReadPause::kStripesRead)] = [this] {
     CallsWhileStopped();
     Stripe& st = slot_->stripes[0];
@@ -822,40 +833,31 @@ TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
     st.window_start.store(kT1 / kMs);
   };
   Arm();
-  const WindowStats w = ReadWindow(*slot_, kT0);
-  EXPECT_EQ(w.failures, 16u);
-  EXPECT_GE(w.calls, 1'016u);
-  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
+  ExpectEveryCallRead();
 }
 
 // The whole handover, take and add, came after the reader read the buckets and before it read
 // the stripes again: neither read holds the count, nor does `handing` any more. Another CPU had
 // begun the next period already, so the handover leaves the window's head as it was.
 TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted) {
-  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
-  Call(1, kT0, Outcome::kFailure);
+  CallsBeforeTheRead();
   Call(2, kT1, Outcome::kSuccess);
   at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
   at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT1, Outcome::kSuccess); };
   Arm();
-  const WindowStats w = ReadWindow(*slot_, kT0);
+  ExpectEveryCallRead();
   EXPECT_EQ(slot_->stripes[0].handing.load(), 0u);
-  EXPECT_EQ(w.failures, 16u);
-  EXPECT_GE(w.calls, 1'016u);
-  EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
 }
 
 // Sixteen restarts of the window (reloads that change its shape) while the reader was stopped
 // bring the head's epoch back to the value the reader read, and the stripe climbs back past
 // its first count: a restart counts as a handover on every stripe, and the read is read again.
 TEST_F(StoppedReaderTest, SixteenRestartsWhileTheReaderWasStoppedAreSeen) {
-  for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
-  Call(1, kT0, Outcome::kFailure);
+  CallsBeforeTheRead();
   at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
   at_[int(WindowReadPause::kBucketsRead)] = [this] {
     for (int i = 0; i < 16; ++i) StartWindowAnew(*slot_);
-    for (int i = 0; i < 5; ++i) Call(0, kT0, Outcome::kSuccess);
-    Call(1, kT0, Outcome::kFailure);
+    CallsBeforeTheRead();  // the new window's first calls, as the old one's were
   };
   Arm();
   const WindowStats w = ReadWindow(*slot_, kT0);
