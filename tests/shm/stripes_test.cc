@@ -951,9 +951,10 @@ TEST_F(StripeFoldTest, AResetDropsTheWaitingDepositsAndAReloadCapsThemByTheOldBu
   EXPECT_EQ(RetryBudget::Tokens(slot_->budget.load()), 2'000u);  // the old burst
 }
 
-// REVIEW stress: six processes on one CPU (one stripe), 1 % failures against 50 %, 100 ms
-// periods (a handover every period), a controller SIGSTOPs a random worker for 0..20 ms.
-TEST(StripesReview, StressOneCpuSigstop) {
+// Six worker processes on one CPU (one stripe), 1 % failures against a 50 % threshold, 100 ms
+// periods (a handover every period), while the test stops a random worker for 0..20 ms again
+// and again (SIGSTOP): a worker stopped mid-handover must never make the healthy window trip.
+TEST(StripesTest, AHealthyDependencyNeverTripsWhileWorkersSharingACpuAreStopped) {
   testing::NamedSegment seg("rwstress", 4, 64);
   Policy p;
   p.window_ms = 1'000;
@@ -982,8 +983,7 @@ TEST(StripesReview, StressOneCpuSigstop) {
     }
     kids.push_back(kid);
   }
-  const char* secs = getenv("RW_SECS");
-  const uint64_t end = PreciseNowNs() + (secs ? atoi(secs) : 10) * kSec;
+  const uint64_t end = PreciseNowNs() + 3 * kSec;
   uint32_t r = 12345;
   uint64_t stops = 0;
   while (PreciseNowNs() < end) {
@@ -996,10 +996,12 @@ TEST(StripesReview, StressOneCpuSigstop) {
     usleep(500);
   }
   stop->store(1);
-  for (const pid_t kid : kids) { kill(kid, SIGCONT); waitpid(kid, nullptr, 0); }
+  for (const pid_t kid : kids) {
+    kill(kid, SIGCONT);
+    waitpid(kid, nullptr, 0);
+  }
   munmap(stop, 4096);
-  printf("calls %lu stops %lu opened %lu\n", (unsigned long)ReadCounter(slot, kFirstAttempts),
-         (unsigned long)stops, (unsigned long)slot.counters[kOpened].load());
+  EXPECT_GT(stops, 50u);
   EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
