@@ -119,7 +119,10 @@ void RunStorm(const Shape& shape) {
         }
         Complete(s, &permit, fail ? Outcome::kFailure : Outcome::kSuccess, 0,
                  shared->clock_ns.load(), caller);
-        if (s.counters[kHalfOpened].load(std::memory_order_relaxed) >= kEpisodes) {
+        // With expiry, the storm goes on until a sweeper has timed a probe out: a loaded
+        // machine can leave the two sweepers unscheduled for all of kEpisodes.
+        if (s.counters[kHalfOpened].load(std::memory_order_relaxed) >= kEpisodes &&
+            (!shape.expiring || ReadCounter(s, kProbeTimeouts) > 0)) {
           shared->stop.store(true);
         }
       }
