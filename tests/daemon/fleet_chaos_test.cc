@@ -604,11 +604,12 @@ INSTANTIATE_TEST_SUITE_P(Partitions, FleetPartitionTest,
 
 // 4. A store that answers one host slowly (the proxy holds every reply). Under the timeout
 // (150 ms of 250: the rest is for a loaded machine's scheduling) the host stays joined: every
-// sync takes longer (two round trips), none fails, and the other host keeps counting it. Past the timeout (400 ms) it is local within its next
-// command's timeout, never blocking its workers, and its reconnects back off: the wait before
-// the next attempt doubles from 250 ms (uniform in [half, all] of it) and counts from the start
-// of the attempt that failed, which itself lasts a timeout; attempts are made on the fleet
-// thread's step. Once the replies are prompt again it rejoins at its next attempt.
+// sync takes longer (two round trips), none fails, and the other host keeps counting it. Past
+// the timeout (400 ms) it is local within its next command's timeout, never blocking its
+// workers, and its reconnects back off: the wait before the next attempt doubles from 250 ms
+// (uniform in [half, all] of it) and counts from the start of the attempt that failed, which
+// itself lasts a timeout; attempts are made on the fleet thread's step. Once the replies are
+// prompt again it rejoins at its next attempt.
 TEST_F(FleetChaosTest, AStoreThatAnswersOneHostSlowly) {
   SKIP_WITHOUT_REDIS();
   Redis redis(FreePort());
