@@ -157,6 +157,7 @@ RenderOptions StatusRenderOptions(const Context& c) {
   RenderOptions r = MakeRenderOptions(c);
   r.width = Width(c);
   r.utf8 = c.utf8;
+  r.latency = !c.inv.arguments.empty();  // status NAME...: the histograms of the named
   return r;
 }
 
@@ -532,6 +533,12 @@ per active dependency, or only the named ones:
 Counters are cumulative since the dependency was created; with --watch, every refresh after
 the first shows the change since the previous refresh instead, and the header says so.
 --json prints one JSON document (one per refresh, one per line, with --watch).
+
+With DEP names, each named dependency's latency histogram follows the table: the calls
+completed (every outcome) by the latency their workers reported, in buckets from <= 0.5 ms
+to > 8.192 s by powers of two, with the p50, p90 and p99 as the buckets bound them and the
+mean. The metrics export the same as retryd_call_duration_seconds; --json always has it
+(each dependency's "latency").
 
 On a terminal, the table fits the terminal's width (where it does not say, $COLUMNS, else 80;
 each refresh of --watch fits the width of the moment): DEPENDENCY and BREAKER always, then as

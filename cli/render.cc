@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -512,7 +513,79 @@ std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& 
     about += std::string(about.empty() ? "" : "; ") + "WINDOW is approximate at bucket edges";
   }
   if (!about.empty()) out += WrapToWidth(about + ".", opt.width, 2);
+  if (opt.latency) {
+    for (const shm::DependencyStatus& dep : s.dependencies) out += "\n" + RenderLatency(dep, opt);
+  }
   return out;
+}
+
+namespace {
+
+json LatencyJson(const shm::LatencyHistogram& h) {
+  json buckets = json::array();
+  for (uint32_t b = 0; b < shm::kLatencyBuckets; ++b) {
+    const uint64_t bound = shm::LatencyBucketBoundNs(b);
+    buckets.push_back({{"le_seconds", bound == 0 ? json(nullptr) : json(double(bound) / 1e9)},
+                       {"calls", h.buckets[b]}});
+  }
+  return {{"count", h.Count()}, {"sum_seconds", double(h.sum_ns) / 1e9}, {"buckets", buckets}};
+}
+
+// LatencyBound: a bucket's upper bound as an operator reads it: "0.5ms", "16ms", "1.024s".
+std::string LatencyBound(uint64_t ns) {
+  if (ns < 1'000'000'000u) return Printf("%gms", double(ns) / 1e6);
+  return Printf("%gs", double(ns) / 1e9);
+}
+
+// BucketLabel: "<= 4ms" for a bucket with a bound, "> 8.192s" for the last.
+std::string BucketLabel(uint32_t b) {
+  const uint64_t bound = shm::LatencyBucketBoundNs(b);
+  return bound == 0 ? "> " + LatencyBound(shm::LatencyBucketBoundNs(b - 1))
+                    : "<= " + LatencyBound(bound);
+}
+
+}  // namespace
+
+std::string RenderLatency(const shm::DependencyStatus& dep, const RenderOptions& opt) {
+  const shm::LatencyHistogram& h = dep.latency;
+  const uint64_t n = h.Count();
+  const std::string span =
+      opt.deltas ? "in the last " + FormatHumanDuration(opt.interval_ms) : "since it was created";
+  std::string out = Paint(dep.name, kBold, opt.color) + ": latency of " + std::to_string(n) +
+                    (n == 1 ? " call " : " calls ") + span;
+  if (n == 0) return WrapToWidth(out, opt.width, 2);
+  auto quantile = [&](double q) {
+    const uint64_t bound = h.Quantile(q);
+    return bound == UINT64_MAX ? BucketLabel(shm::kLatencyLastBucket) : "<= " + LatencyBound(bound);
+  };
+  const uint64_t mean = h.sum_ns / n;
+  out += ": p50 " + quantile(0.5) + ", p90 " + quantile(0.9) + ", p99 " + quantile(0.99) +
+         ", mean " +
+         (mean < 1'000'000'000u ? Printf("%.1fms", double(mean) / 1e6)
+                                : Printf("%.2fs", double(mean) / 1e9));
+  std::string text = WrapToWidth(out, opt.width, 2);
+  // The buckets from the first that holds a call to the last, with a bar each.
+  uint32_t first = 0, last = shm::kLatencyLastBucket;
+  while (h.buckets[first] == 0) ++first;
+  while (h.buckets[last] == 0) --last;
+  uint64_t most = 0;
+  for (uint32_t b = first; b <= last; ++b) most = std::max(most, h.buckets[b]);
+  const size_t count_width = std::to_string(most).size();
+  // A line is the label in 10 columns after 2 of indent, the count, a space and the bar: the
+  // bar gets what the width leaves, at most 40 columns (40 as well with no width).
+  const size_t used = 2 + 10 + count_width + 1;
+  size_t bar_room = 40;
+  if (opt.width != 0) bar_room = opt.width > used ? std::min<size_t>(40, opt.width - used) : 0;
+  for (uint32_t b = first; b <= last; ++b) {
+    const std::string label = BucketLabel(b);
+    const std::string count = std::to_string(h.buckets[b]);
+    std::string line = "  " + label + std::string(label.size() < 10 ? 10 - label.size() : 0, ' ') +
+                       std::string(count_width - count.size(), ' ') + count;
+    const size_t bar = size_t(std::ceil(double(h.buckets[b]) * double(bar_room) / double(most)));
+    if (bar > 0) line += " " + std::string(bar, '#');
+    text += line + "\n";
+  }
+  return text;
 }
 
 json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
@@ -620,6 +693,7 @@ json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt) {
           {"budget_empty", dep.counter(shm::kRetriesDenied)},
           {"shadow_would_reject", dep.counter(shm::kShadowWouldReject)}}},
         {"fleet", {{"role", shm::FleetRoleName(dep.fleet_role)}, {"hosts", dep.fleet_hosts}}},
+        {"latency", LatencyJson(dep.latency)},
         {"counters", counters},
         {"policy", policy},
     });

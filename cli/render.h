@@ -35,6 +35,9 @@ struct RenderOptions {
   uint32_t width = 0;
   // A cut name ends in "…" (the terminal takes UTF-8), else in "...".
   bool utf8 = false;
+  // Each dependency's latency histogram below the table (RenderLatency): `retryctl status
+  // NAME...` shows it for the dependencies named.
+  bool latency = false;
 };
 
 // What `retryctl fleet` says of the host in its fleet, from the segment's fleet words and
@@ -60,8 +63,12 @@ std::string FormatHumanDuration(uint64_t ms);
 
 // RenderStatusTable: the header lines (segment, generation, daemon, processes; a daemon that
 // is down or stale is called out on a line of its own) and one row per dependency, fitted to
-// `opt.width`.
+// `opt.width`; with `opt.latency`, each dependency's latency histogram below it.
 std::string RenderStatusTable(const shm::SegmentStatus& s, const RenderOptions& opt);
+// RenderLatency: one dependency's latency histogram (shm/latency.h): a line with its count and
+// the p50, p90 and p99 as the buckets bound them, then a line per bucket from the first that
+// holds a call to the last, with a bar, within `opt.width`.
+std::string RenderLatency(const shm::DependencyStatus& dep, const RenderOptions& opt);
 nlohmann::ordered_json StatusJson(const shm::SegmentStatus& s, const RenderOptions& opt);
 
 // RenderFleet: the fleet line of `status`, what the verdict means, and the fleet

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "shm/latency.h"
 #include "shm/layout.h"
 #include "shm/policy.h"
 #include "shm/retry_budget.h"
@@ -248,6 +249,27 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
         w.Sample(rows[k].family, labels, d.view->counter(rows[k].counter));
       }
     }
+  }
+
+  // --- Per dependency: the latency histogram (shm/latency.h) ------------------------------
+  w.Family("retryd_call_duration_seconds", "histogram",
+           "Latency of completed calls (every outcome), as their workers reported it.");
+  for (const Dep& d : deps) {
+    const shm::LatencyHistogram& h = d.view->latency;
+    uint64_t cumulative = 0;
+    for (uint32_t b = 0; b < shm::kLatencyBuckets; ++b) {
+      cumulative += h.buckets[b];
+      char le[32];
+      if (b == shm::kLatencyLastBucket) {
+        std::snprintf(le, sizeof(le), "+Inf");
+      } else {
+        std::snprintf(le, sizeof(le), "%g", double(shm::LatencyBucketBoundNs(b)) / 1e9);
+      }
+      w.Sample("retryd_call_duration_seconds_bucket", d.label + ",le=\"" + le + "\"",
+               cumulative);
+    }
+    w.Sample("retryd_call_duration_seconds_sum", d.label, double(h.sum_ns) / 1e9);
+    w.Sample("retryd_call_duration_seconds_count", d.label, cumulative);
   }
   return w.Take();
 }

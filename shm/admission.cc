@@ -133,12 +133,13 @@ bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst) {
                                   LoadKnob<Knob::min_retries_per_sec>(slot.policy), burst);
 }
 
-void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, uint64_t now_ns,
-                  Caller& caller) {
+void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow,
+                  uint64_t latency_ns, uint64_t now_ns, Caller& caller) {
   if (outcome == Outcome::kSuccess) {
-    CountStriped(slot, caller, kSuccesses);
+    CountSuccess(slot, caller, latency_ns);
   } else {
     Count(slot, outcome == Outcome::kFailure ? kFailures : kIgnored);
+    CountLatency(slot, latency_ns);
   }
   if (slow) Count(slot, kSlowCalls);
   const bool failed = outcome == Outcome::kFailure || slow;

@@ -18,6 +18,7 @@
 
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/latency.h"
 #include "shm/layout.h"
 #include "shm/memory_order.h"
 #include "shm/policy.h"
@@ -97,7 +98,8 @@ inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t gene
                              Permit* permit);
 
 // Complete records how the admitted attempt in *permit ended and releases its leases.
-// `latency_ns` decides whether the call was slow. A probe's outcome reaches the breaker only if
+// `latency_ns` decides whether the call was slow, and counts in the latency histogram
+// (latency.h). A probe's outcome reaches the breaker only if
 // the probe still held its lease (not expired and reclaimed, which counted as a failed probe,
 // nor voided because its half-open ended); the counters count every completion. A probe
 // whose outcome is kIgnored says nothing of the dependency's health: its place goes to the next

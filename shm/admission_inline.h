@@ -25,6 +25,27 @@ inline void CountStriped(DependencySlot& slot, const Caller& caller, Counter c) 
   Count(slot, c);
 }
 
+// CountLatency counts one call of `latency_ns` in the slot's shared histogram (latency.h).
+inline void CountLatency(DependencySlot& slot, uint64_t latency_ns) {
+  slot.latency[LatencyBucket(latency_ns)].fetch_add(1, kRelaxed);
+  slot.latency_sum_ns.fetch_add(latency_ns, kRelaxed);
+}
+
+// CountSuccess counts a success and its latency in the caller's stripe (its bucket there is the
+// stripe's success count), or in the shared words.
+inline void CountSuccess(DependencySlot& slot, const Caller& caller, uint64_t latency_ns) {
+  if (Stripe* s = StripeOf(slot, caller);
+      s != nullptr && StripeAdd(s->successes_by_latency[LatencyBucket(latency_ns)], 1,
+                                caller.stripe, caller.stripe_mode)) {
+    if (!StripeAdd(s->success_latency_ns, latency_ns, caller.stripe, caller.stripe_mode)) {
+      slot.latency_sum_ns.fetch_add(latency_ns, kRelaxed);
+    }
+    return;
+  }
+  Count(slot, kSuccesses);
+  CountLatency(slot, latency_ns);
+}
+
 // Deposit: a first attempt's share of a retry, in the caller's stripe (or the shared word),
 // unless the budget word already holds `burst` tokens (retry_budget.h).
 inline void Deposit(DependencySlot& slot, const Caller& caller, uint32_t ratio_milli,
@@ -53,8 +74,8 @@ void FoldDeposits(DependencySlot& slot, uint32_t burst);
 // WithdrawRetry folds the stripes' deposits into the budget word and takes one token from it.
 bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst);
 // CompleteSlow records every outcome but a plain success already in its stripe's period.
-void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow, uint64_t now_ns,
-                  Caller& caller);
+void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow,
+                  uint64_t latency_ns, uint64_t now_ns, Caller& caller);
 
 // kReadGeneration: AdmitImpl's `generation` when the permit takes the slot's own.
 inline constexpr uint64_t kReadGeneration = ~uint64_t{0};
@@ -179,10 +200,10 @@ template <typename NowFn>
                            RecordSuccessInStripePeriod(slot, now_ns, caller.stripe,
                                                        caller.stripe_mode),
                        1)) {
-    CountStriped(slot, caller, kSuccesses);
+    CountSuccess(slot, caller, latency_ns);
     return;
   }
-  CompleteSlow(slot, p, outcome, slow, now_ns, caller);
+  CompleteSlow(slot, p, outcome, slow, latency_ns, now_ns, caller);
 }
 
 }  // namespace retryd::shm

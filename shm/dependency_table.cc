@@ -260,13 +260,21 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   for (auto& c : d.counters) c.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
-  for (Stripe& st : d.stripes) {
-    for (auto* w : {&st.first_attempts, &st.successes, &st.window, &st.window_start,
+  for (auto& b : d.latency) b.store(0, kRelaxed);
+  d.latency_sum_ns.store(0, kRelaxed);
+  // Only the stripes the slot will use (its stripe_count, below): nothing reads or writes the
+  // others, and leaving them untouched keeps their pages out of memory on a host with fewer
+  // CPUs than kMaxStripes.
+  const uint32_t stripes = HostStripes();
+  for (uint32_t i = 0; i < stripes; ++i) {
+    Stripe& st = d.stripes[i];
+    for (auto* w : {&st.first_attempts, &st.success_latency_ns, &st.window, &st.window_start,
                     &st.deposits, &st.deposits_taken}) {
       w->store(0, kRelaxed);
     }
+    for (auto& b : st.successes_by_latency) b.store(0, kRelaxed);
   }
-  d.stripe_count.store(HostStripes(), kRelaxed);
+  d.stripe_count.store(stripes, kRelaxed);
   d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
   if (uint32_t(free_slot) >= header_->dependency_high_water.load(kRelaxed)) {
     header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);

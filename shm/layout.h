@@ -9,7 +9,8 @@
 //
 // Layout 4 gave each DependencySlot its per-CPU stripes (kMaxStripes lines, stripes.h): 3,712
 // bytes a slot, where layout 3 had 1,664. Layout 5 keeps the sizes and gives each window bucket
-// word a scale (breaker.h), taking 4 bits of its period number.
+// word a scale (breaker.h), taking 4 bits of its period number. Layout 7 adds the latency
+// histogram (latency.h): 3 lines a stripe and 3 shared lines, 8,000 bytes a slot.
 //
 // Thread safety: every field is an atomic word; no lock protects anything. Words written only
 // by the daemon (policy, name, table flags) are read by clients with relaxed or acquire loads.
@@ -27,7 +28,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 6;
+inline constexpr uint32_t kLayoutVersion = 7;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
@@ -37,6 +38,7 @@ inline constexpr uint32_t kMaxBulkhead = 128;    // bulkhead leases per dependen
 inline constexpr uint32_t kMaxDependencies = 65535;
 inline constexpr uint32_t kMaxProcesses = 65534; // lease owner ids are 16 bits, 0 is "none"
 inline constexpr uint32_t kMaxStripes = 32;      // per-CPU stripes per dependency (stripes.h)
+inline constexpr uint32_t kLatencyBuckets = 16;  // latency histogram buckets (latency.h)
 
 // Operating mode of one dependency (DependencySlot::mode).
 enum class Mode : uint32_t {
@@ -75,7 +77,8 @@ static_assert(kCounterCount <= kCounterSlots);
 // on that CPU, so that cores never fight for them. Readers add them to the shared words.
 struct alignas(kCacheLine) Stripe {
   std::atomic<uint64_t> first_attempts;  // counters: added to counters[kFirstAttempts]
-  std::atomic<uint64_t> successes;       // and counters[kSuccesses]
+  // The latencies of the successes below, ns, summed (added to DependencySlot::latency_sum_ns).
+  std::atomic<uint64_t> success_latency_ns;
   std::atomic<uint64_t> window;          // StripeWindow: successes of this stripe's newest period
   std::atomic<uint64_t> window_start;    // that period's start, ms of the clock, in full
   std::atomic<uint64_t> deposits;        // retry budget deposits, thousandths, cumulative
@@ -87,6 +90,10 @@ struct alignas(kCacheLine) Stripe {
   // its two looks at the stripe.
   std::atomic<uint64_t> handing;
   std::atomic<uint64_t> handovers;
+  // Lines 1-2: the successes counted here, by latency bucket (latency.h). Their sum is this
+  // stripe's share of counters[kSuccesses], and of the histogram's buckets: one word written per
+  // success, where a count and a bucket would be two.
+  alignas(kCacheLine) std::atomic<uint64_t> successes_by_latency[kLatencyBuckets];
 };
 
 // One downstream dependency. Hot words that many processes write live on their own cache
@@ -131,8 +138,13 @@ struct alignas(kCacheLine) DependencySlot {
   // Line 9: half-open probe leases; then bulkhead leases (see leases.h).
   alignas(kCacheLine) std::atomic<uint64_t> probe_leases[kMaxProbes];
   alignas(kCacheLine) std::atomic<uint64_t> bulkhead_leases[kMaxBulkhead];
-  // Lines 26-57: one stripe per CPU.
-  Stripe stripes[kMaxStripes];
+  // Lines 26-28: the latency histogram of the calls not counted in a stripe (failures, ignored
+  // calls, and successes off the stripes' path), and those calls' latencies summed, ns
+  // (latency.h). Written with atomic adds, off the common path.
+  alignas(kCacheLine) std::atomic<uint64_t> latency[kLatencyBuckets];
+  std::atomic<uint64_t> latency_sum_ns;
+  // Lines 29-124: one stripe (3 lines) per CPU.
+  alignas(kCacheLine) Stripe stripes[kMaxStripes];
 };
 
 // One attached process: the owner of the leases it takes.
@@ -236,10 +248,13 @@ static_assert(offsetof(SegmentHeader, daemon_pid) == 2 * kCacheLine);
 static_assert(offsetof(SegmentHeader, create_lock) == 3 * kCacheLine);
 static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
 static_assert(offsetof(SegmentHeader, fleet_leases) + 8 <= 6 * kCacheLine);
-static_assert(sizeof(Stripe) == kCacheLine);
-static_assert(sizeof(DependencySlot) == (26 + kMaxStripes) * kCacheLine);
+static_assert(sizeof(Stripe) == 3 * kCacheLine);
+static_assert(offsetof(Stripe, successes_by_latency) == kCacheLine);
+static_assert(sizeof(DependencySlot) == (29 + 3 * kMaxStripes) * kCacheLine);
+static_assert(sizeof(DependencySlot) == 8000);
 static_assert(offsetof(DependencySlot, stripe_count) + 4 <= 3 * kCacheLine);
-static_assert(offsetof(DependencySlot, stripes) == 26 * kCacheLine);
+static_assert(offsetof(DependencySlot, latency) == 26 * kCacheLine);
+static_assert(offsetof(DependencySlot, stripes) == 29 * kCacheLine);
 static_assert(offsetof(DependencySlot, name_words) == 16);
 static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);

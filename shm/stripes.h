@@ -301,25 +301,27 @@ inline int StripeCompareStore2(std::atomic<uint64_t>& word, uint64_t expected, u
 #endif
 }
 
-// The counters the stripes hold besides the shared word (first attempts, successes): the
-// stripe word of counter `c`, or nullptr if `c` is not striped.
+// The counter a stripe holds in a word of its own besides the shared word (first attempts): the
+// stripe word of counter `c`, or nullptr if `c` has none. A stripe's successes are the sum of
+// its latency buckets (StripeSuccesses).
 inline std::atomic<uint64_t>* StripedCounter(Stripe& s, Counter c) {
-  switch (c) {
-    case kFirstAttempts: return &s.first_attempts;
-    case kSuccesses: return &s.successes;
-    default: return nullptr;
-  }
+  return c == kFirstAttempts ? &s.first_attempts : nullptr;
 }
-inline const std::atomic<uint64_t>* StripedCounter(const Stripe& s, Counter c) {
-  return StripedCounter(const_cast<Stripe&>(s), c);
+
+// StripeSuccesses: the successes stripe `s` has counted, every latency bucket's (latency.h).
+inline uint64_t StripeSuccesses(const Stripe& s) {
+  uint64_t n = 0;
+  for (const auto& w : s.successes_by_latency) n += w.load(std::memory_order_relaxed);
+  return n;
 }
 
 // ReadCounter: counter `c` of `slot`, its shared word plus every stripe's. Thread-safe.
 inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
   uint64_t v = slot.counters[c].load(std::memory_order_relaxed);
-  if (StripedCounter(slot.stripes[0], c) == nullptr) return v;
+  if (c != kFirstAttempts && c != kSuccesses) return v;
   for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
-    v += StripedCounter(slot.stripes[s], c)->load(std::memory_order_relaxed);
+    const Stripe& st = slot.stripes[s];
+    v += c == kSuccesses ? StripeSuccesses(st) : st.first_attempts.load(std::memory_order_relaxed);
   }
   return v;
 }

@@ -85,6 +85,7 @@ DependencyStatus ReadDependency(const DependencySlot& slot, uint32_t index, uint
   d.fleet_role = FleetWord::Role(fleet);
   d.fleet_hosts = FleetWord::Hosts(fleet);
   for (uint32_t c = 0; c < kCounterCount; ++c) d.counters[c] = ReadCounter(slot, Counter(c));
+  d.latency = ReadLatency(slot);
   return d;
 }
 
@@ -251,6 +252,15 @@ SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before) {
     for (uint32_t c = 0; c < kCounterCount; ++c) {
       // A counter never goes down; if it does (slot reassigned in between), show it whole.
       if (d.counters[c] >= it->counters[c]) d.counters[c] -= it->counters[c];
+    }
+    // The histogram as the counters: its buckets never go down (the sum wraps modulo 2^64).
+    bool went_down = false;
+    for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
+      went_down |= d.latency.buckets[b] < it->latency.buckets[b];
+    }
+    if (!went_down) {
+      for (uint32_t b = 0; b < kLatencyBuckets; ++b) d.latency.buckets[b] -= it->latency.buckets[b];
+      d.latency.sum_ns -= it->latency.sum_ns;
     }
   }
   return out;

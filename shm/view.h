@@ -26,6 +26,7 @@
 
 #include "retryd/status.h"
 #include "shm/breaker.h"
+#include "shm/latency.h"
 #include "shm/layout.h"
 #include "shm/policy.h"
 #include "shm/registry.h"
@@ -90,6 +91,8 @@ struct DependencyStatus {
   uint32_t fleet_hosts = 0;  // hosts live in the fleet for it at the daemon's last sync
   // Cumulative counters, indexed by Counter.
   std::array<uint64_t, kCounterCount> counters{};
+  // The calls' latencies (latency.h), cumulative as the counters.
+  LatencyHistogram latency;
 
   uint64_t counter(Counter c) const { return counters[c]; }
   // IsOpen: the dependency does not pass all traffic: breaker open or half-open (enforce or
@@ -167,9 +170,10 @@ struct BuildOptions {
 // unchanged.
 Status BuildStatus(const Segment& seg, const BuildOptions& opt, SegmentStatus* out);
 
-// Delta returns `now` with every counter replaced by its increase since `before`, matching
-// dependencies by slot index and generation (a dependency new since `before` keeps its
-// cumulative counters). Gauges (breaker, window, tokens, bulkhead) are `now`'s.
+// Delta returns `now` with every counter (and the latency histogram) replaced by its increase
+// since `before`, matching dependencies by slot index and generation (a dependency new since
+// `before` keeps its cumulative counters). Gauges (breaker, window, tokens, bulkhead) are
+// `now`'s.
 SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before);
 
 // kUnknown: an owner word whose state no retryd writes (scribbled): neither claiming nor

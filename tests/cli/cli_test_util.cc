@@ -368,10 +368,10 @@ void TestSegment::Heartbeat(uint32_t pid, uint64_t age_ms) {
 }
 
 shm::Decision TestSegment::Call(uint32_t index, uint32_t attempt, shm::Outcome outcome,
-                                uint64_t now_ns) {
+                                uint64_t now_ns, uint64_t latency_ns) {
   shm::Permit p;
   const shm::Decision d = shm::Admit(slot(index), index, attempt, now_ns, caller_, &p);
-  shm::Complete(slot(index), &p, outcome, 1'000'000, now_ns, caller_);
+  shm::Complete(slot(index), &p, outcome, latency_ns, now_ns, caller_);
   return d;
 }
 

@@ -116,8 +116,9 @@ class TestSegment {
   void Heartbeat(uint32_t pid, uint64_t age_ms);
 
   // Call admits attempt number `attempt` at `now_ns` and, if admitted, completes it at once
-  // with `outcome`. Returns the decision.
-  shm::Decision Call(uint32_t index, uint32_t attempt, shm::Outcome outcome, uint64_t now_ns);
+  // with `outcome`, reporting `latency_ns`. Returns the decision.
+  shm::Decision Call(uint32_t index, uint32_t attempt, shm::Outcome outcome, uint64_t now_ns,
+                     uint64_t latency_ns = 1'000'000);
   // Hold admits and keeps the permit (its leases stay taken) until the segment goes away.
   shm::Decision Hold(uint32_t index, uint32_t attempt, uint64_t now_ns);
   // Trip fails `calls` first attempts at `now_ns` (enough to open a breaker with min_calls).

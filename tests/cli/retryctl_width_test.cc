@@ -140,6 +140,64 @@ TEST(RetryctlWidth, StatusFitsTerminalsOf80And120Columns) {
   }
 }
 
+// `status NAME` follows the table with the named dependency's latency histogram: its count and
+// quantiles, then a line per bucket from the first that holds a call to the last, with bars
+// that keep within the terminal's width.
+TEST(RetryctlWidth, TheLatencyOfANamedDependencyFitsTheTerminal) {
+  TestSegment seg;
+  const std::string name = WideSegment::kLongName;
+  const uint32_t index = seg.AddDependency(name, TestPolicy(/*min_calls=*/1000));
+  const uint64_t now = NowNs();
+  // 70 calls of 0.3 ms, 25 of 3 ms, 4 of 300 ms and one of 20 s (over the last bound).
+  for (int k = 0; k < 70; ++k) seg.Call(index, 0, Outcome::kSuccess, now, 300'000);
+  for (int k = 0; k < 25; ++k) seg.Call(index, 0, Outcome::kFailure, now, 3'000'000);
+  for (int k = 0; k < 4; ++k) seg.Call(index, 0, Outcome::kSuccess, now, 300'000'000);
+  seg.Call(index, 0, Outcome::kIgnored, now, 20'000'000'000);
+  for (const uint16_t width : {80, 120}) {
+    const RunResult r = RetryctlInTerminal(
+        {"status", "--segment", seg.name(), kUpForAnHour, name}, width);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    const std::vector<std::string> lines = DisplayLines(r.out);
+    for (const std::string& line : lines) {
+      EXPECT_LE(ColumnsOf(line), width) << "at " << width << ": " << line << "\n" << r.out;
+    }
+    const std::string all = Joined(lines);
+    EXPECT_THAT(all, HasSubstr(name + ": latency of 100 calls since it was created: p50 <= "
+                                      "0.5ms, p90 <= 4ms, p99 <= 512ms, mean"))
+        << r.out;
+    EXPECT_THAT(r.out, HasSubstr("<= 0.5ms"));
+    EXPECT_THAT(r.out, HasSubstr("<= 4ms"));
+    EXPECT_THAT(r.out, HasSubstr("<= 512ms"));
+    EXPECT_THAT(r.out, HasSubstr("> 8.192s"));
+    // A line per bucket from the first with a call to the last with one, the empty between.
+    const size_t buckets = size_t(std::count_if(lines.begin(), lines.end(), [](const auto& l) {
+      return l.rfind("  <= ", 0) == 0 || l.rfind("  > ", 0) == 0;
+    }));
+    EXPECT_EQ(buckets, 16u) << r.out;
+    // The longest bar is the bucket of 0.3 ms: as wide as the terminal leaves room for, at most
+    // 40 columns.
+    const std::string first = RowOf(lines, "  <= 0.5ms");
+    ASSERT_NE(first, "") << r.out;
+    const size_t bar = size_t(std::count(first.begin(), first.end(), '#'));
+    EXPECT_GE(bar, 20u) << first;
+    EXPECT_LE(bar, 40u) << first;
+  }
+  // One bucket with calls: its line alone.
+  const uint32_t other = seg.AddDependency("search", TestPolicy(/*min_calls=*/1000));
+  for (int k = 0; k < 3; ++k) seg.Call(other, 0, Outcome::kSuccess, now, 40'000'000);
+  const RunResult one =
+      RetryctlInTerminal({"status", "--segment", seg.name(), kUpForAnHour, "search"}, 80);
+  EXPECT_THAT(Joined(DisplayLines(one.out)),
+              HasSubstr("search: latency of 3 calls since it was created: p50 <= 64ms"))
+      << one.out;
+  EXPECT_THAT(one.out, HasSubstr("\n  <= 64ms   3 #"));
+  EXPECT_THAT(one.out, Not(HasSubstr("<= 32ms")));
+  EXPECT_THAT(one.out, Not(HasSubstr("<= 128ms")));
+  // Without a name, no histogram: the table alone.
+  const RunResult all = RetryctlInTerminal({"status", "--segment", seg.name(), kUpForAnHour}, 80);
+  EXPECT_THAT(all.out, Not(HasSubstr("latency of")));
+}
+
 // --wide shows every column and whole names on a terminal of any width.
 TEST(RetryctlWidth, WideShowsEveryColumnAndWholeNames) {
   WideSegment seg;

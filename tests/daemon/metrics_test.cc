@@ -67,6 +67,15 @@ TEST(MetricsTest, RendersStateAndCountersOfActiveDependencies) {
   EXPECT_EQ(s.at("retryd_window_calls" + d), 2);
   EXPECT_EQ(s.at("retryd_window_failures" + d), 2);
   EXPECT_EQ(s.at("retryd_mode{dependency=\"db\",mode=\"enforce\"}"), 1);
+  // The latency histogram: the two failures of 1 ms, cumulative from the bucket of 1 ms on.
+  const std::string h = "retryd_call_duration_seconds";
+  EXPECT_EQ(s.at(h + "_bucket{dependency=\"db\",le=\"0.0005\"}"), 0);
+  EXPECT_EQ(s.at(h + "_bucket{dependency=\"db\",le=\"0.001\"}"), 2);
+  EXPECT_EQ(s.at(h + "_bucket{dependency=\"db\",le=\"8.192\"}"), 2);
+  EXPECT_EQ(s.at(h + "_bucket{dependency=\"db\",le=\"+Inf\"}"), 2);
+  EXPECT_EQ(s.at(h + "_count" + d), 2);
+  EXPECT_DOUBLE_EQ(s.at(h + "_sum" + d), 0.002);
+  EXPECT_EQ(s.at(h + "_count{dependency=\"idle:443\"}"), 0);
   EXPECT_EQ(s.at("retryd_breaker_state{dependency=\"idle:443\"}"), 0);
   EXPECT_EQ(s.at("retryd_dependencies"), 2);
   EXPECT_EQ(s.at("retryd_dependency_slots"), 16);

@@ -2,6 +2,7 @@
 // checking what RenderPrometheus and the daemon's textfile produce.
 #pragma once
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -55,15 +56,20 @@ inline bool ReadLabels(const std::string& s, size_t* i) {
 
 }  // namespace internal
 
-// ParsePrometheus checks `text` line by line: every family has # HELP then # TYPE (gauge or
-// counter) once, before its samples; samples belong to the family declared last; counters end
-// in _total; no sample (name and labels) repeats; values are finite numbers. Returns "" and
-// fills *samples ("name{labels}" -> value) when well-formed, else the first problem found.
+// ParsePrometheus checks `text` line by line: every family has # HELP then # TYPE (gauge,
+// counter or histogram) once, before its samples; samples belong to the family declared last;
+// counters end in _total; no sample (name and labels) repeats; values are finite numbers. A
+// histogram F's samples are F_bucket, F_sum and F_count; each series' buckets come in rising
+// `le` order, their counts never fall, the last is le="+Inf", and F_count equals it. Returns ""
+// and fills *samples ("name{labels}" -> value) when well-formed, else the first problem found.
 inline std::string ParsePrometheus(const std::string& text, std::map<std::string, double>* samples) {
   if (text.empty() || text.back() != '\n') return "text does not end with a newline";
   std::istringstream in(text);
   std::string line, help_name, family;
   std::set<std::string> families;
+  bool histogram = false;
+  // A histogram's series (its labels but `le`) -> the last bucket's le and count read.
+  std::map<std::string, std::pair<double, double>> buckets;
   int n = 0;
   while (std::getline(in, line)) {
     ++n;
@@ -82,7 +88,10 @@ inline std::string ParsePrometheus(const std::string& text, std::map<std::string
       i = 7;
       if (!internal::ReadName(line, &i, false, &name)) return at + "bad TYPE";
       const std::string type = line.substr(i);
-      if (type != " gauge" && type != " counter") return at + "type is not gauge or counter";
+      if (type != " gauge" && type != " counter" && type != " histogram") {
+        return at + "type is not gauge, counter or histogram";
+      }
+      histogram = type == " histogram";
       if (name != help_name) return at + "TYPE without its HELP";
       if (type == " counter" &&
           (name.size() < 6 || name.compare(name.size() - 6, 6, "_total") != 0)) {
@@ -100,7 +109,43 @@ inline std::string ParsePrometheus(const std::string& text, std::map<std::string
       char* end = nullptr;
       const double v = std::strtod(value.c_str(), &end);
       if (value.empty() || *end != '\0' || v != v) return at + "bad value";
-      if (name != family) return at + "sample outside its family (declared: " + family + ")";
+      if (histogram) {
+        const std::string suffix =
+            name.size() > family.size() && name.compare(0, family.size(), family) == 0
+                ? name.substr(family.size())
+                : "";
+        const std::string labels = key.substr(name.size());
+        if (suffix == "_bucket") {
+          const size_t le = labels.find("le=\"");
+          if (le == std::string::npos) return at + "a bucket without le";
+          const size_t le_end = labels.find('"', le + 4);
+          const std::string bound = labels.substr(le + 4, le_end - le - 4);
+          const double b = bound == "+Inf" ? HUGE_VAL : std::strtod(bound.c_str(), &end);
+          if (bound != "+Inf" && (bound.empty() || *end != '\0')) return at + "bad le";
+          // The series: the labels without le (and the comma before it), as F_count has them.
+          std::string series = labels;
+          const size_t from = le > 0 && series[le - 1] == ',' ? le - 1 : le;
+          series.erase(from, le_end + 1 - from);
+          if (series == "{}") series.clear();
+          auto [it, first] = buckets.try_emplace(series, b, v);
+          if (!first) {
+            if (it->second.first == HUGE_VAL) return at + "a bucket after le=\"+Inf\"";
+            if (b <= it->second.first) return at + "le not rising";
+            if (v < it->second.second) return at + "a bucket's count below the one before";
+            it->second = {b, v};
+          }
+        } else if (suffix == "_count") {
+          auto it = buckets.find(labels);
+          if (it == buckets.end() || it->second.first != HUGE_VAL) {
+            return at + "a count without its buckets up to le=\"+Inf\"";
+          }
+          if (it->second.second != v) return at + "count differs from the +Inf bucket";
+        } else if (suffix != "_sum") {
+          return at + "sample outside its histogram (declared: " + family + ")";
+        }
+      } else if (name != family) {
+        return at + "sample outside its family (declared: " + family + ")";
+      }
       if (samples->count(key)) return at + "duplicate sample";
       (*samples)[key] = v;
     }

@@ -17,7 +17,8 @@ unit tests (`input_series`), and fails, naming file, place and expression, if on
   - a gauge inside rate()/irate()/increase() or a counter used without one;
   - a label in by/without/on/ignoring that no retryd metric has.
 It checks that every alert has a unit test case where it fires and one where it must not
-(`exp_alerts: []`), and that every retryd_fleet_* family has a dashboard panel. It also checks
+(`exp_alerts: []`), and that every retryd_fleet_* family and every histogram has a dashboard
+panel. It also checks
 the dashboard's shape: schemaVersion >= 36, a datasource variable, an instance variable, and
 every panel and target on the datasource variable. Last, it writes the dashboard's expressions
 (Grafana variables replaced) into a rule file and has `promtool check rules` parse them; a
@@ -52,6 +53,8 @@ KEYWORDS = {"and", "or", "unless", "bool", "offset", "atan2"} | GROUPING
 MODES = ("enforce", "shadow", "disabled", "forced-open")
 # The families of the daemon's fleet (docs/FLEET.md): each must have a dashboard panel.
 FLEET_PREFIX = "retryd_fleet_"
+# A histogram family's series (retryd_call_duration_seconds_bucket, ..._sum, ..._count).
+HISTOGRAM_SERIES = ("bucket", "sum", "count")
 
 
 # --- The real metrics ----------------------------------------------------------------------
@@ -74,6 +77,12 @@ class Exported:
                 if not m:
                     raise ValueError(f"unparsable sample line: {line!r}")
                 name = m.group(1)
+                base, _, suffix = name.rpartition("_")
+                if (name not in self.types and suffix in HISTOGRAM_SERIES
+                        and self.types.get(base) == "histogram"):
+                    # A histogram's series count up, as counters do (rate() of _bucket).
+                    self.types[name] = "counter"
+                    self.labels.setdefault(name, {})
                 if name not in self.types:
                     raise ValueError(f"sample before its # TYPE: {line!r}")
                 for k, v in pair.findall(m.group(2) or ""):
@@ -278,6 +287,10 @@ def check_expr(where, expr, real, problems):
             problems.append(f"{where}: metric {u.name!r} is not in `retryctl metrics`: {expr!r}")
             continue
         kind = real.types[u.name]
+        if kind == "histogram":
+            problems.append(f"{where}: {u.name} is a histogram family, whose series are "
+                            f"{u.name}_bucket, _sum and _count: {expr!r}")
+            continue
         inner = u.func in COUNTER_FUNCS
         if kind == "counter" and not inner:
             problems.append(f"{where}: counter {u.name} used without rate()/increase(): {expr!r}")
@@ -484,6 +497,10 @@ def main():
     for family in sorted(real.types):
         if family.startswith(FLEET_PREFIX) and family not in dash_used:
             problems.append(f"{os.path.basename(args.dashboard)}: no panel shows {family}")
+    # So has every histogram, by its buckets (a quantile or a heatmap).
+    for family, kind in sorted(real.types.items()):
+        if kind == "histogram" and f"{family}_bucket" not in dash_used:
+            problems.append(f"{os.path.basename(args.dashboard)}: no panel shows {family}_bucket")
 
     print(f"real output: {len(real.types)} families; the monitoring files use {len(used)}:")
     print("  " + " ".join(sorted(used)))

@@ -162,11 +162,11 @@ TEST(StripesTest, ARestartableAddLosesNothingAcrossPreemptionAndSignals) {
   const uint64_t calls = Hammer(
       [&] {
         const uint16_t c = CurrentCpu();
-        return c != kNoStripe && StripeAdd(stripes[c].successes, 1, c, StripeMode::kPerCpu);
+        return c != kNoStripe && StripeAdd(stripes[c].first_attempts, 1, c, StripeMode::kPerCpu);
       },
       fallback);
   uint64_t total = fallback.load();
-  for (const Stripe& s : stripes) total += s.successes.load();
+  for (const Stripe& s : stripes) total += s.first_attempts.load();
   EXPECT_EQ(total, calls);
   if (!kSignalsDeferred) {
     EXPECT_GT(fallback.load(), 0u) << "no sequence aborted";

@@ -1,0 +1,105 @@
+// shm/latency.h: each dependency's histogram of call latencies.
+//
+// Every completed call that is recorded (a success, a failure or an ignored outcome; not one
+// admitted in the disabled mode) counts once in one of kLatencyBuckets buckets by the latency
+// its caller gave `complete`, and adds that latency to a sum: the host's distribution per
+// dependency, from which an operator chooses `slow_call_duration` and sees a downstream slow
+// down before it fails. The daemon exports it as the Prometheus histogram
+// retryd_call_duration_seconds; `retryctl status DEP` shows it.
+//
+// The buckets are log-spaced, by powers of two from half a millisecond:
+//   bucket 0        latency <= 0.5 ms
+//   bucket i, 1..14 0.5 ms * 2^(i-1) < latency <= 0.5 ms * 2^i      (1 ms, 2 ms, ..., 8.192 s)
+//   bucket 15       latency > 8.192 s
+// so that each bucket's upper bound is the Prometheus `le` of its line, exactly.
+//
+// Where the counts live. A success on the stripes' path counts in its CPU's stripe
+// (Stripe::successes_by_latency, Stripe::success_latency_ns): no line another core writes, and
+// one word per success, since the bucket is also that stripe's success count. Every other call
+// counts in the slot's shared words (DependencySlot::latency, latency_sum_ns) with atomic adds,
+// off the common path. A reader adds the two. So, at any instant the writes have all been
+// made, the histogram's count equals successes + failures + ignored of the slot's counters.
+//
+// The sum is in ns, modulo 2^64 (wraps after 584 years of summed latency; Prometheus reads a
+// wrap as a counter reset).
+//
+// Thread safety: the writes are those of stripes.h; ReadLatency is thread-safe and reads each
+// word once (a read racing writes sees each word before or after each write).
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+
+#include "shm/layout.h"
+#include "shm/stripes.h"
+
+namespace retryd::shm {
+
+inline constexpr uint64_t kLatencyBaseNs = 500'000;  // bucket 0's upper bound: 0.5 ms
+inline constexpr uint32_t kLatencyLastBucket = kLatencyBuckets - 1;  // the one without a bound
+
+// LatencyBucket: the bucket of a call that took `latency_ns`. A few instructions: a multiply
+// (the division by a constant), a bit count and two conditional moves.
+[[gnu::always_inline]] inline uint32_t LatencyBucket(uint64_t latency_ns) {
+  // Capped, so that the rounding up below cannot overflow: the cap is in the last bucket.
+  constexpr uint64_t kCap = kLatencyBaseNs << kLatencyLastBucket;
+  const uint64_t ns = latency_ns < kCap ? latency_ns : kCap;
+  // Half-milliseconds, rounded up: bucket i holds 2^(i-1) < halves <= 2^i.
+  const uint64_t halves = (ns + kLatencyBaseNs - 1) / kLatencyBaseNs;
+  const uint32_t b = uint32_t(std::bit_width(halves - (halves != 0)));
+  return b < kLatencyLastBucket ? b : kLatencyLastBucket;
+}
+
+// LatencyBucketBoundNs: the upper bound of bucket `b` (a latency equal to it is in it); 0 for
+// the last bucket, which has none.
+constexpr uint64_t LatencyBucketBoundNs(uint32_t b) {
+  return b < kLatencyLastBucket ? kLatencyBaseNs << b : 0;
+}
+
+// One dependency's histogram, read from the segment.
+struct LatencyHistogram {
+  uint64_t buckets[kLatencyBuckets] = {};  // calls per bucket (not cumulative)
+  uint64_t sum_ns = 0;                     // their latencies summed, modulo 2^64
+
+  uint64_t Count() const {
+    uint64_t n = 0;
+    for (uint64_t b : buckets) n += b;
+    return n;
+  }
+  // Quantile: the upper bound (ns) of the bucket holding the q-quantile call (0 < q <= 1), as
+  // the histogram can tell it; 0 when it holds no call, UINT64_MAX when that call is in the
+  // last bucket (over 8.192 s).
+  uint64_t Quantile(double q) const {
+    const uint64_t n = Count();
+    if (n == 0) return 0;
+    double rank = q * double(n);
+    uint64_t seen = 0;
+    for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
+      seen += buckets[b];
+      if (double(seen) >= rank) {
+        return b == kLatencyLastBucket ? UINT64_MAX : LatencyBucketBoundNs(b);
+      }
+    }
+    return UINT64_MAX;
+  }
+};
+
+// ReadLatency: the histogram of `slot`, its shared words plus every stripe's. Thread-safe.
+inline LatencyHistogram ReadLatency(const DependencySlot& slot) {
+  LatencyHistogram h;
+  for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
+    h.buckets[b] = slot.latency[b].load(std::memory_order_relaxed);
+  }
+  h.sum_ns = slot.latency_sum_ns.load(std::memory_order_relaxed);
+  for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
+    const Stripe& st = slot.stripes[s];
+    for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
+      h.buckets[b] += st.successes_by_latency[b].load(std::memory_order_relaxed);
+    }
+    h.sum_ns += st.success_latency_ns.load(std::memory_order_relaxed);
+  }
+  return h;
+}
+
+}  // namespace retryd::shm

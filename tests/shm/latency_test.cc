@@ -1,0 +1,214 @@
+// The latency histogram (shm/latency.h): each bucket holds the latencies up to its bound, and
+// real processes on every CPU, through the client's path (stripes and shared words alike),
+// count every call in it exactly: its count is successes + failures + ignored, its sum the
+// latencies given. A worker killed mid-call loses at most that call.
+#include "shm/latency.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "shm/admission.h"
+#include "shm/breaker.h"
+#include "shm/counters.h"
+#include "shm/segment.h"
+#include "tests/shm/test_util.h"
+
+namespace retryd::shm {
+namespace {
+
+using testing::kMs;
+
+TEST(LatencyTest, EachBucketHoldsTheLatenciesUpToItsBoundInclusive) {
+  EXPECT_EQ(LatencyBucket(0), 0u);
+  EXPECT_EQ(LatencyBucket(1), 0u);
+  EXPECT_EQ(LatencyBucket(500'000), 0u);
+  EXPECT_EQ(LatencyBucket(500'001), 1u);
+  for (uint32_t b = 0; b < kLatencyLastBucket; ++b) {
+    const uint64_t bound = LatencyBucketBoundNs(b);
+    EXPECT_EQ(bound, uint64_t{500'000} << b);
+    EXPECT_EQ(LatencyBucket(bound), b) << "a latency equal to the bound is in its bucket";
+    EXPECT_EQ(LatencyBucket(bound + 1), b + 1) << "one ns more is in the next";
+    if (b > 0) EXPECT_EQ(LatencyBucket(LatencyBucketBoundNs(b - 1) + 1), b);
+  }
+  EXPECT_EQ(LatencyBucketBoundNs(14), 8'192'000'000u);
+  EXPECT_EQ(LatencyBucketBoundNs(kLatencyLastBucket), 0u) << "the last bucket has no bound";
+  // Past the last bound, whatever a caller passes (UINT64_MAX for "unknown" included).
+  for (uint64_t ns : {uint64_t{8'192'000'001}, uint64_t{3'600} * 1'000'000'000, UINT64_MAX,
+                      UINT64_MAX - 1, uint64_t{1} << 63}) {
+    EXPECT_EQ(LatencyBucket(ns), kLatencyLastBucket) << ns;
+  }
+}
+
+TEST(LatencyTest, AQuantileIsTheBoundOfTheBucketHoldingItsRank) {
+  LatencyHistogram h;
+  EXPECT_EQ(h.Quantile(0.5), 0u) << "no call: no quantile";
+  h.buckets[2] = 50;   // <= 2 ms
+  h.buckets[5] = 40;   // <= 16 ms
+  h.buckets[9] = 9;    // <= 256 ms
+  h.buckets[15] = 1;   // > 8.192 s
+  EXPECT_EQ(h.Count(), 100u);
+  EXPECT_EQ(h.Quantile(0.5), 2 * kMs);
+  EXPECT_EQ(h.Quantile(0.51), 16 * kMs);
+  EXPECT_EQ(h.Quantile(0.9), 16 * kMs);
+  EXPECT_EQ(h.Quantile(0.99), 256 * kMs);
+  EXPECT_EQ(h.Quantile(1.0), UINT64_MAX) << "the last bucket's call is over every bound";
+}
+
+Policy NeverTrips() {
+  Policy p;
+  p.window_ms = 3'600'000;
+  p.window_buckets = 2;
+  p.min_calls = 1'000'000;
+  p.retry_ratio_milli = 100;
+  p.retry_burst = 10;
+  return p;
+}
+
+void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
+int Cpus() { return int(std::min<uint32_t>(HostStripes(), 8)); }
+
+// One latency per bucket and one on each side of a bound: call i of a worker takes
+// kLatencies[i % size], with outcome kOutcomes[i % 3].
+constexpr std::array<uint64_t, 20> kLatencies = {
+    0,           1,           499'999,       500'000,       500'001,
+    1'000'000,   1'000'001,   3'000'000,     7'999'999,     16'000'000,
+    33'000'000,  64'000'000,  100'000'000,   255'000'000,   512'000'001,
+    1'024'000'000, 2'000'000'000, 4'096'000'000, 8'192'000'000, 60'000'000'000};
+constexpr std::array<Outcome, 3> kOutcomes = {Outcome::kSuccess, Outcome::kFailure,
+                                              Outcome::kIgnored};
+
+// Worker processes on every CPU (two per CPU, so that they preempt each other) complete calls
+// of every latency and outcome: successes in their stripes, the rest in the shared words. The
+// histogram holds each call once, in its bucket, and the sum is exact.
+TEST(LatencyTest, ProcessesOnEveryCpuCountEveryLatencyExactly) {
+  testing::NamedSegment seg("latency");
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", NeverTrips());
+  DependencySlot& slot = *seg.seg->dependency(index);
+  constexpr uint64_t kCalls = 60'000;  // a multiple of 20 and of 3
+  std::vector<pid_t> pids;
+  for (int w = 0; w < 2 * Cpus(); ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      for (uint64_t i = 0; i < kCalls; ++i) {
+        caller.stripe = CurrentCpu();
+        Permit p;
+        if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) _exit(2);
+        Complete(slot, &p, kOutcomes[i % 3], kLatencies[i % kLatencies.size()], CoarseNowNs(),
+                 caller);
+      }
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  const uint64_t workers = pids.size();
+  std::array<uint64_t, kLatencyBuckets> want{};
+  uint64_t want_sum = 0;
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    const uint64_t ns = kLatencies[i % kLatencies.size()];
+    want[LatencyBucket(ns)] += workers;
+    want_sum += ns * workers;
+  }
+  const LatencyHistogram h = ReadLatency(slot);
+  for (uint32_t b = 0; b < kLatencyBuckets; ++b) EXPECT_EQ(h.buckets[b], want[b]) << "bucket " << b;
+  EXPECT_EQ(h.sum_ns, want_sum);
+  EXPECT_EQ(h.Count(), kCalls * workers);
+  EXPECT_EQ(h.Count(), ReadCounter(slot, kSuccesses) + ReadCounter(slot, kFailures) +
+                           ReadCounter(slot, kIgnored));
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), kCalls * workers / 3);
+  if (CurrentCpu() != kNoStripe) {
+    // The successes went through the stripes: the shared words took only aborted sequences.
+    EXPECT_LT(slot.counters[kSuccesses].load(), kCalls * workers / 3 / 100);
+  }
+}
+
+// Workers killed with SIGKILL at random instants: the histogram keeps every call committed. A
+// success on the stripes' path counts in its bucket and its success count with one store, so
+// the two never part; its latency is a second store, so a kill between them leaves the sum one
+// call short. Off the stripes, the counter and the bucket are two adds: one call apart at most.
+TEST(LatencyTest, AWorkerKilledMidCallLosesAtMostThatCall) {
+  testing::NamedSegment seg("latency-kill");
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", NeverTrips());
+  DependencySlot& slot = *seg.seg->dependency(index);
+  constexpr uint64_t kLatency = 3 * kMs;
+  auto* started = static_cast<std::atomic<uint64_t>*>(mmap(
+      nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::vector<pid_t> pids;
+  for (int w = 0; w < 2 * Cpus(); ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      for (uint64_t i = 0;; ++i) {
+        caller.stripe = CurrentCpu();
+        Permit p;
+        Admit(slot, index, 0, &CoarseNowNs, caller, &p);
+        Complete(slot, &p, i % 5 == 0 ? Outcome::kFailure : Outcome::kSuccess, kLatency,
+                 CoarseNowNs(), caller);
+        started[w].store(i + 1, std::memory_order_release);
+      }
+    }
+    pids.push_back(pid);
+  }
+  uint32_t rng = 4242;
+  for (size_t w = 0; w < pids.size(); ++w) {
+    for (int i = 0; i < 1'000 && started[w].load() == 0; ++i) usleep(10'000);
+    usleep(NextRandom(rng) % 20'000);
+    kill(pids[w], SIGKILL);
+    waitpid(pids[w], nullptr, 0);
+  }
+  const uint64_t workers = pids.size();
+  const LatencyHistogram h = ReadLatency(slot);
+  const uint64_t calls = ReadCounter(slot, kSuccesses) + ReadCounter(slot, kFailures);
+  ASSERT_GT(calls, workers);
+  EXPECT_LE(h.Count(), calls);
+  EXPECT_GE(h.Count() + workers, calls);
+  EXPECT_EQ(h.buckets[LatencyBucket(kLatency)], h.Count()) << "every call in its one bucket";
+  EXPECT_EQ(h.sum_ns % kLatency, 0u);
+  EXPECT_LE(h.sum_ns / kLatency, h.Count());
+  EXPECT_GE(h.sum_ns / kLatency + workers, h.Count());
+  munmap(started, 4096);
+}
+
+// A dependency in the disabled mode records nothing, its latencies included; forced-open
+// admits nothing to complete.
+TEST(LatencyTest, TheDisabledModeRecordsNoLatency) {
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, NeverTrips());
+  const uint32_t index = testing::AddDependency(*seg, "orders", NeverTrips());
+  DependencySlot& slot = *seg->dependency(index);
+  slot.mode.store(uint32_t(Mode::kDisabled));
+  Caller caller{2, 0, 9};
+  caller.stripe = CurrentCpu();
+  for (int i = 0; i < 10; ++i) {
+    Permit p;
+    ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
+    Complete(slot, &p, i % 2 ? Outcome::kSuccess : Outcome::kFailure, 5 * kMs, CoarseNowNs(),
+             caller);
+  }
+  EXPECT_EQ(ReadLatency(slot).Count(), 0u);
+  EXPECT_EQ(ReadLatency(slot).sum_ns, 0u);
+}
+
+}  // namespace
+}  // namespace retryd::shm
