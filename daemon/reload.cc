@@ -230,11 +230,22 @@ Daemon::PublishCounts Daemon::Publish(const Config& cfg, const Config* previous)
     uint32_t index = 0;
     if (!Put(name, policy, deadline_ns, &index)) continue;
     ++(in_segment ? counts.changed : counts.added);
+    // A mode the segment held that the config did not give (an operator's `retryctl set-mode`,
+    // or a segment kept from an earlier daemon) is replaced by the config's: say so, as
+    // LogChanges says only what changed between the two configs.
     const uint32_t live_mode = seen_[index].mode;
-    if (previous == nullptr && seen_[index].state == uint32_t(shm::SlotState::kActive) &&
-        live_mode != uint32_t(policy.mode)) {
+    const bool set_at_runtime =
+        previous == nullptr ||
+        !previous->dependencies.count(name) ||
+        uint32_t(previous->dependencies.at(name).mode) != live_mode;
+    if (seen_[index].state == uint32_t(shm::SlotState::kActive) &&
+        live_mode != uint32_t(policy.mode) && set_at_runtime) {
       LOG(INFO) << "dependency " << name << ": mode " << shm::ModeName(shm::Mode(live_mode))
-                << " -> " << shm::ModeName(policy.mode) << " (from the config)";
+                << " -> " << shm::ModeName(policy.mode)
+                << (previous == nullptr
+                        ? " (from the config)"
+                        : " (from the config: its section changed, which replaces the mode set "
+                          "at runtime)");
     }
     if (unchanged) {
       LOG(INFO) << "dependency " << name << ": written to the segment (unchanged in the config)";

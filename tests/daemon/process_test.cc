@@ -408,6 +408,27 @@ TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload
   EXPECT_EQ(seg->dependency(uint32_t(db))->mode.load(), uint32_t(shm::Mode::kShadow));
 }
 
+// A reload that changes the dependency's section gives it the config's mode again, replacing
+// the one an operator set, and the log says so: the change of mode is not silent.
+TEST_F(DaemonProcessTest, AChangedSectionReplacesTheOperatorsModeAndSaysSo) {
+  auto d = StartDaemon(Config("[dependency.db]\n"));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  const int32_t db = seg->Find("db");
+  ASSERT_GE(db, 0);
+  seg->dependency(uint32_t(db))->mode_setter.store(shm::ModeSetter::Make(getuid(), 4242));
+  seg->dependency(uint32_t(db))->mode.store(uint32_t(shm::Mode::kShadow));
+  ASSERT_TRUE(LogHas(*d, "dependency db: mode enforce -> shadow (set by pid 4242")) << d->Log();
+  WriteFile(config_, Config("[dependency.db]\nmin_calls = 7\n"));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
+  EXPECT_EQ(seg->dependency(uint32_t(db))->mode.load(), uint32_t(shm::Mode::kEnforce));
+  EXPECT_TRUE(LogHas(*d, "reload: dependency 'db': min_calls 20 -> 7")) << d->Log();
+  EXPECT_TRUE(LogHas(*d, "dependency db: mode shadow -> enforce (from the config: its section "
+                         "changed, which replaces the mode set at runtime)"))
+      << d->Log();
+}
+
 // The tick sees the breaker word only as it is at the tick: open -> half-open -> open between
 // two looks reads as open -> open. The log still accounts for every transition the counters
 // saw: summed over the breaker lines, the transitions logged are the transitions counted.
