@@ -73,7 +73,11 @@ Status AttachServer::Listen(const AttachServerOptions& options) {
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) {
     const int err = errno;
-    const std::string what = "socket lock '" + lock_path + "': " + std::strerror(err);
+    std::string what = "socket lock '" + lock_path + "': " + std::strerror(err);
+    if (err == ENOENT) {
+      what += " (the socket's directory does not exist: create it for the daemon's user, or "
+              "choose another [daemon] socket)";
+    }
     return err == EACCES ? Status::PermissionDenied(what) : Status::IoError(what);
   }
   if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {

@@ -71,8 +71,12 @@ Status ResolveOwnership(const DaemonSettings& d, const std::string& source, uid_
 // CheckPermissions refuses settings the kernel would refuse this process once it runs, naming
 // the key, the user it runs as and what would make it work: an owner other than itself, or a
 // group it is not in, without CAP_CHOWN (`uid`, `gid` from ResolveOwnership); a
-// metrics_textfile in a directory it cannot write. --check_config runs it as the unit's user.
+// socket or metrics_textfile in a directory it cannot write. --check_config runs it as the
+// unit's user.
 Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_t uid, gid_t gid);
+// MissingSocketDirectoryNote: "" when the socket's directory exists (or there is no socket);
+// else a sentence naming the key and the directory, which the daemon needs at start.
+std::string MissingSocketDirectoryNote(const DaemonSettings& d);
 // CheckFleetFiles refuses a [fleet] password_file this process cannot read, naming the key,
 // the file and the system's error. --check_config runs it as the unit's user.
 Status CheckFleetFiles(const FleetSettings& f, const std::string& source);

@@ -105,6 +105,9 @@ int CheckConfig(const std::string& path) {
     return 1;
   }
   std::printf("%s: OK\n", path.c_str());
+  if (const std::string note = MissingSocketDirectoryNote(cfg.daemon); !note.empty()) {
+    std::printf("%s: note: %s\n", path.c_str(), note.c_str());
+  }
   return 0;
 }
 

@@ -97,6 +97,12 @@ void LogChanges(const Config& running, const Config& next) {
   }
 }
 
+// DirectoryOf: the directory a file path names its file in ("." for a bare name).
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
 bool InGroup(gid_t gid) {
   if (getegid() == gid) return true;
   const int n = getgroups(0, nullptr);
@@ -106,6 +112,16 @@ bool InGroup(gid_t gid) {
 }
 
 }  // namespace
+
+std::string MissingSocketDirectoryNote(const DaemonSettings& d) {
+  if (d.socket.empty()) return "";
+  const std::string dir = DirectoryOf(d.socket);
+  if (faccessat(AT_FDCWD, dir.c_str(), F_OK, AT_EACCESS) == 0) return "";
+  return "key 'daemon.socket': the directory " + dir + " does not exist (" +
+         std::strerror(errno) + "): the daemon cannot start until it does (the package's unit "
+         "makes /run/retryd at start, RuntimeDirectory=retryd; elsewhere, create it for the "
+         "daemon's user)";
+}
 
 Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_t uid, gid_t gid) {
   const std::string self = "retryd runs as user " + UserName(geteuid());
@@ -126,11 +142,19 @@ Status CheckPermissions(const DaemonSettings& d, const std::string& source, uid_
         " to it: add the user to the group (`usermod -aG " + GroupName(gid) + " " +
         UserName(geteuid()) + "`, then restart retryd), or " + grant);
   }
+  // The socket's directory, where it exists (systemd makes /run/retryd at start, after a
+  // check run as ExecStartPre may have looked): the daemon creates its lock and socket there.
+  if (const std::string dir = DirectoryOf(d.socket);
+      !d.socket.empty() && faccessat(AT_FDCWD, dir.c_str(), F_OK, AT_EACCESS) == 0 &&
+      faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    const int err = errno;
+    return Status::PermissionDenied(
+        source + ": key 'daemon.socket': " + self + ", which cannot create its socket in " + dir +
+        " (" + std::strerror(err) + "): give the directory to it (`chown " +
+        UserName(geteuid()) + " " + dir + "`), or choose a directory it may write in");
+  }
   if (!d.metrics_textfile.empty()) {
-    const size_t slash = d.metrics_textfile.rfind('/');
-    const std::string dir = slash == std::string::npos ? "."
-                            : slash == 0               ? "/"
-                                                       : d.metrics_textfile.substr(0, slash);
+    const std::string dir = DirectoryOf(d.metrics_textfile);
     if (faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
       const int err = errno;
       return Status::PermissionDenied(
