@@ -123,7 +123,9 @@ done
 expect python3-retryd "${modules[@]}"
 expect_none python3-retryd "\.so|ruby|php"
 rb_files=("$vendor_ruby/retryd.rb")
-for f in "$src"/bindings/ruby/lib/retryd/*.rb; do rb_files+=("$vendor_ruby/retryd/$(basename "$f")"); done
+for f in "$src"/bindings/ruby/lib/retryd/*.rb; do
+  rb_files+=("$vendor_ruby/retryd/$(basename "$f")")
+done
 expect ruby-retryd "${rb_files[@]}" "$gemspec"
 expect_none ruby-retryd "\.so|^etc/|python3|php"
 expect php-retryd "$php_extdir/retryd.so" "etc/php/$php_version/mods-available/retryd.ini"
@@ -245,6 +247,7 @@ loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" \
 
 step "the Ruby library loads from vendor_ruby and libretryd by its soname; its gemspec"
 # RUBYLIB stands for vendor_ruby, which is on Ruby's load path where the package is installed.
+# shellcheck disable=SC2016  # Ruby's globals
 loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" RUBYLIB="$root/$vendor_ruby" \
   ruby -e 'require "retryd"
            puts $LOADED_FEATURES.grep(%r{/retryd\.rb\z}).first, Retryd.library_path' 2>&1)
@@ -259,7 +262,8 @@ spec=$(ruby -e 'spec = Gem::Specification.load(ARGV[0]) or abort("does not load"
 [ "$spec" = "$(printf '%s\n' "retryd-$version" Apache-2.0 lib ffi)" ] ||
   fail "ruby-retryd: $gemspec is not retryd-$version, Apache-2.0, lib, ffi: $spec"
 gems=$(GEM_PATH="$root/usr/share/rubygems-integration/all:" gem list --local retryd 2>&1)
-grep -qxF "retryd ($version)" <<<"$gems" || fail "ruby-retryd: gem list does not show retryd ($version): $gems"
+grep -qxF "retryd ($version)" <<<"$gems" ||
+  fail "ruby-retryd: gem list does not show retryd ($version): $gems"
 activated=$(env -u RETRYD_LIBRARY GEM_PATH="$root/usr/share/rubygems-integration/all:" \
   RUBYLIB="$root/$vendor_ruby" ruby -e 'gem "retryd"; require "retryd"
                                          puts Gem.loaded_specs["retryd"].version' 2>&1)
@@ -269,7 +273,8 @@ step "the PHP extension: no RPATH, loads in php and calls into libretryd"
 ext=$root/$php_extdir/retryd.so
 dynamic=$(objdump -p "$ext")
 if grep -qE "^ *(RPATH|RUNPATH) " <<<"$dynamic"; then
-  fail "php-retryd: retryd.so has an RPATH or RUNPATH: $(grep -E "^ *(RPATH|RUNPATH) " <<<"$dynamic")"
+  fail "php-retryd: retryd.so has an RPATH or RUNPATH:" \
+       "$(grep -E "^ *(RPATH|RUNPATH) " <<<"$dynamic")"
 fi
 grep -qE "^ *NEEDED +$soname\$" <<<"$dynamic" || fail "php-retryd: retryd.so does not need $soname"
 grep -qxF "extension=retryd.so" "$root/etc/php/$php_version/mods-available/retryd.ini" ||

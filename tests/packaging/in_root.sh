@@ -139,7 +139,7 @@ trap 'for p in "${servers[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
       kill "$daemon" 2>/dev/null || true' EXIT
 app=$dir/apps
 
-step "puma -w 2 under Bundler (gem \"puma\", gem \"retryd\"): a Rack app admitting through the daemon"
+step "puma -w 2 under Bundler (gem \"puma\", gem \"retryd\"): a Rack app admitting through retryd"
 # Bundler resolves the Gemfile with the gems Debian's packages installed (--local: no server).
 (cd "$app" && bundle lock --local) >"$dir/bundle.log" 2>&1 ||
   { cat "$dir/bundle.log"; die "Bundler does not resolve the Gemfile from the packages' gems"; }
@@ -174,7 +174,8 @@ fpm=$!
 servers+=("$fpm")
 wait_for_socket "$dir/php-fpm.sock" "$fpm" php-fpm "$dir/php-fpm.out"
 "$app/serve_check.py" fpm "$dir/php-fpm.sock" "$app/fpm_app.php" "$fpm" 2 clean-root-fpm ||
-  { cat "$dir/php-fpm.out" "$dir/php-fpm.log"; die "php-fpm's children did not admit through the daemon"; }
+  { cat "$dir/php-fpm.out" "$dir/php-fpm.log"
+    die "php-fpm's children did not admit through the daemon"; }
 stop_server "$fpm" php-fpm
 
 step "stop the daemon"

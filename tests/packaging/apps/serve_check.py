@@ -8,11 +8,11 @@ Usage:
 
 Sends one request, then rounds of 2 x WORKERS concurrent requests (HTTP over Puma's Unix
 socket, or FastCGI through cgi-fcgi to php-fpm's) until WORKERS different processes have
-answered, at most 10 rounds. Every answer must come from a child of MASTER_PID whose client is attached to the daemon
-(not on per-process limits). Then `retryctl status --json DEPENDENCY` must count exactly one
-first attempt and one success per request, and `retryctl workers --json` must list every
-process that answered as connected through the socket. Prints what it saw; exits 1 on the first
-check that fails, saying which."""
+answered, at most 10 rounds. Every answer must come from a child of MASTER_PID whose client is
+attached to the daemon (not on per-process limits). Then `retryctl status --json DEPENDENCY`
+must count exactly one first attempt and one success per request, and `retryctl workers
+--json` must list every process that answered as connected through the socket. Prints what it
+saw; exits 1 on the first check that fails, saying which."""
 import http.client
 import json
 import os
@@ -116,7 +116,8 @@ def main(argv):
         if a["attached"] is not True:
             fail(f"{kind}: pid {a['pid']} is on per-process limits, not attached to the daemon")
 
-    deps = [d for d in retryctl("status", "--json", dependency)["dependencies"] if d["name"] == dependency]
+    status = retryctl("status", "--json", dependency)
+    deps = [d for d in status["dependencies"] if d["name"] == dependency]
     if len(deps) != 1:
         fail(f"retryctl status: no dependency {dependency} in the daemon's segment")
     counters = deps[0]["counters"]
