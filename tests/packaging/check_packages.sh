@@ -206,10 +206,12 @@ step "configured paths"
 unit=$(cat "$work/retryd/lib/systemd/system/retryd.service")
 grep -qxF "ExecStart=/usr/sbin/retryd --config=/etc/retryd/retryd.toml" <<<"$unit" ||
   fail "retryd.service: ExecStart does not run /usr/sbin/retryd --config=/etc/retryd/retryd.toml"
-# retryctl --help names the JSON schema where the package installs it.
+# retryctl --help names the JSON schema where the package installs it, on the --json option's
+# second line.
 help=$("$work/retryd/usr/bin/retryctl" --help 2>&1)
-grep -qF "/usr/share/retryd/retryctl-json-schema.json" <<<"$help" ||
-  fail "retryctl --help does not name /usr/share/retryd/retryctl-json-schema.json"
+grep -A1 -- "--json  " <<<"$help" | grep -qE "^ +/usr/share/retryd/retryctl-json-schema\.json\)$" ||
+  fail "retryctl --help does not name /usr/share/retryd/retryctl-json-schema.json under --json:" \
+       "$(grep -A1 -- "--json  " <<<"$help")"
 cmp -s "$work/retryd/usr/share/retryd/retryctl-json-schema.json" \
   "$src/docs/retryctl-json-schema.json" ||
   fail "retryd: /usr/share/retryd/retryctl-json-schema.json is not docs/retryctl-json-schema.json"
