@@ -41,8 +41,10 @@ export RETRYD_ROOT_START=$start
 echo "=== mmdebstrap bookworm ($mirror, $security) in $work"
 # The test runs with an environment of its own: nothing of ctest's or of this host's.
 in_root='env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /tmp/retryd-test/in_root.sh'
+# force-unsafe-io: dpkg does not sync each file it unpacks, which a root thrown away at the end
+# never needs (10 s less of the 80 s the root takes here).
 # shellcheck disable=SC2016  # the hooks' $1 is the root, expanded by mmdebstrap's shell
-TMPDIR=$work mmdebstrap --mode=root --variant=apt \
+TMPDIR=$work mmdebstrap --mode=root --variant=apt --dpkgopt=force-unsafe-io \
   --include=g++,cmake,make,pkgconf,php8.2-fpm,libfcgi-bin,puma,bundler \
   --customize-hook='echo "--- minimal root: $(($(date +%s) - RETRYD_ROOT_START))s"' \
   --customize-hook='mkdir -p "$1/tmp/retryd-test"' \
