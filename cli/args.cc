@@ -228,7 +228,7 @@ Options:
                                /run/retryd/retryd.sock if it exists; else the segment by
                                name); read-only, but read-write for set-mode and reset
       --json                   machine-readable output (status, workers, fleet; schema:
-                               docs/retryctl-json-schema.json)
+                               )" RETRYD_JSON_SCHEMA R"()
       --wide                   status: every column and whole names, however wide the
                                terminal (on a terminal, status shows the columns that fit
                                and says which it left out; piped or redirected, it always

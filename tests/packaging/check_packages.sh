@@ -2,8 +2,9 @@
 # check_packages.sh: build the Debian packages with scripts/package into OUT_DIR and check
 # them: lintian clean (scripts/package's own verdict), the files each package holds, the
 # Depends computed from the binaries, the maintainer scripts and triggers, and, from the
-# unpacked packages, a CMake project linking both libraries and the Python module loading the
-# library by its soname. Every check runs; the failures are listed at the end.
+# unpacked packages, a CMake project linking both libraries, the Python module and the Ruby
+# library loading the library by its soname, and PHP loading the extension. Every check runs;
+# the failures are listed at the end.
 # Usage: check_packages.sh SOURCE_DIR OUT_DIR
 set -uo pipefail
 src=${1:?"usage: check_packages.sh SOURCE_DIR OUT_DIR"}
@@ -38,11 +39,21 @@ version=$(sed -nE 's/^project\(retryd VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists
 arch=$(dpkg-architecture -qDEB_HOST_ARCH)
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 libdir=usr/lib/$multiarch
+# The PHP the extension was built for (scripts/package installed php-dev): its extension
+# directory (/usr/lib/php/20220829 on Debian 12), API and version (8.2).
+php_extdir=$(php-config --extension-dir)
+php_extdir=${php_extdir#/}
+php_api=$(php-config --phpapi)
+php_version=$(php-config --version | sed -E 's/^([0-9]+\.[0-9]+).*/\1/')
+vendor_ruby=usr/lib/ruby/vendor_ruby
+gemspec=usr/share/rubygems-integration/all/specifications/retryd-$version.gemspec
 declare -A deb=(
   [retryd]=$out/retryd_${version}_$arch.deb
   [libretryd0]=$out/libretryd0_${version}_$arch.deb
   [libretryd-dev]=$out/libretryd-dev_${version}_$arch.deb
   [python3-retryd]=$out/python3-retryd_${version}_all.deb
+  [ruby-retryd]=$out/ruby-retryd_${version}_all.deb
+  [php-retryd]=$out/php-retryd_${version}_$arch.deb
 )
 for pkg in "${!deb[@]}"; do
   if [ ! -f "${deb[$pkg]}" ]; then
@@ -93,8 +104,9 @@ expect_in() {
 step "file lists"
 expect retryd usr/sbin/retryd usr/bin/retryctl lib/systemd/system/retryd.service \
   etc/retryd/retryd.toml usr/lib/sysusers.d/retryd.conf usr/lib/tmpfiles.d/retryd.conf \
-  usr/share/man/man8/retryd.8.gz usr/share/man/man1/retryctl.1.gz
-expect_none retryd "libretryd|^usr/include/|python3"
+  usr/share/man/man8/retryd.8.gz usr/share/man/man1/retryctl.1.gz \
+  usr/share/retryd/retryctl-json-schema.json
+expect_none retryd "libretryd|^usr/include/|python3|ruby|php"
 expect libretryd0 "$libdir/libretryd.so.$version" "$libdir/libretryd.so.0 -> libretryd.so.$version"
 expect_none libretryd0 "^usr/include/|libretryd\.a$|libretryd\.so( |$)|^usr/s?bin/"
 headers=()
@@ -109,7 +121,15 @@ for m in "$src"/bindings/python/retryd/*.py; do
   modules+=("usr/lib/python3/dist-packages/retryd/$(basename "$m")")
 done
 expect python3-retryd "${modules[@]}"
-expect_none python3-retryd "\.so"
+expect_none python3-retryd "\.so|ruby|php"
+rb_files=("$vendor_ruby/retryd.rb")
+for f in "$src"/bindings/ruby/lib/retryd/*.rb; do
+  rb_files+=("$vendor_ruby/retryd/$(basename "$f")")
+done
+expect ruby-retryd "${rb_files[@]}" "$gemspec"
+expect_none ruby-retryd "\.so|^etc/|python3|php"
+expect php-retryd "$php_extdir/retryd.so" "etc/php/$php_version/mods-available/retryd.ini"
+expect_none php-retryd "libretryd|^usr/include/|python3|ruby|^etc/php/[^/]+/[^m]"
 
 step "control files and maintainer scripts"
 expect_in retryd conffiles /etc/retryd/retryd.toml
@@ -155,6 +175,28 @@ grep -q "libretryd0 (= $version)" <<<"$(dpkg-deb -f "${deb[libretryd-dev]}" Depe
   fail "libretryd-dev: Depends lacks 'libretryd0 (= $version)'"
 grep -q "libretryd0" <<<"$(dpkg-deb -f "${deb[python3-retryd]}" Depends)" ||
   fail "python3-retryd: Depends lacks libretryd0"
+# depends_on PKG TEXT...: each TEXT is in PKG's Depends.
+depends_on() {
+  local pkg=$1 text depends
+  shift
+  depends=$(dpkg-deb -f "${deb[$pkg]}" Depends)
+  for text in "$@"; do
+    grep -qF -- "$text" <<<"$depends" || fail "$pkg: Depends lacks '$text': $depends"
+  done
+}
+depends_on ruby-retryd "libretryd0 (>= $version)" ruby-ffi "ruby"
+# ${php:Depends}: the PHP API the extension was built for and php-common (phpenmod, phpquery);
+# ${shlibs:Depends}: libretryd0, from debian/libretryd0.shlibs.
+depends_on php-retryd "phpapi-$php_api" "php-common" "libretryd0 (>= "
+# The ini is a conffile, enabled for every SAPI on install (php_invoke enmod: phpenmod, from
+# php-common's php-maintscript-helper; plain phpenmod without the helper), disabled on removal
+# (php_invoke dismod: phpdismod), its conf.d links removed on purge.
+expect_in php-retryd conffiles "/etc/php/$php_version/mods-available/retryd.ini"
+expect_in php-retryd postinst "php_invoke enmod \"\$version\" ALL \"\$name\"" 'phpenmod "$name"' \
+  "for name in retryd"
+expect_in php-retryd prerm '[ "$1" = "upgrade" ]' "php_invoke dismod"
+expect_in php-retryd postrm '[ "$1" = "remove" ]' "php_invoke dismod \"\$version\" ALL \"\$name\"" \
+  '[ "$1" = "purge" ]' 'inifile="${name}.ini"'
 for pkg in "${!deb[@]}"; do
   desc=$(dpkg-deb -f "${deb[$pkg]}" Description | tail -n +2)
   [ -n "$desc" ] || fail "$pkg: empty extended description"
@@ -164,8 +206,19 @@ step "configured paths"
 unit=$(cat "$work/retryd/lib/systemd/system/retryd.service")
 grep -qxF "ExecStart=/usr/sbin/retryd --config=/etc/retryd/retryd.toml" <<<"$unit" ||
   fail "retryd.service: ExecStart does not run /usr/sbin/retryd --config=/etc/retryd/retryd.toml"
+# retryctl --help names the JSON schema where the package installs it, on the --json option's
+# second line.
+help=$("$work/retryd/usr/bin/retryctl" --help 2>&1)
+grep -A1 -- "--json  " <<<"$help" | grep -qE "^ +/usr/share/retryd/retryctl-json-schema\.json\)$" ||
+  fail "retryctl --help does not name /usr/share/retryd/retryctl-json-schema.json under --json:" \
+       "$(grep -A1 -- "--json  " <<<"$help")"
+cmp -s "$work/retryd/usr/share/retryd/retryctl-json-schema.json" \
+  "$src/docs/retryctl-json-schema.json" ||
+  fail "retryd: /usr/share/retryd/retryctl-json-schema.json is not docs/retryctl-json-schema.json"
 root=$work/root
-for pkg in libretryd0 libretryd-dev python3-retryd; do dpkg-deb -x "${deb[$pkg]}" "$root"; done
+for pkg in libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd; do
+  dpkg-deb -x "${deb[$pkg]}" "$root"
+done
 pc=$(cat "$root/$libdir/pkgconfig/retryd.pc")
 grep -qxF "prefix=/usr" <<<"$pc" || fail "retryd.pc: not prefix=/usr: $(head -n 1 <<<"$pc")"
 grep -qxF "libdir=\${prefix}/lib/$multiarch" <<<"$pc" ||
@@ -193,5 +246,51 @@ loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" \
   python3 -c 'import retryd; print(retryd.library_path())' 2>&1)
 [ "$loaded" = "$soname" ] ||
   fail "python3-retryd: loaded '$loaded', not the library's soname '$soname'"
+
+step "the Ruby library loads from vendor_ruby and libretryd by its soname; its gemspec"
+# RUBYLIB stands for vendor_ruby, which is on Ruby's load path where the package is installed.
+# shellcheck disable=SC2016  # Ruby's globals
+loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" RUBYLIB="$root/$vendor_ruby" \
+  ruby -e 'require "retryd"
+           puts $LOADED_FEATURES.grep(%r{/retryd\.rb\z}).first, Retryd.library_path' 2>&1)
+[ "$loaded" = "$(printf '%s\n%s' "$root/$vendor_ruby/retryd.rb" "$soname")" ] ||
+  fail "ruby-retryd: did not load $vendor_ruby/retryd.rb and '$soname': $loaded"
+# The gemspec RubyGems reads: the gem retryd at the project's version, its license, its lib
+# path and its one dependency, ffi (ruby-ffi's gem). GEM_PATH ending in ':' keeps the
+# system's gem directories (ruby-ffi's) after the unpacked package's.
+spec=$(ruby -e 'spec = Gem::Specification.load(ARGV[0]) or abort("does not load")
+                puts spec.full_name, spec.licenses.join(","), spec.require_paths.join(","),
+                     spec.runtime_dependencies.map(&:name).join(",")' "$root/$gemspec" 2>&1)
+[ "$spec" = "$(printf '%s\n' "retryd-$version" Apache-2.0 lib ffi)" ] ||
+  fail "ruby-retryd: $gemspec is not retryd-$version, Apache-2.0, lib, ffi: $spec"
+gems=$(GEM_PATH="$root/usr/share/rubygems-integration/all:" gem list --local retryd 2>&1)
+grep -qxF "retryd ($version)" <<<"$gems" ||
+  fail "ruby-retryd: gem list does not show retryd ($version): $gems"
+activated=$(env -u RETRYD_LIBRARY GEM_PATH="$root/usr/share/rubygems-integration/all:" \
+  RUBYLIB="$root/$vendor_ruby" ruby -e 'gem "retryd"; require "retryd"
+                                         puts Gem.loaded_specs["retryd"].version' 2>&1)
+[ "$activated" = "$version" ] || fail "ruby-retryd: gem \"retryd\" does not activate: $activated"
+
+step "the PHP extension: no RPATH, loads in php and calls into libretryd"
+ext=$root/$php_extdir/retryd.so
+dynamic=$(objdump -p "$ext")
+if grep -qE "^ *(RPATH|RUNPATH) " <<<"$dynamic"; then
+  fail "php-retryd: retryd.so has an RPATH or RUNPATH:" \
+       "$(grep -E "^ *(RPATH|RUNPATH) " <<<"$dynamic")"
+fi
+grep -qE "^ *NEEDED +$soname\$" <<<"$dynamic" || fail "php-retryd: retryd.so does not need $soname"
+grep -qxF "extension=retryd.so" "$root/etc/php/$php_version/mods-available/retryd.ini" ||
+  fail "php-retryd: retryd.ini has no line 'extension=retryd.so'"
+# -n: no php.ini (nor the host's conf.d); a segment nobody made gives per-process limits, so
+# the client is local and one admission goes through.
+# shellcheck disable=SC2016  # PHP's variables
+got=$(env -u RETRYD_SOCKET -u RETRYD_SEGMENT LD_LIBRARY_PATH="$root/$libdir" \
+  php -n -d extension="$ext" -r '
+    $c = new Retryd\Client(segment: "retryd-check-packages-none");
+    $v = $c->dependency("check")->admit(fn(Retryd\Permit $p) => "admitted");
+    echo phpversion("retryd"), " ", Retryd\deadline_header(2.0), " ",
+         $c->isLocal() ? "local" : "attached", " ", $v, "\n";' 2>"$work/php.err")
+[ "$got" = "$version 2S local admitted" ] ||
+  fail "php-retryd: php does not load retryd.so and admit a call: '$got' $(cat "$work/php.err")"
 
 finish

@@ -1,12 +1,15 @@
 #!/bin/bash
 # in_root.sh: run by clean_root.sh as root inside a minimal Debian root with no systemd running.
 # Installs the packages in DIR with apt (dependencies from the archive), runs the daemon as the
-# unit's ExecStart line says, as the packaged user, uses it from retryctl and from C, CMake and
-# Python workers, then purges the packages and checks that nothing of them is left.
-# Usage: in_root.sh DIR   (DIR holds the .debs and the consumer/ project)
+# unit's ExecStart line says, as the packaged user, uses it from retryctl and from C, CMake,
+# Python and Ruby workers, a clustered Puma and php-fpm (installed in the root beforehand, as
+# on a host that already serves PHP and Ruby), then purges the packages and checks that nothing
+# of them is left.
+# Usage: in_root.sh DIR   (DIR holds the .debs, the consumer/ project and apps/)
 set -euo pipefail
 dir=${1:?"usage: in_root.sh DIR"}
-packages=(retryd libretryd0 libretryd-dev python3-retryd)
+packages=(retryd libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd)
+php_version=8.2
 export DEBIAN_FRONTEND=noninteractive
 # step NAME: ends the current step, printing how long it took, and starts NAME.
 current="" step_start=$SECONDS
@@ -38,6 +41,11 @@ getent passwd retryd >/dev/null || die "postinst did not create the user retryd 
 [ -L /etc/systemd/system/multi-user.target.wants/retryd.service ] ||
   die "postinst did not enable retryd.service"
 ldconfig -p | grep -q "libretryd.so.0 " || die "ldconfig -p does not list libretryd.so.0"
+
+step "retryctl --help names the installed JSON schema"
+schema=$(retryctl --help | grep -o '/[^ )]*/retryctl-json-schema\.json' || true)
+[ -n "$schema" ] || die "retryctl --help names no installed retryctl-json-schema.json"
+python3 -m json.tool "$schema" >/dev/null || die "$schema (named by retryctl --help) is not JSON"
 
 step "retryd --check_config=/etc/retryd/retryd.toml"
 retryd --check_config=/etc/retryd/retryd.toml || die "the packaged config does not pass"
@@ -91,6 +99,85 @@ assert retryd.library_path() == "libretryd.so.0", retryd.library_path()
 assert not client.local, "the client did not attach to the daemon"
 ' || die "the Python client did not open on the daemon"
 
+step "ruby: require \"retryd\" from vendor_ruby; gem list; Retryd::Client.new"
+version=$(dpkg-query -W -f='${Version}' ruby-retryd)
+gem list --local retryd | grep -qxF "retryd ($version)" ||
+  die "gem list does not show retryd ($version): $(gem list --local retryd)"
+ruby -e '
+  require "retryd"
+  client = Retryd::Client.new
+  gem = $LOADED_FEATURES.grep(%r{/retryd\.rb\z}).first
+  puts "#{gem}: library #{Retryd.library_path}, #{client.local? ? "local" : "attached"}"
+  abort "loaded #{gem}, not vendor_ruby" unless gem == "/usr/lib/ruby/vendor_ruby/retryd.rb"
+  abort "loaded #{Retryd.library_path}" unless Retryd.library_path == "libretryd.so.0"
+  abort "the client did not attach to the daemon" if client.local?
+' || die "the Ruby client did not open on the daemon"
+
+# The servers below run in sessions of their own (setsid), so that their master and its workers
+# or children go together: the master's pid is the process group's.
+# stop_server PID NAME: stops the server PID (SIGTERM to its master, which stops its workers;
+# after 10 s SIGKILL to the whole group).
+stop_server() {
+  kill -TERM "$1" 2>/dev/null || return 0
+  for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$1" 2>/dev/null; then echo "$2 did not stop on SIGTERM: killed"; fi
+  kill -KILL -- "-$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+# wait_for_socket PATH PID NAME LOG: until the server PID listens on PATH (30 s at most).
+wait_for_socket() {
+  for _ in $(seq 300); do
+    [ -S "$1" ] && return 0
+    kill -0 "$2" 2>/dev/null || { cat "$4"; die "$3 exited"; }
+    sleep 0.1
+  done
+  cat "$4"
+  die "$3 does not listen on $1"
+}
+servers=()
+trap 'for p in "${servers[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+      kill "$daemon" 2>/dev/null || true' EXIT
+app=$dir/apps
+
+step "puma -w 2 under Bundler (gem \"puma\", gem \"retryd\"): a Rack app admitting through retryd"
+# Bundler resolves the Gemfile with the gems Debian's packages installed (--local: no server).
+(cd "$app" && bundle lock --local) >"$dir/bundle.log" 2>&1 ||
+  { cat "$dir/bundle.log"; die "Bundler does not resolve the Gemfile from the packages' gems"; }
+grep -qE "^    retryd \($version\)$" "$app/Gemfile.lock" ||
+  die "Gemfile.lock does not lock retryd ($version): $(cat "$app/Gemfile.lock")"
+(cd "$app" && exec setsid env BUNDLE_GEMFILE="$app/Gemfile" bundle exec puma --workers 2 \
+   --threads 1:1 --preload --environment production --bind "unix://$dir/puma.sock" config.ru) \
+  >"$dir/puma.log" 2>&1 &
+puma=$!
+servers+=("$puma")
+wait_for_socket "$dir/puma.sock" "$puma" Puma "$dir/puma.log"
+"$app/serve_check.py" puma "$dir/puma.sock" "$puma" 2 clean-root-puma ||
+  { cat "$dir/puma.log"; die "Puma's workers did not admit through the daemon"; }
+stop_server "$puma" Puma
+
+step "php-fpm (pm = static, 2 children) with the extension the package enabled"
+for sapi in cli fpm; do
+  link=/etc/php/$php_version/$sapi/conf.d/20-retryd.ini
+  [ "$(readlink "$link")" = "/etc/php/$php_version/mods-available/retryd.ini" ] ||
+    die "postinst (phpenmod) did not enable retryd for $sapi: no $link"
+done
+php -m | grep -qx retryd || die "php -m does not list retryd"
+"php-fpm$php_version" -m | grep -qx retryd || die "php-fpm$php_version -m does not list retryd"
+# A pool of its own in a temporary directory; php.ini and conf.d are the fpm SAPI's, so the
+# extension is the one /etc/php/8.2/fpm/conf.d/20-retryd.ini loads.
+printf '%s\n' "[global]" "pid = $dir/php-fpm.pid" "error_log = $dir/php-fpm.log" \
+  "daemonize = no" "[app]" "listen = $dir/php-fpm.sock" "pm = static" "pm.max_children = 2" \
+  "catch_workers_output = yes" >"$dir/php-fpm.conf"
+setsid "php-fpm$php_version" --nodaemonize --allow-to-run-as-root \
+  --fpm-config "$dir/php-fpm.conf" >"$dir/php-fpm.out" 2>&1 &
+fpm=$!
+servers+=("$fpm")
+wait_for_socket "$dir/php-fpm.sock" "$fpm" php-fpm "$dir/php-fpm.out"
+"$app/serve_check.py" fpm "$dir/php-fpm.sock" "$app/fpm_app.php" "$fpm" 2 clean-root-fpm ||
+  { cat "$dir/php-fpm.out" "$dir/php-fpm.log"
+    die "php-fpm's children did not admit through the daemon"; }
+stop_server "$fpm" php-fpm
+
 step "stop the daemon"
 kill -TERM "$daemon"
 wait "$daemon" || true
@@ -104,9 +191,13 @@ while read -r f; do
   if [ -e "$f" ] || [ -L "$f" ]; then left+=("$f"); fi
 done <"$dir/files"
 for f in /etc/retryd /usr/lib/python3/dist-packages/retryd /usr/include/retryd \
-         /etc/systemd/system/multi-user.target.wants/retryd.service; do
+         /etc/systemd/system/multi-user.target.wants/retryd.service /usr/share/retryd \
+         /usr/lib/ruby/vendor_ruby/retryd "/etc/php/$php_version/mods-available/retryd.ini" \
+         /etc/php/*/*/conf.d/*retryd.ini; do
   if [ -e "$f" ] || [ -L "$f" ]; then left+=("$f"); fi
 done
 [ ${#left[@]} -eq 0 ] || die "left after the purge: ${left[*]}"
 if ldconfig -p | grep -q libretryd; then die "ldconfig -p still lists libretryd"; fi
+if gem list --local retryd | grep -q "^retryd "; then die "gem list still shows retryd"; fi
+if php -m | grep -qx retryd; then die "php -m still lists retryd"; fi
 step "done"
