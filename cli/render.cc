@@ -528,7 +528,7 @@ json LatencyJson(const shm::LatencyHistogram& h) {
     buckets.push_back({{"le_seconds", bound == 0 ? json(nullptr) : json(double(bound) / 1e9)},
                        {"calls", h.buckets[b]}});
   }
-  return {{"count", h.Count()}, {"sum_seconds", double(h.sum_ns) / 1e9}, {"buckets", buckets}};
+  return {{"count", h.Count()}, {"sum_seconds", double(h.sum_us) / 1e6}, {"buckets", buckets}};
 }
 
 // LatencyBound: a bucket's upper bound as an operator reads it: "0.5ms", "16ms", "1.024s".
@@ -549,8 +549,9 @@ std::string BucketLabel(uint32_t b) {
 std::string RenderLatency(const shm::DependencyStatus& dep, const RenderOptions& opt) {
   const shm::LatencyHistogram& h = dep.latency;
   const uint64_t n = h.Count();
-  const std::string span =
-      opt.deltas ? "in the last " + FormatHumanDuration(opt.interval_ms) : "since it was created";
+  const std::string span = opt.deltas && !dep.latency_whole
+                               ? "in the last " + FormatHumanDuration(opt.interval_ms)
+                               : "since it was created";
   std::string out = Paint(dep.name, kBold, opt.color) + ": latency of " + std::to_string(n) +
                     (n == 1 ? " call " : " calls ") + span;
   if (n == 0) return WrapToWidth(out, opt.width, 2);
@@ -558,11 +559,10 @@ std::string RenderLatency(const shm::DependencyStatus& dep, const RenderOptions&
     const uint64_t bound = h.Quantile(q);
     return bound == UINT64_MAX ? BucketLabel(shm::kLatencyLastBucket) : "<= " + LatencyBound(bound);
   };
-  const uint64_t mean = h.sum_ns / n;
+  const double mean_ms = double(h.sum_us) / 1e3 / double(n);
   out += ": p50 " + quantile(0.5) + ", p90 " + quantile(0.9) + ", p99 " + quantile(0.99) +
          ", mean " +
-         (mean < 1'000'000'000u ? Printf("%.1fms", double(mean) / 1e6)
-                                : Printf("%.2fs", double(mean) / 1e9));
+         (mean_ms < 1000 ? Printf("%.1fms", mean_ms) : Printf("%.2fs", mean_ms / 1e3));
   std::string text = WrapToWidth(out, opt.width, 2);
   // The buckets from the first that holds a call to the last, with a bar each.
   uint32_t first = 0, last = shm::kLatencyLastBucket;

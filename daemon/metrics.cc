@@ -268,7 +268,7 @@ std::string RenderPrometheus(const shm::SegmentStatus& view) {
       w.Sample("retryd_call_duration_seconds_bucket", d.label + ",le=\"" + le + "\"",
                cumulative);
     }
-    w.Sample("retryd_call_duration_seconds_sum", d.label, double(h.sum_ns) / 1e9);
+    w.Sample("retryd_call_duration_seconds_sum", d.label, double(h.sum_us) / 1e6);
     w.Sample("retryd_call_duration_seconds_count", d.label, cumulative);
   }
   return w.Take();

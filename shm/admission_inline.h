@@ -28,7 +28,7 @@ inline void CountStriped(DependencySlot& slot, const Caller& caller, Counter c) 
 // CountLatency counts one call of `latency_ns` in the slot's shared histogram (latency.h).
 inline void CountLatency(DependencySlot& slot, uint64_t latency_ns) {
   slot.latency[LatencyBucket(latency_ns)].fetch_add(1, kRelaxed);
-  slot.latency_sum_ns.fetch_add(latency_ns, kRelaxed);
+  slot.latency_sum_us.fetch_add(LatencyUs(latency_ns), kRelaxed);
 }
 
 // CountSuccess counts a success and its latency in the caller's stripe (its bucket there is the
@@ -37,8 +37,9 @@ inline void CountSuccess(DependencySlot& slot, const Caller& caller, uint64_t la
   if (Stripe* s = StripeOf(slot, caller);
       s != nullptr && StripeAdd(s->successes_by_latency[LatencyBucket(latency_ns)], 1,
                                 caller.stripe, caller.stripe_mode)) {
-    if (!StripeAdd(s->success_latency_ns, latency_ns, caller.stripe, caller.stripe_mode)) {
-      slot.latency_sum_ns.fetch_add(latency_ns, kRelaxed);
+    const uint64_t us = LatencyUs(latency_ns);
+    if (!StripeAdd(s->success_latency_us, us, caller.stripe, caller.stripe_mode)) {
+      slot.latency_sum_us.fetch_add(us, kRelaxed);
     }
     return;
   }

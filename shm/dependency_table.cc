@@ -261,14 +261,14 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
   for (auto& b : d.latency) b.store(0, kRelaxed);
-  d.latency_sum_ns.store(0, kRelaxed);
+  d.latency_sum_us.store(0, kRelaxed);
   // Only the stripes the slot will use (its stripe_count, below): nothing reads or writes the
   // others, and leaving them untouched keeps their pages out of memory on a host with fewer
   // CPUs than kMaxStripes.
   const uint32_t stripes = HostStripes();
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = d.stripes[i];
-    for (auto* w : {&st.first_attempts, &st.success_latency_ns, &st.window, &st.window_start,
+    for (auto* w : {&st.first_attempts, &st.success_latency_us, &st.window, &st.window_start,
                     &st.deposits, &st.deposits_taken}) {
       w->store(0, kRelaxed);
     }

@@ -14,14 +14,21 @@
 // so that each bucket's upper bound is the Prometheus `le` of its line, exactly.
 //
 // Where the counts live. A success on the stripes' path counts in its CPU's stripe
-// (Stripe::successes_by_latency, Stripe::success_latency_ns): no line another core writes, and
-// one word per success, since the bucket is also that stripe's success count. Every other call
-// counts in the slot's shared words (DependencySlot::latency, latency_sum_ns) with atomic adds,
+// (Stripe::successes_by_latency, Stripe::success_latency_us): no line another core writes. Its
+// bucket word is also that stripe's success count, so a success writes two words there (its
+// bucket, its latency), where a count, a bucket and a latency would be three. Every other call
+// counts in the slot's shared words (DependencySlot::latency, latency_sum_us) with atomic adds,
 // off the common path. A reader adds the two. So, at any instant the writes have all been
 // made, the histogram's count equals successes + failures + ignored of the slot's counters.
 //
-// The sum is in ns, modulo 2^64 (wraps after 584 years of summed latency; Prometheus reads a
-// wrap as a counter reset).
+// The sum is in microseconds, each call's latency rounded to the nearest, modulo 2^64: it wraps
+// after 584,000 years of summed latency (7 months at ten million calls of 100 ms a second), and
+// Prometheus reads a wrap as a counter reset.
+//
+// A slot given to another dependency (Segment::PutDependency) starts at 0, but a call of the
+// old dependency that was completing at that instant (it checked the slot's generation before
+// the reassignment and writes after the slot was zeroed) counts in the new one: at most one call
+// per thread completing then. The slot's counters have the same bound.
 //
 // Thread safety: the writes are those of stripes.h; ReadLatency is thread-safe and reads each
 // word once (a read racing writes sees each word before or after each write).
@@ -51,6 +58,11 @@ inline constexpr uint32_t kLatencyLastBucket = kLatencyBuckets - 1;  // the one 
   return b < kLatencyLastBucket ? b : kLatencyLastBucket;
 }
 
+// LatencyUs: `latency_ns` in microseconds, rounded to the nearest (a multiply and a shift).
+[[gnu::always_inline]] inline uint64_t LatencyUs(uint64_t latency_ns) {
+  return latency_ns / 1000 + (latency_ns % 1000 >= 500);
+}
+
 // LatencyBucketBoundNs: the upper bound of bucket `b` (a latency equal to it is in it); 0 for
 // the last bucket, which has none.
 constexpr uint64_t LatencyBucketBoundNs(uint32_t b) {
@@ -60,7 +72,7 @@ constexpr uint64_t LatencyBucketBoundNs(uint32_t b) {
 // One dependency's histogram, read from the segment.
 struct LatencyHistogram {
   uint64_t buckets[kLatencyBuckets] = {};  // calls per bucket (not cumulative)
-  uint64_t sum_ns = 0;                     // their latencies summed, modulo 2^64
+  uint64_t sum_us = 0;                     // their latencies summed (us), modulo 2^64
 
   uint64_t Count() const {
     uint64_t n = 0;
@@ -91,13 +103,13 @@ inline LatencyHistogram ReadLatency(const DependencySlot& slot) {
   for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
     h.buckets[b] = slot.latency[b].load(std::memory_order_relaxed);
   }
-  h.sum_ns = slot.latency_sum_ns.load(std::memory_order_relaxed);
+  h.sum_us = slot.latency_sum_us.load(std::memory_order_relaxed);
   for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
     const Stripe& st = slot.stripes[s];
     for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
       h.buckets[b] += st.successes_by_latency[b].load(std::memory_order_relaxed);
     }
-    h.sum_ns += st.success_latency_ns.load(std::memory_order_relaxed);
+    h.sum_us += st.success_latency_us.load(std::memory_order_relaxed);
   }
   return h;
 }

@@ -77,8 +77,8 @@ static_assert(kCounterCount <= kCounterSlots);
 // on that CPU, so that cores never fight for them. Readers add them to the shared words.
 struct alignas(kCacheLine) Stripe {
   std::atomic<uint64_t> first_attempts;  // counters: added to counters[kFirstAttempts]
-  // The latencies of the successes below, ns, summed (added to DependencySlot::latency_sum_ns).
-  std::atomic<uint64_t> success_latency_ns;
+  // The latencies of the successes below, us, summed (added to DependencySlot::latency_sum_us).
+  std::atomic<uint64_t> success_latency_us;
   std::atomic<uint64_t> window;          // StripeWindow: successes of this stripe's newest period
   std::atomic<uint64_t> window_start;    // that period's start, ms of the clock, in full
   std::atomic<uint64_t> deposits;        // retry budget deposits, thousandths, cumulative
@@ -139,10 +139,10 @@ struct alignas(kCacheLine) DependencySlot {
   alignas(kCacheLine) std::atomic<uint64_t> probe_leases[kMaxProbes];
   alignas(kCacheLine) std::atomic<uint64_t> bulkhead_leases[kMaxBulkhead];
   // Lines 26-28: the latency histogram of the calls not counted in a stripe (failures, ignored
-  // calls, and successes off the stripes' path), and those calls' latencies summed, ns
+  // calls, and successes off the stripes' path), and those calls' latencies summed, us
   // (latency.h). Written with atomic adds, off the common path.
   alignas(kCacheLine) std::atomic<uint64_t> latency[kLatencyBuckets];
-  std::atomic<uint64_t> latency_sum_ns;
+  std::atomic<uint64_t> latency_sum_us;
   // Lines 29-124: one stripe (3 lines) per CPU.
   alignas(kCacheLine) Stripe stripes[kMaxStripes];
 };

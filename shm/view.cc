@@ -258,9 +258,10 @@ SegmentStatus Delta(const SegmentStatus& now, const SegmentStatus& before) {
     for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
       went_down |= d.latency.buckets[b] < it->latency.buckets[b];
     }
+    d.latency_whole = went_down;
     if (!went_down) {
       for (uint32_t b = 0; b < kLatencyBuckets; ++b) d.latency.buckets[b] -= it->latency.buckets[b];
-      d.latency.sum_ns -= it->latency.sum_ns;
+      d.latency.sum_us -= it->latency.sum_us;
     }
   }
   return out;

@@ -91,8 +91,11 @@ struct DependencyStatus {
   uint32_t fleet_hosts = 0;  // hosts live in the fleet for it at the daemon's last sync
   // Cumulative counters, indexed by Counter.
   std::array<uint64_t, kCounterCount> counters{};
-  // The calls' latencies (latency.h), cumulative as the counters.
+  // The calls' latencies (latency.h), cumulative as the counters; `latency_whole` when Delta
+  // found a bucket lower than before (the slot given to another dependency in between) and
+  // left the histogram whole.
   LatencyHistogram latency;
+  bool latency_whole = false;
 
   uint64_t counter(Counter c) const { return counters[c]; }
   // IsOpen: the dependency does not pass all traffic: breaker open or half-open (enforce or

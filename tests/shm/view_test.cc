@@ -33,10 +33,11 @@ class Snapshot : public ::testing::Test {
     opt_.pid_alive = [](pid_t pid) { return pid == 4242; };
     opt_.process_alive = [](pid_t, uint64_t) { return true; };
   }
+  // Call admits and completes one attempt, reporting 1 ms of latency.
   void Call(uint32_t i, uint32_t attempt, Outcome o, uint64_t now_ns) {
     Permit p;
     Admit(*seg_->dependency(i), i, attempt, now_ns, caller_, &p);
-    Complete(*seg_->dependency(i), &p, o, 0, now_ns, caller_);
+    Complete(*seg_->dependency(i), &p, o, 1'000'000, now_ns, caller_);
   }
   std::unique_ptr<Segment> seg_;
   uint32_t a_ = 0, b_ = 0;
@@ -95,6 +96,16 @@ TEST_F(Snapshot, DeltaSubtractsCountersAndKeepsGauges) {
   const SegmentStatus d = Delta(after, before);
   EXPECT_EQ(d.dependencies[0].counter(kFirstAttempts), 4u);
   EXPECT_EQ(d.dependencies[0].window.calls, 7u);  // a gauge: the window now
+  // The latency histogram counts as the counters: the 4 calls since, their 4 ms.
+  EXPECT_EQ(d.dependencies[0].latency.Count(), 4u);
+  EXPECT_EQ(d.dependencies[0].latency.sum_us, after.dependencies[0].latency.sum_us * 4 / 7);
+  EXPECT_FALSE(d.dependencies[0].latency_whole);
+  // A histogram lower than before (a slot cleared in between) is shown whole, and says so.
+  SegmentStatus cleared = after;
+  cleared.dependencies[0].latency.buckets[1] = 0;
+  const SegmentStatus whole = Delta(cleared, before);
+  EXPECT_TRUE(whole.dependencies[0].latency_whole);
+  EXPECT_EQ(whole.dependencies[0].latency.Count(), cleared.dependencies[0].latency.Count());
 }
 
 TEST_F(Snapshot, ModesDecideWhatCountsAsOpen) {
