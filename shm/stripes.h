@@ -1,11 +1,12 @@
 // shm/stripes.h: per-CPU stripes, so that a healthy call writes no cache line another core
 // writes.
 //
-// A healthy first attempt and its completion write three words: the first-attempt counter, the
-// success counter and the success count of the window's current period (and, while the retry
-// budget is below its cap, a deposit). Shared by every process, those words were the lines every
-// core fought for. Each dependency slot therefore holds one Stripe (a cache line) per CPU, up to
-// kMaxStripes (DependencySlot::stripes), and a thread running on CPU c writes stripe c.
+// A healthy first attempt and its completion write four words: the first-attempt counter, the
+// success's latency bucket (which is also the success counter: latency.h), its latency, and the
+// success count of the window's current period (and, while the retry budget is below its cap, a
+// deposit). Shared by every process, those words were the lines every core fought for. Each
+// dependency slot therefore holds one Stripe (three cache lines) per CPU, up to kMaxStripes
+// (DependencySlot::stripes), and a thread running on CPU c writes stripe c.
 //
 // Who writes a stripe. A stripe's words are written by code running on its CPU, inside a
 // restartable sequence (rseq(2)): the sequence checks the CPU it runs on and commits with one
