@@ -5,7 +5,6 @@
 #include "shm/latency.h"
 
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -87,14 +86,9 @@ Policy NeverTrips() {
   return p;
 }
 
-void PinTo(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof(set), &set);
-}
-
-int Cpus() { return int(std::min<uint32_t>(HostStripes(), 8)); }
+using testing::Cpus;
+using testing::ForkWorkers;
+using testing::PinTo;
 
 // One latency per bucket and one on each side of a bound: call i of a worker takes
 // kLatencies[i % size], with outcome kOutcomes[i % 3].
@@ -114,23 +108,16 @@ TEST(LatencyTest, ProcessesOnEveryCpuCountEveryLatencyExactly) {
   const uint32_t index = testing::AddDependency(*seg.seg, "orders", NeverTrips());
   DependencySlot& slot = *seg.seg->dependency(index);
   constexpr uint64_t kCalls = 60'000;  // a multiple of 20 and of 3
-  std::vector<pid_t> pids;
-  for (int w = 0; w < 2 * Cpus(); ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      PinTo(w % Cpus());
-      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
-      for (uint64_t i = 0; i < kCalls; ++i) {
-        caller.stripe = CurrentCpu();
-        Permit p;
-        if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) _exit(2);
-        Complete(slot, &p, kOutcomes[i % 3], kLatencies[i % kLatencies.size()], CoarseNowNs(),
-                 caller);
-      }
-      _exit(0);
+  const std::vector<pid_t> pids = ForkWorkers([&](int, Caller& caller) {
+    for (uint64_t i = 0; i < kCalls; ++i) {
+      caller.stripe = CurrentCpu();
+      Permit p;
+      if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) return 2;
+      Complete(slot, &p, kOutcomes[i % 3], kLatencies[i % kLatencies.size()], CoarseNowNs(),
+               caller);
     }
-    pids.push_back(pid);
-  }
+    return 0;
+  });
   for (pid_t pid : pids) {
     int status = 0;
     waitpid(pid, &status, 0);
@@ -168,23 +155,17 @@ TEST(LatencyTest, AWorkerKilledMidCallLosesAtMostThatCall) {
   constexpr uint64_t kLatency = 3 * kMs;
   auto* started = static_cast<std::atomic<uint64_t>*>(mmap(
       nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  std::vector<pid_t> pids;
-  for (int w = 0; w < 2 * Cpus(); ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      PinTo(w % Cpus());
-      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
-      for (uint64_t i = 0;; ++i) {
-        caller.stripe = CurrentCpu();
-        Permit p;
-        Admit(slot, index, 0, &CoarseNowNs, caller, &p);
-        Complete(slot, &p, i % 5 == 0 ? Outcome::kFailure : Outcome::kSuccess, kLatency,
-                 CoarseNowNs(), caller);
-        started[w].store(i + 1, std::memory_order_release);
-      }
+  const std::vector<pid_t> pids = ForkWorkers([&](int w, Caller& caller) {
+    for (uint64_t i = 0;; ++i) {
+      caller.stripe = CurrentCpu();
+      Permit p;
+      Admit(slot, index, 0, &CoarseNowNs, caller, &p);
+      Complete(slot, &p, i % 5 == 0 ? Outcome::kFailure : Outcome::kSuccess, kLatency,
+               CoarseNowNs(), caller);
+      started[w].store(i + 1, std::memory_order_release);
     }
-    pids.push_back(pid);
-  }
+    return 0;
+  });
   uint32_t rng = 4242;
   for (size_t w = 0; w < pids.size(); ++w) {
     for (int i = 0; i < 1'000 && started[w].load() == 0; ++i) usleep(10'000);

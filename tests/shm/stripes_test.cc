@@ -40,16 +40,9 @@ constexpr bool kSignalsDeferred = true;
 constexpr bool kSignalsDeferred = false;
 #endif
 
-int Cpus() {
-  return int(std::min<uint32_t>(HostStripes(), 8));
-}
-
-void PinTo(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof(set), &set);
-}
+using testing::Cpus;
+using testing::ForkWorkers;
+using testing::PinTo;
 
 // Shared memory a forked child writes its figures to.
 template <typename T>
@@ -215,23 +208,6 @@ Policy LongWindowPolicy() {
 struct Figures {
   std::atomic<uint64_t> done[16];
 };
-
-// ForkWorkers forks two workers per CPU, worker w pinned to CPU w % Cpus(), each running
-// `body(w, caller)` with a Caller of its own (owner 2 + w), and returns their pids.
-template <typename Body>
-std::vector<pid_t> ForkWorkers(Body body) {
-  std::vector<pid_t> pids;
-  for (int w = 0; w < 2 * Cpus(); ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      PinTo(w % Cpus());
-      Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
-      _exit(body(w, caller));
-    }
-    pids.push_back(pid);
-  }
-  return pids;
-}
 
 // Worker processes on every CPU (two per CPU, so they preempt each other) admit and complete
 // first attempts on one dependency through the client's path: every counter and the window

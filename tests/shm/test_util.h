@@ -1,20 +1,24 @@
 // tests/shm/test_util.h: helpers shared by the shm and client tests: unique segment names,
-// a segment that removes itself, a private segment with a chosen policy, a fork helper, and
-// what a call cost its thread.
+// a segment that removes itself, a private segment with a chosen policy, fork helpers (workers
+// pinned to each CPU among them), and what a call cost its thread.
 #pragma once
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shm/admission.h"
 #include "shm/segment.h"
+#include "shm/stripes.h"
 
 namespace retryd::testing {
 
@@ -32,6 +36,34 @@ inline uint64_t ThreadCpuNs() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+// Cpus: the CPUs the per-CPU tests spread their workers over (the host's stripes, at most 8).
+inline int Cpus() { return int(std::min<uint32_t>(shm::HostStripes(), 8)); }
+
+inline void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
+// ForkWorkers forks two workers per CPU, worker w pinned to CPU w % Cpus(), each running
+// `body(w, caller)` with a Caller of its own (owner 2 + w) and exiting with what it returns;
+// returns their pids.
+template <typename Body>
+std::vector<pid_t> ForkWorkers(Body body) {
+  std::vector<pid_t> pids;
+  for (int w = 0; w < 2 * Cpus(); ++w) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      PinTo(w % Cpus());
+      shm::Caller caller{uint16_t(2 + w), 0, uint32_t(7 + w)};
+      _exit(body(w, caller));
+    }
+    pids.push_back(pid);
+  }
+  return pids;
 }
 
 inline std::string UniqueSegmentName(const std::string& tag) {
