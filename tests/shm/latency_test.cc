@@ -197,6 +197,9 @@ TEST(LatencyTest, ASlotGivenToAnotherDependencyStartsAtZeroButForTheCallsComplet
   uint32_t index = 0;
   ASSERT_TRUE(seg->PutDependency("old", policy, &index).ok());
   DependencySlot& slot = *seg->dependency(index);
+  // The segment has one slot: every name is given this index, which the writers keep a copy of
+  // (the main thread's `index` is written by each PutDependency).
+  const uint32_t slot_index = index;
   const uint32_t old_generation = slot.generation.load();
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> calls{0};
@@ -214,7 +217,7 @@ TEST(LatencyTest, ASlotGivenToAnotherDependencyStartsAtZeroButForTheCallsComplet
         }
         caller.stripe = CurrentCpu();
         Permit p;
-        AdmitAsBound(slot, index, g, 0, &CoarseNowNs, caller, &p);
+        AdmitAsBound(slot, slot_index, g, 0, &CoarseNowNs, caller, &p);
         caller.stripe = CurrentCpu();
         Complete(slot, &p, calls.load() % 8 ? Outcome::kSuccess : Outcome::kFailure,
                  10 * testing::kSec, CoarseNowNs(), caller);
