@@ -175,19 +175,22 @@ grep -q "libretryd0 (= $version)" <<<"$(dpkg-deb -f "${deb[libretryd-dev]}" Depe
   fail "libretryd-dev: Depends lacks 'libretryd0 (= $version)'"
 grep -q "libretryd0" <<<"$(dpkg-deb -f "${deb[python3-retryd]}" Depends)" ||
   fail "python3-retryd: Depends lacks libretryd0"
-# depends_on PKG TEXT...: each TEXT is in PKG's Depends.
+# depends_on PKG TEXT...: each TEXT is one of PKG's Depends, whole (a package name, or a name
+# with its version), as an entry or an alternative: "ruby" is not found in "ruby-ffi".
 depends_on() {
-  local pkg=$1 text depends
+  local pkg=$1 text depends entries
   shift
   depends=$(dpkg-deb -f "${deb[$pkg]}" Depends)
+  entries=$(tr ',|' '\n\n' <<<"$depends" | sed -E 's/^ +//; s/ +$//')
   for text in "$@"; do
-    grep -qF -- "$text" <<<"$depends" || fail "$pkg: Depends lacks '$text': $depends"
+    grep -qE -- "^$(sed 's/[][().*^$+?{}\\]/\\&/g' <<<"$text")( |$)" <<<"$entries" ||
+      fail "$pkg: Depends lacks '$text': $depends"
   done
 }
 depends_on ruby-retryd "libretryd0 (>= $version)" ruby-ffi "ruby"
 # ${php:Depends}: the PHP API the extension was built for and php-common (phpenmod, phpquery);
 # ${shlibs:Depends}: libretryd0, from debian/libretryd0.shlibs.
-depends_on php-retryd "phpapi-$php_api" "php-common" "libretryd0 (>= "
+depends_on php-retryd "phpapi-$php_api" "php-common" "libretryd0"
 # The ini is a conffile, enabled for every SAPI on install (php_invoke enmod: phpenmod, from
 # php-common's php-maintscript-helper; plain phpenmod without the helper), disabled on removal
 # (php_invoke dismod: phpdismod), its conf.d links removed on purge.
@@ -196,7 +199,7 @@ expect_in php-retryd postinst "php_invoke enmod \"\$version\" ALL \"\$name\"" 'p
   "for name in retryd"
 expect_in php-retryd prerm '[ "$1" = "upgrade" ]' "php_invoke dismod"
 expect_in php-retryd postrm '[ "$1" = "remove" ]' "php_invoke dismod \"\$version\" ALL \"\$name\"" \
-  '[ "$1" = "purge" ]' 'inifile="${name}.ini"'
+  '[ "$1" = "purge" ]' 'inifile="${name}.ini"' 'rm -f /var/lib/php/modules/*/*/*/retryd'
 for pkg in "${!deb[@]}"; do
   desc=$(dpkg-deb -f "${deb[$pkg]}" Description | tail -n +2)
   [ -n "$desc" ] || fail "$pkg: empty extended description"
@@ -231,7 +234,7 @@ if cmake -S "$src/tests/packaging/consumer" -B "$work/consumer" \
   LD_LIBRARY_PATH=$root/$libdir "$work/consumer/consumer_shared" ||
     fail "consumer_shared (retryd::retryd) does not run"
   "$work/consumer/consumer_static" || fail "consumer_static (retryd::retryd_static) does not run"
-  if objdump -p "$work/consumer/consumer_static" | grep -q "NEEDED.*libretryd"; then
+  if grep -q "NEEDED.*libretryd" <<<"$(objdump -p "$work/consumer/consumer_static")"; then
     fail "consumer_static needs libretryd.so: retryd::retryd_static is not the static library"
   fi
 else

@@ -27,7 +27,7 @@ step "apt-get install ${packages[*]} from $dir"
 apt-get install -y -q --no-install-recommends "$dir"/*.deb >"$dir/apt-install.log" 2>&1 ||
   { cat "$dir/apt-install.log"; die "apt-get install of the packages failed"; }
 for pkg in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" | grep -q "install ok installed" || die "$pkg not installed"
+  grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$pkg")" || die "$pkg not installed"
 done
 # Every file the packages installed, for the purge check (directories are shared).
 for pkg in "${packages[@]}"; do dpkg -L "$pkg"; done | while read -r f; do
@@ -40,7 +40,7 @@ getent passwd retryd >/dev/null || die "postinst did not create the user retryd 
   die "postinst did not create /run/retryd owned by retryd (systemd-tmpfiles --create)"
 [ -L /etc/systemd/system/multi-user.target.wants/retryd.service ] ||
   die "postinst did not enable retryd.service"
-ldconfig -p | grep -q "libretryd.so.0 " || die "ldconfig -p does not list libretryd.so.0"
+grep -q "libretryd.so.0 " <<<"$(ldconfig -p)" || die "ldconfig -p does not list libretryd.so.0"
 
 step "retryctl --help names the installed JSON schema"
 schema=$(retryctl --help | grep -o '/[^ )]*/retryctl-json-schema\.json' || true)
@@ -86,7 +86,7 @@ cmake -S "$dir/consumer" -B "$dir/consumer-build" >"$dir/cmake.log" 2>&1 &&
   { cat "$dir/cmake.log"; die "the CMake project does not build"; }
 "$dir/consumer-build/consumer_shared" --attached || die "consumer_shared did not attach"
 "$dir/consumer-build/consumer_static" --attached || die "consumer_static did not attach"
-if objdump -p "$dir/consumer-build/consumer_static" | grep -q "NEEDED.*libretryd"; then
+if grep -q "NEEDED.*libretryd" <<<"$(objdump -p "$dir/consumer-build/consumer_static")"; then
   die "consumer_static needs libretryd.so: retryd::retryd_static is not the static library"
 fi
 
@@ -101,7 +101,7 @@ assert not client.local, "the client did not attach to the daemon"
 
 step "ruby: require \"retryd\" from vendor_ruby; gem list; Retryd::Client.new"
 version=$(dpkg-query -W -f='${Version}' ruby-retryd)
-gem list --local retryd | grep -qxF "retryd ($version)" ||
+grep -qxF "retryd ($version)" <<<"$(gem list --local retryd)" ||
   die "gem list does not show retryd ($version): $(gem list --local retryd)"
 ruby -e '
   require "retryd"
@@ -161,15 +161,19 @@ for sapi in cli fpm; do
   [ "$(readlink "$link")" = "/etc/php/$php_version/mods-available/retryd.ini" ] ||
     die "postinst (phpenmod) did not enable retryd for $sapi: no $link"
 done
-php -m | grep -qx retryd || die "php -m does not list retryd"
-"php-fpm$php_version" -m | grep -qx retryd || die "php-fpm$php_version -m does not list retryd"
+grep -qx retryd <<<"$(php -m)" || die "php -m does not list retryd"
+grep -qx retryd <<<"$("php-fpm$php_version" -m)" || die "php-fpm$php_version -m does not list retryd"
 # A pool of its own in a temporary directory; php.ini and conf.d are the fpm SAPI's, so the
-# extension is the one /etc/php/8.2/fpm/conf.d/20-retryd.ini loads.
+# extension is the one /etc/php/8.2/fpm/conf.d/20-retryd.ini loads. Its children run as
+# www-data, as Debian's own pool's do, which the packaged config lets in once it is in the
+# socket's group (docs/PACKAGING.md): without that, each request fails with "permission denied".
+usermod -aG retryd www-data
 printf '%s\n' "[global]" "pid = $dir/php-fpm.pid" "error_log = $dir/php-fpm.log" \
-  "daemonize = no" "[app]" "listen = $dir/php-fpm.sock" "pm = static" "pm.max_children = 2" \
+  "daemonize = no" "[app]" "user = www-data" "group = www-data" \
+  "listen = $dir/php-fpm.sock" "pm = static" "pm.max_children = 2" \
   "catch_workers_output = yes" >"$dir/php-fpm.conf"
-setsid "php-fpm$php_version" --nodaemonize --allow-to-run-as-root \
-  --fpm-config "$dir/php-fpm.conf" >"$dir/php-fpm.out" 2>&1 &
+setsid "php-fpm$php_version" --nodaemonize --fpm-config "$dir/php-fpm.conf" \
+  >"$dir/php-fpm.out" 2>&1 &
 fpm=$!
 servers+=("$fpm")
 wait_for_socket "$dir/php-fpm.sock" "$fpm" php-fpm "$dir/php-fpm.out"
@@ -193,11 +197,11 @@ done <"$dir/files"
 for f in /etc/retryd /usr/lib/python3/dist-packages/retryd /usr/include/retryd \
          /etc/systemd/system/multi-user.target.wants/retryd.service /usr/share/retryd \
          /usr/lib/ruby/vendor_ruby/retryd "/etc/php/$php_version/mods-available/retryd.ini" \
-         /etc/php/*/*/conf.d/*retryd.ini; do
+         /etc/php/*/*/conf.d/*retryd.ini /var/lib/php/modules/*/*/*/retryd; do
   if [ -e "$f" ] || [ -L "$f" ]; then left+=("$f"); fi
 done
 [ ${#left[@]} -eq 0 ] || die "left after the purge: ${left[*]}"
-if ldconfig -p | grep -q libretryd; then die "ldconfig -p still lists libretryd"; fi
-if gem list --local retryd | grep -q "^retryd "; then die "gem list still shows retryd"; fi
-if php -m | grep -qx retryd; then die "php -m still lists retryd"; fi
+if grep -q libretryd <<<"$(ldconfig -p)"; then die "ldconfig -p still lists libretryd"; fi
+if grep -q "^retryd " <<<"$(gem list --local retryd)"; then die "gem list still shows retryd"; fi
+if grep -qx retryd <<<"$(php -m)"; then die "php -m still lists retryd"; fi
 step "done"
