@@ -388,6 +388,9 @@ TEST_F(DaemonProcessTest, RestartOnlySettingsAreKeptUntilRestart) {
   EXPECT_EQ(seg->max_processes(), 64u);
 }
 
+// An operator's mode is logged with who set it, survives a reload that leaves its section as
+// it was, and is replaced by the config's once a reload changes the section, which the log
+// says: the change of mode is not silent.
 TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload) {
   auto d = StartDaemon(Config("[dependency.db]\n"));
   auto seg = Attach();
@@ -406,19 +409,7 @@ TEST_F(DaemonProcessTest, OperatorModeChangeIsLoggedAndSurvivesAnUnchangedReload
   d->Signal(SIGHUP);
   ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
   EXPECT_EQ(seg->dependency(uint32_t(db))->mode.load(), uint32_t(shm::Mode::kShadow));
-}
-
-// A reload that changes the dependency's section gives it the config's mode again, replacing
-// the one an operator set, and the log says so: the change of mode is not silent.
-TEST_F(DaemonProcessTest, AChangedSectionReplacesTheOperatorsModeAndSaysSo) {
-  auto d = StartDaemon(Config("[dependency.db]\n"));
-  auto seg = Attach();
-  ASSERT_NE(seg, nullptr);
-  const int32_t db = seg->Find("db");
-  ASSERT_GE(db, 0);
-  seg->dependency(uint32_t(db))->mode_setter.store(shm::ModeSetter::Make(getuid(), 4242));
-  seg->dependency(uint32_t(db))->mode.store(uint32_t(shm::Mode::kShadow));
-  ASSERT_TRUE(LogHas(*d, "dependency db: mode enforce -> shadow (set by pid 4242")) << d->Log();
+  // A changed section.
   WriteFile(config_, Config("[dependency.db]\nmin_calls = 7\n"));
   d->Signal(SIGHUP);
   ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "");
