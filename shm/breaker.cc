@@ -221,8 +221,7 @@ uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
 // then records its success in the shared bucket and leaves the stripe as it is, so that no
 // count on its way is ever out of sight. A word whose period has left the window is free again.
 // EndHandover gives the word back once the bucket holds the count (or the take failed).
-bool BeginHandover(Stripe& st, uint64_t w, uint64_t now_ms, uint64_t period,
-                   const WindowShape& s) {
+bool BeginHandover(Stripe& st, uint64_t w, uint64_t now_ms, uint64_t period, const WindowShape& s) {
   uint64_t held = st.handing.load(kRelaxed);
   if (held != 0 && StripePeriod(held, now_ms, s) + s.buckets > period) return false;
   if (!st.handing.compare_exchange_strong(held, w, kRelaxed)) return false;
@@ -570,15 +569,22 @@ void PauseForTest(WindowReadPause at) {
   if (const auto pause = window_internal::g_read_pause.load(kRelaxed)) pause(at);
 }
 
-// The successes stripe word `word` holds for a period of the reader's window, as a bucket's
-// calls count (ReadWindowOnce): in the window of `period`, not a window behind the newest
-// period, and not before the floor.
-uint64_t StripeCalls(uint64_t word, uint64_t now_ns, uint64_t period, uint64_t floor,
-                     uint64_t newest, const WindowShape& s) {
+// The successes stripe word `word` (its period starting at `start_ms`) holds for a period of the
+// reader's window, as a bucket's calls count (ReadWindowOnce): in the window of `period`, not a
+// window behind the newest period, and not before the floor. A period that holds the reader's
+// now but ends past its period is one of another shape: a reload stored a shape of shorter
+// periods and has not yet started the window anew (StorePolicyOf, admission.h), and the stripe
+// still counts its successes there. They are the window's newest, and count: the failures of
+// the meantime, in the shared buckets of the new shape, count too, and a read without the
+// successes beside them would find a healthy dependency failing.
+uint64_t StripeCalls(uint64_t word, uint64_t start_ms, uint64_t now_ns, uint64_t period,
+                     uint64_t floor, uint64_t newest, const WindowShape& s) {
   if (StripeWindow::Count(word) == 0) return 0;
-  const uint64_t p = StripePeriod(word, now_ns / 1'000'000u, s);
-  if (p > period || p + s.buckets <= period || p < floor ||
-      (newest != kNoPeriod && p + s.buckets <= newest)) {
+  const uint64_t now_ms = now_ns / 1'000'000u;
+  const uint64_t p = StripePeriod(word, now_ms, s);
+  if (p > period)
+    return StripeWindow::Holds(word, start_ms, now_ms) ? StripeWindow::Count(word) : 0;
+  if (p + s.buckets <= period || p < floor || (newest != kNoPeriod && p + s.buckets <= newest)) {
     return 0;
   }
   return StripeWindow::Count(word);
@@ -606,10 +612,12 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   const uint32_t stripes = StripeCount(slot);
   uint64_t handovers[kMaxStripes];
   uint64_t before[kMaxStripes];
+  uint64_t starts[kMaxStripes];
   uint64_t handing[kMaxStripes];
   for (uint32_t i = 0; i < stripes; ++i) {
     handovers[i] = slot.stripes[i].handovers.load(std::memory_order_acquire);
     before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
+    starts[i] = slot.stripes[i].window_start.load(std::memory_order_relaxed);
     handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
   }
   PauseForTest(WindowReadPause::kStripesRead);
@@ -637,9 +645,11 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
         slot.stripes[i].handovers.load(std::memory_order_acquire) != handovers[i]) {
       return std::nullopt;
     }
-    w.calls += StripeCalls(after, now_ns, period, floor, newest, s);
+    // The period's start read with the first read: the same period (its end, above, has not
+    // moved), unless a restart put it out of reach meanwhile (then it counts as ended).
+    w.calls += StripeCalls(after, starts[i], now_ns, period, floor, newest, s);
     if (handing[i] != before[i]) {
-      w.calls += StripeCalls(handing[i], now_ns, period, floor, newest, s);
+      w.calls += StripeCalls(handing[i], ~uint64_t{0}, now_ns, period, floor, newest, s);
     }
   }
   return w;

@@ -21,6 +21,7 @@
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/counters.h"
+#include "shm/policy.h"
 #include "shm/registry.h"
 #include "shm/retry_budget.h"
 #include "shm/segment.h"
@@ -584,6 +585,53 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
   EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
+// A reload that changes the window's shape stores the new policy, then starts the window anew
+// (StorePolicyOf). A daemon the scheduler stops between the two steps leaves writers and readers
+// with the new shape over the old window: successes still counted in a stripe's period of the
+// old shape, which a reader of the new shape did not find in its window, and failures in a
+// shared bucket of the new shape, which it did. One thread, a virtual clock: 1 % failures before
+// the reload, then with the reload stopped halfway, then after it; every change of shape that
+// AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape makes, each way.
+TEST(StripesTest, AReloadStoppedBetweenTheShapeAndTheWindowNeverTripsAHealthyDependency) {
+  const struct {
+    uint32_t window_ms, buckets;
+  } shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}, {1'000, 1}};
+  for (const auto& from : shapes) {
+    for (const auto& to : shapes) {
+      if (&from == &to) continue;
+      SCOPED_TRACE("from " + std::to_string(from.window_ms) + " ms in " +
+                   std::to_string(from.buckets) + " to " + std::to_string(to.window_ms) +
+                   " ms in " + std::to_string(to.buckets));
+      Policy p;
+      p.window_ms = from.window_ms;
+      p.window_buckets = from.buckets;
+      p.min_calls = 20;
+      p.failure_rate_pct = 50;
+      auto seg = Segment::CreatePrivate(1, 8, p);
+      const uint32_t index = testing::AddDependency(*seg, "orders", p);
+      DependencySlot& slot = *seg->dependency(index);
+      slot.stripe_count.store(2);
+      uint32_t rng = 7;
+      uint64_t now = 5'000 * kSec + 100 * kMs;
+      auto calls = [&](int n) {  // 1 % failures, 10 us apart, on two stripes
+        for (int i = 1; i <= n; ++i, now += 10'000) {
+          RecordOutcome(slot, now, i % 100 == 0, false, rng, uint16_t(i % 2), StripeMode::kAtomic);
+        }
+      };
+      calls(10'000);  // 100 ms
+      Policy q = p;
+      q.window_ms = to.window_ms;
+      q.window_buckets = to.buckets;
+      StorePolicy(q, slot.policy);  // the reload's first step; its daemon stopped there
+      calls(30'000);
+      EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
+      StartWindowAnew(slot);  // the daemon runs again
+      calls(10'000);
+      EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
+    }
+  }
+}
+
 // A window read is several words read one after another, and its reader may be stopped between
 // any two. One thread keeps a young window (each round starts it anew, as a reload that
 // changes its shape does, then gives it 61 calls, 20 of them failures, the successes in a
@@ -685,8 +733,8 @@ TEST(StripesTest, ABreakerFoundClosedNeverHoldsTheOutagesFailures) {
   watcher.join();
   EXPECT_GT(rounds, 1'000u);
   EXPECT_GT(closes_seen.load(), 1'000u);
-  EXPECT_EQ(found_failing.load(), 0u) << "closes found beside the outage's failures, of "
-                                      << closes_seen.load();
+  EXPECT_EQ(found_failing.load(), 0u)
+      << "closes found beside the outage's failures, of " << closes_seen.load();
 }
 
 TEST_F(StripeFoldTest, ARetryFindsTheDepositsOfEveryStripeEachOnce) {
@@ -848,8 +896,8 @@ TEST_F(StoppedReaderTest, AFullStripesHandoverWhileTheReaderWasStoppedIsSeen) {
   Call(1, kT0, Outcome::kFailure);
   Stripe& st = slot_->stripes[0];
   at_[int(WindowReadPause::kStripesRead)] = [&] {
-    st.window.store(StripeWindow::Make(StripeWindow::End40(st.window.load()),
-                                       StripeWindow::kStripeWindowMax));
+    st.window.store(
+        StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
     for (int i = 0; i < 24; ++i) Call(1, kT0, Outcome::kFailure);
   };
   at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT0, Outcome::kSuccess); };
