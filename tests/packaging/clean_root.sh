@@ -1,31 +1,30 @@
 #!/usr/bin/env bash
-# clean_root.sh: the packages that check_packages.sh built, on a clean Debian 12 host. mmdebstrap
-# makes a minimal root (apt, plus g++, cmake and pkgconf to build workers with, php8.2-fpm,
-# libfcgi-bin's cgi-fcgi, puma and bundler to serve PHP and Ruby with) in a temporary directory
-# and runs in_root.sh in it, as root under chroot: apt-get install of the packages, the daemon,
-# retryctl, C, CMake, Python and Ruby workers, a clustered Puma and php-fpm, and the purge.
-# Nothing is cached: the root and everything downloaded go with the temporary directory.
-# Usage: clean_root.sh SOURCE_DIR DEBS_DIR
-# The archive: $RETRYD_DEBIAN_MIRROR (default http://deb.debian.org/debian) and
-# $RETRYD_DEBIAN_SECURITY (default http://deb.debian.org/debian-security).
+# clean_root.sh: the packages that check_packages.sh built, on a clean Debian 12 host: the
+# minimal root minimal_root.sh made (its path in ROOT_OUT_DIR/root.path), where in_root.sh runs
+# as root under chroot, in a mount namespace of its own (/proc, /sys, the host's /dev, and a
+# /dev/shm of its own): apt-get install of the packages, the daemon, retryctl, C, CMake, Python
+# and Ruby workers, a clustered Puma and php-fpm, and the purge. The root is removed at the end,
+# whatever the outcome: it serves one run.
+# Usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR
 set -euo pipefail
-src=${1:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR"}
-debs=${2:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR"}
-mirror=${RETRYD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-security=${RETRYD_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
+src=${1:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR"}
+debs=${2:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR"}
+out=${3:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR"}
 
-source "$src/scripts/lib/deps.sh"
-retryd_install_deps mmdebstrap
+[ -f "$out/root.path" ] ||
+  { echo "clean_root.sh: no $out/root.path (made by the test packaging_root)" >&2; exit 1; }
+root=$(cat "$out/root.path")
+[ -x "$root/usr/bin/apt-get" ] ||
+  { echo "clean_root.sh: $root (named by $out/root.path) is no Debian root" >&2; exit 1; }
+trap '"$src/tests/packaging/minimal_root.sh" --remove "$out"' EXIT
 
 version=$(sed -nE 's/^project\(retryd VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 arch=$(dpkg-architecture -qDEB_HOST_ARCH)
 wanted=("retryd_${version}_$arch.deb" "libretryd0_${version}_$arch.deb"
         "libretryd-dev_${version}_$arch.deb" "python3-retryd_${version}_all.deb"
         "ruby-retryd_${version}_all.deb" "php-retryd_${version}_$arch.deb")
-work=$(mktemp -d /tmp/retryd-clean-root-XXXXXX)
-chmod 0755 "$work"  # apt downloads as its own user, _apt
-trap 'rm -rf "$work"' EXIT
-stage=$work/stage
+stage=$root/tmp/retryd-test
+rm -rf "$stage"
 mkdir -p "$stage"
 for deb in "${wanted[@]}"; do
   [ -f "$debs/$deb" ] ||
@@ -35,22 +34,22 @@ done
 cp -r "$src/tests/packaging/consumer" "$stage/consumer"
 cp -r "$src/tests/packaging/apps" "$stage/apps"
 cp "$src/tests/packaging/in_root.sh" "$stage/"
+# The root's apt reaches the archive for the packages' dependencies by the host's resolver.
+cp -L /etc/resolv.conf "$root/etc/resolv.conf"
 
 start=$(date +%s)
-export RETRYD_ROOT_START=$start
-echo "=== mmdebstrap bookworm ($mirror, $security) in $work"
-# The test runs with an environment of its own: nothing of ctest's or of this host's.
-in_root='env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /tmp/retryd-test/in_root.sh'
-# force-unsafe-io: dpkg does not sync each file it unpacks, which a root thrown away at the end
-# never needs (10 s less of the 80 s the root takes here).
-# shellcheck disable=SC2016  # the hooks' $1 is the root, expanded by mmdebstrap's shell
-TMPDIR=$work mmdebstrap --mode=root --variant=apt --dpkgopt=force-unsafe-io \
-  --include=g++,cmake,make,pkgconf,php8.2-fpm,libfcgi-bin,puma,bundler \
-  --customize-hook='echo "--- minimal root: $(($(date +%s) - RETRYD_ROOT_START))s"' \
-  --customize-hook='mkdir -p "$1/tmp/retryd-test"' \
-  --customize-hook="sync-in $stage /tmp/retryd-test" \
-  --customize-hook="chroot \"\$1\" $in_root /tmp/retryd-test" \
-  bookworm /dev/null \
-  "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
-  "deb $security bookworm-security main"
+echo "=== in_root.sh in $root"
+# The test runs with an environment of its own: nothing of ctest's or of this host's. The
+# mounts go with the namespace when in_root.sh ends.
+# shellcheck disable=SC2016  # expanded by the inner shell
+unshare --mount --fork bash -c '
+  set -e
+  mount --make-rprivate /
+  mount -t proc proc "$1/proc"
+  mount -t sysfs sysfs "$1/sys"
+  mount --rbind /dev "$1/dev"
+  mount -t tmpfs -o mode=1777 tmpfs "$1/dev/shm"
+  exec chroot "$1" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    /tmp/retryd-test/in_root.sh /tmp/retryd-test
+' clean_root "$root"
 echo "=== clean root passed in $(($(date +%s) - start))s"
