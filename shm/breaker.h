@@ -309,7 +309,9 @@ struct WindowHead {
 // (StorePolicyOf, admission.h), since a period of the old shape is not one of the new. A success
 // racing it on another CPU may keep its stripe's old period (stripes.h): that stripe's successes
 // then go to the shared buckets until the old period ends, when its count is handed over to the
-// bucket of the new shape's period that ends there. Thread-safe.
+// bucket of the new shape's period that ends there. Until it is called, a stripe may count on in
+// a period of the old shape: a read counts such a period while it holds the reader's now
+// (ReadWindow). Thread-safe.
 void StartWindowAnew(DependencySlot& slot);
 
 // StartEpoch empties the shared buckets of `slot`'s window: a head with no bucket bits, in the
