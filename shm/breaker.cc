@@ -208,8 +208,10 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, 
 // The period of a stripe's window word `w`, seen at `now_ms` (stripes.h): its end is the first
 // whole ms at or after the period's end, so the period is the one before the end's.
 uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
-  const uint64_t end_period = StripeWindow::EndMs(w, now_ms) * 1'000'000u / s.bucket_ns;
-  return end_period == 0 ? 0 : end_period - 1;
+  // The period of the last ms before the end: under another shape (a reload not yet followed
+  // by StartWindowAnew) the end need not be a period's end.
+  const uint64_t end_ms = StripeWindow::EndMs(w, now_ms);
+  return end_ms == 0 ? 0 : (end_ms - 1) * 1'000'000u / s.bucket_ns;
 }
 
 // BeginHandover claims stripe `st`'s `handing` word for the count of its window word `w`, about
@@ -315,14 +317,20 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
   const uint64_t period = now_ns / s.bucket_ns;
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
     slot.stripes[i].handovers.fetch_add(1, kRelaxed);  // a read across this reads again
+    const uint64_t start_ms = slot.stripes[i].window_start.load(kRelaxed);
     std::atomic<uint64_t>& word = slot.stripes[i].window;
     uint64_t w = word.load(kRelaxed);
     while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
     }
     if (StripeWindow::Count(w) == 0) continue;
-    const uint64_t p = StripePeriod(w, now_ns / 1'000'000u, s);
-    // A period after `now_ns` (a close whose clock read lags the stripe's newest period) is
-    // after the close too: its successes count, as the shared bucket's calls of it do.
+    const uint64_t now_ms = now_ns / 1'000'000u;
+    const uint64_t p = StripePeriod(w, now_ms, s);
+    // A period that holds the close's now is the close's own period, whatever its shape (one of
+    // the old shape, after a reload not yet followed by StartWindowAnew, can end far past
+    // `period`): its successes are dropped. A period that begins after `now_ns` (a close whose
+    // clock read lags the stripe's newest period) is after the close too: its successes count,
+    // as the shared bucket's calls of it do.
+    if (StripeWindow::Holds(w, start_ms, now_ms)) continue;
     if (p > period || (p < period && period - p < s.buckets)) {
       // No caller's random state here: the word just taken seeds the draws.
       uint32_t rng = uint32_t(w ^ (w >> 32)) | 1;
@@ -572,18 +580,21 @@ void PauseForTest(WindowReadPause at) {
 // The successes stripe word `word` (its period starting at `start_ms`) holds for a period of the
 // reader's window, as a bucket's calls count (ReadWindowOnce): in the window of `period`, not a
 // window behind the newest period, and not before the floor. A period that holds the reader's
-// now but ends past its period is one of another shape: a reload stored a shape of shorter
-// periods and has not yet started the window anew (StorePolicyOf, admission.h), and the stripe
-// still counts its successes there. They are the window's newest, and count: the failures of
-// the meantime, in the shared buckets of the new shape, count too, and a read without the
-// successes beside them would find a healthy dependency failing.
+// now but ends past its period is one of another shape (`mixed_shapes`): a reload stored a new
+// shape and has not yet started the window anew (StorePolicyOf, admission.h), and the stripe
+// still counts its successes there. They count, in full: the failures of the meantime, in the
+// shared buckets of the new shape, count too, and a read without the successes beside them
+// found a healthy dependency failing.
 uint64_t StripeCalls(uint64_t word, uint64_t start_ms, uint64_t now_ns, uint64_t period,
-                     uint64_t floor, uint64_t newest, const WindowShape& s) {
+                     uint64_t floor, uint64_t newest, const WindowShape& s, bool& mixed_shapes) {
   if (StripeWindow::Count(word) == 0) return 0;
   const uint64_t now_ms = now_ns / 1'000'000u;
   const uint64_t p = StripePeriod(word, now_ms, s);
-  if (p > period)
-    return StripeWindow::Holds(word, start_ms, now_ms) ? StripeWindow::Count(word) : 0;
+  if (p > period) {
+    if (!StripeWindow::Holds(word, start_ms, now_ms)) return 0;
+    mixed_shapes = true;
+    return StripeWindow::Count(word);
+  }
   if (p + s.buckets <= period || p < floor || (newest != kNoPeriod && p + s.buckets <= newest)) {
     return 0;
   }
@@ -647,9 +658,12 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
     }
     // The period's start read with the first read: the same period (its end, above, has not
     // moved), unless a restart put it out of reach meanwhile (then it counts as ended).
-    w.calls += StripeCalls(after, starts[i], now_ns, period, floor, newest, s);
+    w.calls += StripeCalls(after, starts[i], now_ns, period, floor, newest, s, w.mixed_shapes);
     if (handing[i] != before[i]) {
-      w.calls += StripeCalls(handing[i], ~uint64_t{0}, now_ns, period, floor, newest, s);
+      // A full stripe's count on its way is of the stripe's own period, and its start.
+      const bool same = StripeWindow::End40(handing[i]) == StripeWindow::End40(after);
+      w.calls += StripeCalls(handing[i], same ? starts[i] : ~uint64_t{0}, now_ns, period, floor,
+                             newest, s, w.mixed_shapes);
     }
   }
   return w;
@@ -679,7 +693,16 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
     return;
   }
   RecordCall(slot, now_ns, failure, slow, rng);
-  if (!(failure || slow) || !ShouldTrip(slot, ReadWindow(slot, now_ns))) return;
+  if (!(failure || slow)) return;
+  const WindowStats w = ReadWindow(slot, now_ns);
+  if (w.mixed_shapes) {
+    // The reload that stored a new shape stopped before starting the window anew: do it for
+    // it (thread-safe, and the reload's own call later only empties the window once more), so
+    // that the next failures are counted in a window of one shape.
+    StartWindowAnew(slot);
+    return;
+  }
+  if (!ShouldTrip(slot, w)) return;
   // From the word read before the call was recorded: if the breaker moved since (another
   // process tripped it, or it closed anew and the window restarted), this trip is stale.
   if (const std::optional<uint64_t> next = NextBreakerWord(slot.policy, word, BreakerEvent::kTrip,

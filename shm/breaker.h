@@ -221,6 +221,11 @@ struct WindowStats {
   uint64_t calls = 0;
   uint64_t failures = 0;
   uint64_t slow = 0;
+  // A stripe still counts in a period of another shape: a reload stored a new shape and has not
+  // yet started the window anew (its daemon stopped between the two steps). The read counts
+  // that period's successes in full, but the window mixes two shapes: RecordOutcome starts it
+  // anew, as the reload would, rather than decide a trip on it.
+  bool mixed_shapes = false;
 };
 
 struct Bucket {

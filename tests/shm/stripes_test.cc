@@ -15,6 +15,9 @@
 
 #include <atomic>
 #include <functional>
+#include <iterator>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -630,6 +633,157 @@ TEST(StripesTest, AReloadStoppedBetweenTheShapeAndTheWindowNeverTripsAHealthyDep
       EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
     }
   }
+}
+
+// The reload stopped halfway, as above, in every pair of ten shapes (periods from 50 ms to an
+// hour, 1 to 10 buckets) and at ten offsets into the old shape's period, with and without a
+// close (an operator's reset) just before: a stripe's period of the old shape need not end on a
+// period's edge of the new, and was then read one period early and dropped (by the window of one
+// bucket, or by the close's floor). 219 and 346 of the 900 cases each tripped before.
+class StoppedReloadTest : public ::testing::Test {
+ protected:
+  struct Shape {
+    uint32_t window_ms, buckets;
+  };
+  static constexpr Shape kShapes[] = {{10'000, 10}, {1'000, 5}, {600, 3},    {2'000, 10},
+                                      {1'000, 1},   {100, 2},   {60'000, 1}, {3'600'000, 1},
+                                      {3'000, 4},   {700, 7}};
+  void Make(Shape from, uint32_t stripes = 2) {
+    p_.window_ms = from.window_ms;
+    p_.window_buckets = from.buckets;
+    p_.min_calls = 20;
+    p_.failure_rate_pct = 50;
+    seg_ = Segment::CreatePrivate(1, 8, p_);
+    slot_ = seg_->dependency(testing::AddDependency(*seg_, "orders", p_));
+    slot_->stripe_count.store(stripes);
+  }
+  // n calls, `gap` ns apart, round-robin over the stripes; every 100th fails (every one with
+  // `outage`).
+  void Calls(int n, uint64_t gap = 10'000, bool outage = false) {
+    for (int i = 1; i <= n; ++i, now_ += gap) {
+      RecordOutcome(*slot_, now_, outage || i % 100 == 0, false, rng_,
+                    uint16_t(i % StripeCount(*slot_)), StripeMode::kAtomic);
+    }
+  }
+  void StoreShape(Shape to) {  // the reload's first step; its daemon stopped there
+    Policy q = p_;
+    q.window_ms = to.window_ms;
+    q.window_buckets = to.buckets;
+    StorePolicy(q, slot_->policy);
+  }
+  uint64_t Opened() const { return slot_->counters[kOpened].load(); }
+  // Calls failing, 1 ms apart, from now until the breaker opens (or `limit`): how long, in ms.
+  uint64_t MsToTrip(uint64_t limit) {
+    const uint64_t start = now_, opened = Opened();
+    while (Opened() == opened && now_ < start + limit) Calls(1, kMs, true);
+    return (now_ - start) / kMs;
+  }
+  static std::string Name(Shape s) {
+    return std::to_string(s.window_ms) + " ms in " + std::to_string(s.buckets);
+  }
+
+  Policy p_;
+  std::unique_ptr<Segment> seg_;
+  DependencySlot* slot_ = nullptr;
+  uint32_t rng_ = 7;
+  uint64_t now_ = 0;
+};
+
+TEST_F(StoppedReloadTest, AHealthyDependencyNeverTripsAtAnyOffsetOrAfterAClose) {
+  const uint64_t offsets_ms[] = {0, 1, 50, 100, 150, 199, 250, 333, 500, 999};
+  int tripped = 0;
+  for (const bool close : {false, true}) {
+    for (const Shape& from : kShapes) {
+      for (const Shape& to : kShapes) {
+        if (&from == &to) continue;
+        // Under a sanitizer, every third offset (tests/sanitized.h).
+        for (size_t k = 0; k < std::size(offsets_ms); k += kSanitizedBuild ? 3 : 1) {
+          Make(from);
+          now_ = 5'000 * kSec + 100 * kMs;
+          Calls(10'000);  // 100 ms
+          now_ += offsets_ms[k] * kMs;
+          if (close) Reset(*slot_, now_);
+          Calls(1'000);
+          StoreShape(to);
+          Calls(30'000);  // 300 ms with the reload stopped
+          const bool stopped = Opened() != 0;
+          StartWindowAnew(*slot_);
+          Calls(10'000);
+          if (Opened() != 0 && ++tripped <= 5) {
+            ADD_FAILURE() << Name(from) << " to " << Name(to) << ", " << offsets_ms[k]
+                          << " ms into the old period" << (close ? " after a close" : "")
+                          << ": tripped " << (stopped ? "with the reload stopped" : "after it");
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(tripped, 0);
+}
+
+// An outage in the stopped state still trips the breaker within about one window of the new
+// shape, however long the old period and however many successes it held: the first failure's
+// read finds the two shapes mixed and starts the window anew for the stopped reload (before,
+// 5 s of successes in an hour's period held a total outage closed for the rest of the hour).
+TEST_F(StoppedReloadTest, AnOutageStillTripsWithinAWindowOfTheNewShape) {
+  const struct {
+    Shape from, to;
+    uint64_t healthy_ms;
+  } cases[] = {{{3'600'000, 1}, {1'000, 5}, 600'000},
+               {{3'600'000, 1}, {1'000, 5}, 5'000},
+               {{3'600'000, 1}, {10'000, 10}, 600'000},
+               {{60'000, 1}, {1'000, 5}, 10'000},
+               {{10'000, 10}, {600, 3}, 500}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(Name(c.from) + " to " + Name(c.to) + " after " + std::to_string(c.healthy_ms) +
+                 " ms healthy");
+    Make(c.from);
+    now_ = 7'200 * kSec;  // an hour's start: every old period starts here
+    Calls(int(c.healthy_ms), kMs);
+    StoreShape(c.to);
+    EXPECT_TRUE(ReadWindow(*slot_, now_).mixed_shapes);
+    EXPECT_LE(MsToTrip(3'600 * kSec), 2 * uint64_t{c.to.window_ms});
+  }
+}
+
+// A full stripe's count on its way to its bucket (the success that found it full stopped between
+// its take and its add) in the stopped state: the count is of the stripe's own period, which
+// holds now, and counts.
+TEST_F(StoppedReloadTest, AFullStripesCountOnItsWayStillCounts) {
+  Make({3'600'000, 1}, 1);
+  now_ = 7'200 * kSec;
+  Calls(100'000, 100'000);  // 10 s
+  StoreShape({1'000, 5});
+  Calls(20'000, 100'000);  // 2 s
+  Stripe& st = slot_->stripes[0];
+  const uint64_t full =
+      StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax);
+  st.window.store(full);
+  st.handing.store(full);  // BeginHandover
+  st.handovers.fetch_add(1);
+  st.window.store(StripeWindow::Make(StripeWindow::End40(full), 1));  // the take; no add yet
+  RecordOutcome(*slot_, now_, true, false, rng_, 0, StripeMode::kAtomic);
+  EXPECT_EQ(Opened(), 0u) << "1 % failures tripped a 50 % breaker";
+}
+
+// A close in the stopped state (a probe's success) handed the stripes' period of the old shape,
+// which holds now, to a bucket of the new shape in the future and moved the window's head there:
+// a 1 s window then counted nothing for 56 s of a total outage. That period is the close's own,
+// and its successes are dropped with it.
+TEST_F(StoppedReloadTest, ACloseInTheStoppedStateLeavesTheWindowSeeing) {
+  Make({600'000, 10});  // periods of 60 s
+  now_ = 7'200 * kSec;
+  Calls(200, kMs / 2);
+  StoreShape({1'000, 5});
+  ASSERT_LT(MsToTrip(60 * kSec), 5'000u);
+  now_ += 2 * kSec;
+  ASSERT_TRUE(ApplyBreakerEvent(*slot_, BreakerEvent::kOpenPeriodOver, now_, 0, rng_));
+  const uint16_t seq = BreakerWord::Decode(slot_->breaker.load()).seq;
+  for (int i = 0; i < 3; ++i) {
+    ApplyBreakerEvent(*slot_, BreakerEvent::kProbeSucceeded, now_, seq, rng_);
+  }
+  ASSERT_EQ(BreakerWord::Decode(slot_->breaker.load()).state, BreakerState::kClosed);
+  EXPECT_LT(MsToTrip(120 * kSec), 5'000u) << "a 1 s window blind for this long";
 }
 
 // A window read is several words read one after another, and its reader may be stopped between
