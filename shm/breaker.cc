@@ -19,6 +19,10 @@ static_assert(kMaxStampedAheadMs >= 2 * uint64_t{kMaxKnobDurationMs},
 
 namespace {
 
+void PauseForTest(WindowReadPause at) {
+  if (const auto pause = window_internal::g_read_pause.load(kRelaxed)) pause(at);
+}
+
 // Bound on the rounds of ApplyBreakerEvent. Each round that fails means another process
 // committed a change to the word. An event applies to one state (a probe's, to one seq), and
 // in it the word changes at most close_after (<= 255) times before the event no longer
@@ -170,8 +174,23 @@ void RecordCalls(DependencySlot& slot, const WindowShape& s, uint64_t period, ui
     }
     if (period + s.buckets <= newest) return;  // a window older than the newest period
     if (WindowHead::Bits(head) & bit) {
-      // The bucket holds this period: add the call.
-      return AddCalls(word, word.load(kRelaxed), period, calls, failures, slow, rng);
+      // The bucket holds this period: add the call. Unless this is the newest period and the
+      // bucket holds a later one, which no call of this window's shape can have written: a
+      // reload stored a shape of longer periods and has not yet started the window anew, and
+      // the head's start is a period's start under both shapes. That bucket is started afresh,
+      // rather than every call of the period dropped as one whose clock lags.
+      uint64_t held = word.load(kRelaxed);
+      const uint16_t ahead = Bucket::Ahead(held, period);
+      if (period != newest || ahead == 0 || ahead > Bucket::kPeriodMask / 2) {
+        return AddCalls(word, held, period, calls, failures, slow, rng);
+      }
+      const uint64_t empty = Bucket::Make(period, 0, 0, 0);
+      const uint64_t fresh = Bucket::Add(empty, calls, failures, slow,
+                                         Bucket::NeedsDraw(empty, calls) ? NextRandom(rng) : 0);
+      if (word.compare_exchange_strong(held, fresh, kRelaxed)) return;
+      cur = held;
+      head = slot.window_head.load(std::memory_order_acquire);
+      continue;
     }
     // The first call of this bucket period, as far as the head tells.
     const uint64_t empty = Bucket::Make(period, 0, 0, 0);
@@ -259,7 +278,12 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
         if (r != 0) EndHandover(st, w);
         if (r < 0) return false;
         if (r > 0) continue;
-        RecordCalls(slot, s, StripePeriod(w, now_ms, s), now_ns, StripeWindow::Count(w), 0, 0, rng);
+        PauseForTest(WindowReadPause::kHandoverTaken);
+        // The stripe's period holds now: under another shape (a reload not yet followed by
+        // StartWindowAnew) it may end past this call's period, and its count goes to this one,
+        // never to a bucket ahead of the clock.
+        RecordCalls(slot, s, std::min(StripePeriod(w, now_ms, s), period), now_ns,
+                    StripeWindow::Count(w), 0, 0, rng);
         EndHandover(st, w);
         return true;
       }
@@ -325,12 +349,12 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
     if (StripeWindow::Count(w) == 0) continue;
     const uint64_t now_ms = now_ns / 1'000'000u;
     const uint64_t p = StripePeriod(w, now_ms, s);
-    // A period that holds the close's now is the close's own period, whatever its shape (one of
-    // the old shape, after a reload not yet followed by StartWindowAnew, can end far past
-    // `period`): its successes are dropped. A period that begins after `now_ns` (a close whose
-    // clock read lags the stripe's newest period) is after the close too: its successes count,
-    // as the shared bucket's calls of it do.
-    if (StripeWindow::Holds(w, start_ms, now_ms)) continue;
+    // A period past the close's that holds its now is one of another shape (a reload not yet
+    // followed by StartWindowAnew): the close's own, whose successes are dropped, not one to
+    // hand to a bucket ahead of the clock. A period that begins after `now_ns` (a close whose
+    // clock read lags the stripe's newest period) is after the close: its successes count, as
+    // the shared bucket's calls of it do.
+    if (p > period && StripeWindow::Holds(w, start_ms, now_ms)) continue;
     if (p > period || (p < period && period - p < s.buckets)) {
       // No caller's random state here: the word just taken seeds the draws.
       uint32_t rng = uint32_t(w ^ (w >> 32)) | 1;
@@ -573,10 +597,6 @@ bool SetOpenUntil(DependencySlot& slot, uint16_t seq, uint64_t until_ms, uint64_
 
 namespace {
 
-void PauseForTest(WindowReadPause at) {
-  if (const auto pause = window_internal::g_read_pause.load(kRelaxed)) pause(at);
-}
-
 // The successes stripe word `word` (its period starting at `start_ms`) holds for a period of the
 // reader's window, as a bucket's calls count (ReadWindowOnce): in the window of `period`, not a
 // window behind the newest period, and not before the floor. A period that holds the reader's
@@ -615,18 +635,25 @@ uint64_t StripeCalls(uint64_t word, uint64_t start_ms, uint64_t now_ns, uint64_t
 // BeginHandover) counts from the stripe's `handing` word; if it reached the bucket before the
 // bucket was read, it counts twice for this read, which errs toward staying closed.
 std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns,
-                                          uint64_t head) {
+                                          uint64_t& head) {
   const WindowShape s = Shape(slot);
-  const uint64_t period = now_ns / s.bucket_ns;
-  const uint64_t floor = FloorPeriod(slot, now_ns, s);
-  const uint64_t newest = NewestPeriod(head, now_ns, s);
   const uint32_t stripes = StripeCount(slot);
   uint64_t handovers[kMaxStripes];
   uint64_t before[kMaxStripes];
   uint64_t starts[kMaxStripes];
   uint64_t handing[kMaxStripes];
+  // The stripes' counts of handovers before the head: every restart moves them on (as well as
+  // the head's 4-bit epoch, which 16 restarts bring back), so that a read with stripes sees any
+  // restart after this, however many.
   for (uint32_t i = 0; i < stripes; ++i) {
     handovers[i] = slot.stripes[i].handovers.load(std::memory_order_acquire);
+  }
+  head = slot.window_head.load(std::memory_order_acquire);
+  PauseForTest(WindowReadPause::kHeadRead);
+  const uint64_t period = now_ns / s.bucket_ns;
+  const uint64_t floor = FloorPeriod(slot, now_ns, s);
+  const uint64_t newest = NewestPeriod(head, now_ns, s);
+  for (uint32_t i = 0; i < stripes; ++i) {
     before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
     starts[i] = slot.stripes[i].window_start.load(std::memory_order_relaxed);
     handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
@@ -677,7 +704,7 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
   // read nothing if it keeps moving. The head's epoch tells a window started anew from the
   // old one even when its first calls gave it the old head's period and bits.
   for (int round = 0; round < 4; ++round) {
-    const uint64_t head = slot.window_head.load(std::memory_order_acquire);
+    uint64_t head;
     const std::optional<WindowStats> w = ReadWindowOnce(slot, now_ns, head);
     if (w && slot.window_head.load(std::memory_order_acquire) == head) return *w;
   }

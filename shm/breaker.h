@@ -327,11 +327,18 @@ void StartEpoch(DependencySlot& slot);
 // ReadWindow reads the breaker window of `slot` at `now_ns`, honoring the last close.
 WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns);
 
-// For tests only: where a window read may be stopped (ReadWindow reads the stripes, then the
-// shared buckets, then the stripes again), and the function a read calls at each of those
-// points when one is set, so that a test can do there what other processes would while the
-// scheduler stops the reader. Never set in the product: a relaxed load of a null pointer.
-enum class WindowReadPause { kStripesRead, kBucketsRead };
+// For tests only: where a window read may be stopped (ReadWindow reads the stripes' counts of
+// handovers and the head, the stripes, then the shared buckets, then the stripes again), or a
+// writer handing a full stripe's count over, and the function called at each of those points
+// when one is set, so that a test can do there what other processes would while the scheduler
+// stops the reader or the writer. Never set in the product: a relaxed load of a null pointer,
+// off the common path.
+enum class WindowReadPause {
+  kHeadRead,       // the stripes' counts of handovers and the head read
+  kStripesRead,    // the stripes read
+  kBucketsRead,    // the shared buckets read
+  kHandoverTaken,  // (a writer's) a full stripe's count taken, not yet in its bucket
+};
 namespace window_internal {
 extern std::atomic<void (*)(WindowReadPause)> g_read_pause;
 }  // namespace window_internal

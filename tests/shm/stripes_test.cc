@@ -786,6 +786,141 @@ TEST_F(StoppedReloadTest, ACloseInTheStoppedStateLeavesTheWindowSeeing) {
   EXPECT_LT(MsToTrip(120 * kSec), 5'000u) << "a 1 s window blind for this long";
 }
 
+// A reload from periods of a minute to an hour in one bucket, stopped halfway within the first
+// minute of an hour: the head's start is a period's start under both shapes, so the head read
+// as current with its bucket's bit, but the bucket held the old shape's period number, which
+// reads as later than the new one, and every failure was dropped as a call whose clock lags: a
+// total outage read 0 failures and tripped after 3,599 s (58.7 s from 10 s in 10 to a minute).
+// That bucket is started afresh now.
+TEST_F(StoppedReloadTest, AnOutageIsCountedInAWindowOfOneLongBucket) {
+  const struct {
+    Shape from, to;
+  } cases[] = {{{60'000, 1}, {3'600'000, 1}}, {{10'000, 10}, {60'000, 1}}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(Name(c.from) + " to " + Name(c.to));
+    Make(c.from, 1);
+    now_ = 7'200 * kSec + 100 * kMs;  // the hour's first minute
+    Calls(21'000);                    // 210 ms, 1 % failures
+    StoreShape(c.to);
+    Calls(1'000, kMs, true);  // 1 s of total outage, a call a ms
+    EXPECT_GE(ReadWindow(*slot_, now_).failures, 1'000u);
+    // As soon as its failures outnumber the window's 20,790 successes: 20 s at a call a ms.
+    EXPECT_LE(MsToTrip(3'700 * kSec), 21'000u);
+  }
+}
+
+// A close in the last, partial ms of a bucket period (periods of 700 ms / 3 are not whole ms):
+// the close's period is the next one, but its floor, from its ms, is this one. The stripe's
+// successes of this period are handed to its bucket with the failures from before the trip, as
+// before a close dropped a stripe period that holds its now: then the failures alone stayed,
+// and the first failure after the close tripped it again.
+TEST_F(StoppedReloadTest, ACloseInAPeriodsLastMsKeepsItsSuccessesBesideItsFailures) {
+  Make({700, 3}, 2);
+  p_.close_after = 1;
+  p_.open_for_ms = 1;
+  p_.open_jitter_ms = 0;
+  StorePolicy(p_, slot_->policy);
+  const uint64_t b = 700 * kMs / 3;
+  uint64_t k = 5'000 * kSec / b;
+  while (((k + 1) * b) % kMs == 0) ++k;
+  now_ = k * b + 10 * kMs;
+  for (int i = 0; i < 19; ++i)
+    RecordOutcome(*slot_, now_, false, false, rng_, 0, StripeMode::kAtomic);
+  for (int i = 0; i < 19; ++i)
+    RecordOutcome(*slot_, now_, true, false, rng_, 1, StripeMode::kAtomic);
+  ASSERT_EQ(Opened(), 1u);
+  const uint64_t close_ns = (k + 1) * b + 1;  // period k + 1, in the ms that began in k
+  ASSERT_TRUE(ApplyBreakerEvent(*slot_, BreakerEvent::kOpenPeriodOver, close_ns, 0, rng_));
+  const uint16_t seq = BreakerWord::Decode(slot_->breaker.load()).seq;
+  ASSERT_TRUE(ApplyBreakerEvent(*slot_, BreakerEvent::kProbeSucceeded, close_ns, seq, rng_));
+  const uint64_t t = close_ns + kMs;
+  RecordOutcome(*slot_, t, false, false, rng_, 0, StripeMode::kAtomic);
+  RecordOutcome(*slot_, t, false, false, rng_, 0, StripeMode::kAtomic);
+  RecordOutcome(*slot_, t, true, false, rng_, 1, StripeMode::kAtomic);
+  EXPECT_EQ(Opened(), 1u) << "the first failure after the close tripped it again";
+}
+
+// Stopped processes at the two points a read or a handover can be stopped across restarts,
+// which workers now make too (a failure that reads a window of two shapes starts it anew).
+class StoppedAcrossRestartsTest : public StoppedReloadTest {
+ protected:
+  ~StoppedAcrossRestartsTest() override { window_internal::g_read_pause.store(nullptr); }
+  // Each point runs its action once; calls made from an action do not pause.
+  static inline StoppedAcrossRestartsTest* self_ = nullptr;
+  static inline bool pausing_ = false;
+  std::function<void()> at_[4];
+  void Arm() {
+    self_ = this;
+    window_internal::g_read_pause.store([](WindowReadPause at) {
+      if (pausing_) return;
+      std::function<void()> f;
+      std::swap(f, self_->at_[int(at)]);
+      pausing_ = true;
+      if (f) f();
+      pausing_ = false;
+    });
+  }
+  void Call(uint64_t now, bool failure, uint16_t stripe) {
+    RecordOutcome(*slot_, now, failure, false, rng_, stripe, StripeMode::kAtomic);
+  }
+  // Sixteen restarts while a reader is stopped just after its load of the head, then the new
+  // window's first success and (once the reader has read the stripes) its first failure: the
+  // head is the reader's again, bit for bit, its 4-bit epoch round. When the stripes' counts of
+  // handovers were read after the head, the read took the stripes' one success beside the old
+  // window's 30 failures, and a healthy dependency (3,030 calls at 1 %) tripped.
+  void RestartsWhileTheReaderIsStopped(int restarts) {
+    Make({1'000, 5});
+    const uint64_t t0 = 7'000 * kSec + 10 * kMs;
+    for (int i = 0; i < 3'000; ++i) Call(t0, false, 0);
+    for (int i = 0; i < 29; ++i) Call(t0, true, 1);
+    ASSERT_EQ(Opened(), 0u);
+    at_[int(WindowReadPause::kHeadRead)] = [&] {
+      for (int i = 0; i < restarts; ++i) StartWindowAnew(*slot_);
+      Call(t0, false, 0);
+    };
+    at_[int(WindowReadPause::kBucketsRead)] = [&] { Call(t0, true, 1); };
+    Arm();
+    Call(t0, true, 1);  // the old window's 30th failure: its trip check is the stopped read
+    EXPECT_EQ(Opened(), 0u) << "3,030 calls at 1 % failures, then 2 calls at 50 %, tripped";
+  }
+};
+
+TEST_F(StoppedAcrossRestartsTest, SixteenRestartsWhileAReaderIsStoppedAreSeen) {
+  RestartsWhileTheReaderIsStopped(16);
+}
+
+TEST_F(StoppedAcrossRestartsTest, FifteenRestartsWhileAReaderIsStoppedAreSeen) {
+  RestartsWhileTheReaderIsStopped(15);
+}
+
+// A full stripe's handover in the stopped reload (an hour in one bucket to 1 s in 5), stopped
+// between its take and its add while another worker's failure reads the two shapes and starts
+// the window anew: the hour's 16.7 million successes went to the new shape's period holding the
+// hour's last ms, 49.8 s ahead of the clock, and moved the head there, and a total outage on a
+// 1 s window tripped after 49 s. The count goes to the call's own period now.
+TEST_F(StoppedAcrossRestartsTest, AFullStripesHandoverStoppedAcrossARestartLeavesTheWindowSeeing) {
+  for (const bool restart : {true, false}) {
+    SCOPED_TRACE(restart ? "a restart during the handover" : "no restart");
+    Make({3'600'000, 1}, 1);
+    uint64_t now = 7'200 * kSec + 3'550 * kSec;  // 50 s before the old period's end
+    for (int i = 0; i < 100; ++i) Call(now, false, 0);
+    Stripe& st = slot_->stripes[0];
+    st.window.store(
+        StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
+    StoreShape({1'000, 5});
+    if (restart) {
+      at_[int(WindowReadPause::kHandoverTaken)] = [&] { Call(now, true, 0); };
+    }
+    Arm();
+    Call(now, false, 0);  // finds the stripe full: the handover
+    window_internal::g_read_pause.store(nullptr);
+    EXPECT_LE(WindowHead::StartMs(slot_->window_head.load()), now / kMs + 1'000);
+    const uint64_t start = now;
+    while (Opened() == 0 && now < start + 120 * kSec) Call(now += kMs, true, 0);
+    EXPECT_LE((now - start) / kMs, 2'000u) << "ms of a total outage before a 1 s window trips";
+  }
+}
+
 // A window read is several words read one after another, and its reader may be stopped between
 // any two. One thread keeps a young window (each round starts it anew, as a reload that
 // changes its shape does, then gives it 61 calls, 20 of them failures, the successes in a
@@ -966,7 +1101,7 @@ class StoppedReaderTest : public StripeFoldTest {
   // the window without pausing.
   static inline StoppedReaderTest* self_ = nullptr;
   static inline bool pausing_ = false;
-  std::function<void()> at_[2];
+  std::function<void()> at_[4];
   void Arm() {
     self_ = this;
     window_internal::g_read_pause.store([](WindowReadPause at) {
