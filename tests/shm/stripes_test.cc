@@ -635,6 +635,31 @@ TEST(StripesTest, AReloadStoppedBetweenTheShapeAndTheWindowNeverTripsAHealthyDep
   }
 }
 
+// What a test does where a window read or a full stripe's handover may be stopped
+// (window_internal::g_read_pause), as other processes would while the scheduler stops it: each
+// action runs once, and the calls an action makes do not pause.
+class WindowPauses {
+ public:
+  ~WindowPauses() { window_internal::g_read_pause.store(nullptr); }
+  std::function<void()>& at(WindowReadPause p) { return at_[int(p)]; }
+  void Arm() {
+    self_ = this;
+    window_internal::g_read_pause.store([](WindowReadPause p) {
+      if (pausing_) return;
+      std::function<void()> f;
+      std::swap(f, self_->at_[int(p)]);
+      pausing_ = true;
+      if (f) f();
+      pausing_ = false;
+    });
+  }
+
+ private:
+  static inline WindowPauses* self_ = nullptr;
+  static inline bool pausing_ = false;
+  std::function<void()> at_[4];
+};
+
 // The reload stopped halfway, as above, in every pair of ten shapes (periods from 50 ms to an
 // hour, 1 to 10 buckets) and at ten offsets into the old shape's period, with and without a
 // close (an operator's reset) just before: a stripe's period of the old shape need not end on a
@@ -844,22 +869,7 @@ TEST_F(StoppedReloadTest, ACloseInAPeriodsLastMsKeepsItsSuccessesBesideItsFailur
 // which workers now make too (a failure that reads a window of two shapes starts it anew).
 class StoppedAcrossRestartsTest : public StoppedReloadTest {
  protected:
-  ~StoppedAcrossRestartsTest() override { window_internal::g_read_pause.store(nullptr); }
-  // Each point runs its action once; calls made from an action do not pause.
-  static inline StoppedAcrossRestartsTest* self_ = nullptr;
-  static inline bool pausing_ = false;
-  std::function<void()> at_[4];
-  void Arm() {
-    self_ = this;
-    window_internal::g_read_pause.store([](WindowReadPause at) {
-      if (pausing_) return;
-      std::function<void()> f;
-      std::swap(f, self_->at_[int(at)]);
-      pausing_ = true;
-      if (f) f();
-      pausing_ = false;
-    });
-  }
+  WindowPauses pauses_;
   void Call(uint64_t now, bool failure, uint16_t stripe) {
     RecordOutcome(*slot_, now, failure, false, rng_, stripe, StripeMode::kAtomic);
   }
@@ -874,12 +884,12 @@ class StoppedAcrossRestartsTest : public StoppedReloadTest {
     for (int i = 0; i < 3'000; ++i) Call(t0, false, 0);
     for (int i = 0; i < 29; ++i) Call(t0, true, 1);
     ASSERT_EQ(Opened(), 0u);
-    at_[int(WindowReadPause::kHeadRead)] = [&] {
+    pauses_.at(WindowReadPause::kHeadRead) = [&] {
       for (int i = 0; i < restarts; ++i) StartWindowAnew(*slot_);
       Call(t0, false, 0);
     };
-    at_[int(WindowReadPause::kBucketsRead)] = [&] { Call(t0, true, 1); };
-    Arm();
+    pauses_.at(WindowReadPause::kBucketsRead) = [&] { Call(t0, true, 1); };
+    pauses_.Arm();
     Call(t0, true, 1);  // the old window's 30th failure: its trip check is the stopped read
     EXPECT_EQ(Opened(), 0u) << "3,030 calls at 1 % failures, then 2 calls at 50 %, tripped";
   }
@@ -909,9 +919,9 @@ TEST_F(StoppedAcrossRestartsTest, AFullStripesHandoverStoppedAcrossARestartLeave
         StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
     StoreShape({1'000, 5});
     if (restart) {
-      at_[int(WindowReadPause::kHandoverTaken)] = [&] { Call(now, true, 0); };
+      pauses_.at(WindowReadPause::kHandoverTaken) = [&] { Call(now, true, 0); };
     }
-    Arm();
+    pauses_.Arm();
     Call(now, false, 0);  // finds the stripe full: the handover
     window_internal::g_read_pause.store(nullptr);
     EXPECT_LE(WindowHead::StartMs(slot_->window_head.load()), now / kMs + 1'000);
@@ -1095,24 +1105,8 @@ class StoppedReaderTest : public StripeFoldTest {
   static constexpr uint64_t kT0 = 7'000 * kSec;
   static constexpr uint64_t kT1 = kT0 + kSec;  // the next bucket period (1 s buckets)
 
-  ~StoppedReaderTest() override { window_internal::g_read_pause.store(nullptr); }
-
-  // Each test sets what happens at each pause; a pause runs once, and the calls it makes read
-  // the window without pausing.
-  static inline StoppedReaderTest* self_ = nullptr;
-  static inline bool pausing_ = false;
-  std::function<void()> at_[4];
-  void Arm() {
-    self_ = this;
-    window_internal::g_read_pause.store([](WindowReadPause at) {
-      if (pausing_) return;
-      std::function<void()> f;
-      std::swap(f, self_->at_[int(at)]);
-      pausing_ = true;
-      if (f) f();
-      pausing_ = false;
-    });
-  }
+  // Each test sets what happens at each pause.
+  WindowPauses pauses_;
   // The 5 successes and the failure before the read, and the 995 successes and 15 failures of
   // the meantime.
   void CallsBeforeTheRead() {
@@ -1136,7 +1130,7 @@ class StoppedReaderTest : public StripeFoldTest {
 // added it to the bucket, as the reader read the buckets.
 TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
   CallsBeforeTheRead();
-  at_[int(WindowReadPause::kStripesRead)] = [this] {
+  pauses_.at(WindowReadPause::kStripesRead) = [this] {
     CallsWhileStopped();
     Stripe& st = slot_->stripes[0];
     const uint64_t taken = st.window.load();
@@ -1145,7 +1139,7 @@ TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
     st.window.store(StripeWindow::Make((kT1 / kSec + 1) * 1'000, 1));
     st.window_start.store(kT1 / kMs);
   };
-  Arm();
+  pauses_.Arm();
   ExpectEveryCallRead();
 }
 
@@ -1155,9 +1149,9 @@ TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
 TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted) {
   CallsBeforeTheRead();
   Call(2, kT1, Outcome::kSuccess);
-  at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
-  at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT1, Outcome::kSuccess); };
-  Arm();
+  pauses_.at(WindowReadPause::kStripesRead) = [this] { CallsWhileStopped(); };
+  pauses_.at(WindowReadPause::kBucketsRead) = [this] { Call(0, kT1, Outcome::kSuccess); };
+  pauses_.Arm();
   ExpectEveryCallRead();
   EXPECT_EQ(slot_->stripes[0].handing.load(), 0u);
 }
@@ -1167,12 +1161,12 @@ TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted)
 // its first count: a restart counts as a handover on every stripe, and the read is read again.
 TEST_F(StoppedReaderTest, SixteenRestartsWhileTheReaderWasStoppedAreSeen) {
   CallsBeforeTheRead();
-  at_[int(WindowReadPause::kStripesRead)] = [this] { CallsWhileStopped(); };
-  at_[int(WindowReadPause::kBucketsRead)] = [this] {
+  pauses_.at(WindowReadPause::kStripesRead) = [this] { CallsWhileStopped(); };
+  pauses_.at(WindowReadPause::kBucketsRead) = [this] {
     for (int i = 0; i < 16; ++i) StartWindowAnew(*slot_);
     CallsBeforeTheRead();  // the new window's first calls, as the old one's were
   };
-  Arm();
+  pauses_.Arm();
   const WindowStats w = ReadWindow(*slot_, kT0);
   EXPECT_EQ(w.calls, 6u) << "the new window's calls only";
   EXPECT_FALSE(ShouldTrip(*slot_, w)) << w.calls << " calls, " << w.failures << " failures";
@@ -1184,13 +1178,13 @@ TEST_F(StoppedReaderTest, AFullStripesHandoverWhileTheReaderWasStoppedIsSeen) {
   Call(0, kT0, Outcome::kSuccess);
   Call(1, kT0, Outcome::kFailure);
   Stripe& st = slot_->stripes[0];
-  at_[int(WindowReadPause::kStripesRead)] = [&] {
+  pauses_.at(WindowReadPause::kStripesRead) = [&] {
     st.window.store(
         StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
     for (int i = 0; i < 24; ++i) Call(1, kT0, Outcome::kFailure);
   };
-  at_[int(WindowReadPause::kBucketsRead)] = [this] { Call(0, kT0, Outcome::kSuccess); };
-  Arm();
+  pauses_.at(WindowReadPause::kBucketsRead) = [this] { Call(0, kT0, Outcome::kSuccess); };
+  pauses_.Arm();
   // (Past 65,535 calls the bucket counts in larger units: its 25 failures are a fraction of
   // one unit, as its rates are, not a count.)
   const WindowStats w = ReadWindow(*slot_, kT0);
