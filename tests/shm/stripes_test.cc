@@ -588,53 +588,6 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
   EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
 }
 
-// A reload that changes the window's shape stores the new policy, then starts the window anew
-// (StorePolicyOf). A daemon the scheduler stops between the two steps leaves writers and readers
-// with the new shape over the old window: successes still counted in a stripe's period of the
-// old shape, which a reader of the new shape did not find in its window, and failures in a
-// shared bucket of the new shape, which it did. One thread, a virtual clock: 1 % failures before
-// the reload, then with the reload stopped halfway, then after it; every change of shape that
-// AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape makes, each way.
-TEST(StripesTest, AReloadStoppedBetweenTheShapeAndTheWindowNeverTripsAHealthyDependency) {
-  const struct {
-    uint32_t window_ms, buckets;
-  } shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}, {1'000, 1}};
-  for (const auto& from : shapes) {
-    for (const auto& to : shapes) {
-      if (&from == &to) continue;
-      SCOPED_TRACE("from " + std::to_string(from.window_ms) + " ms in " +
-                   std::to_string(from.buckets) + " to " + std::to_string(to.window_ms) +
-                   " ms in " + std::to_string(to.buckets));
-      Policy p;
-      p.window_ms = from.window_ms;
-      p.window_buckets = from.buckets;
-      p.min_calls = 20;
-      p.failure_rate_pct = 50;
-      auto seg = Segment::CreatePrivate(1, 8, p);
-      const uint32_t index = testing::AddDependency(*seg, "orders", p);
-      DependencySlot& slot = *seg->dependency(index);
-      slot.stripe_count.store(2);
-      uint32_t rng = 7;
-      uint64_t now = 5'000 * kSec + 100 * kMs;
-      auto calls = [&](int n) {  // 1 % failures, 10 us apart, on two stripes
-        for (int i = 1; i <= n; ++i, now += 10'000) {
-          RecordOutcome(slot, now, i % 100 == 0, false, rng, uint16_t(i % 2), StripeMode::kAtomic);
-        }
-      };
-      calls(10'000);  // 100 ms
-      Policy q = p;
-      q.window_ms = to.window_ms;
-      q.window_buckets = to.buckets;
-      StorePolicy(q, slot.policy);  // the reload's first step; its daemon stopped there
-      calls(30'000);
-      EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
-      StartWindowAnew(slot);  // the daemon runs again
-      calls(10'000);
-      EXPECT_EQ(slot.counters[kOpened].load(), 0u) << "1 % failures tripped a 50 % breaker";
-    }
-  }
-}
-
 // What a test does where a window read or a full stripe's handover may be stopped
 // (window_internal::g_read_pause), as other processes would while the scheduler stops it: each
 // action runs once, and the calls an action makes do not pause.
@@ -713,6 +666,32 @@ class StoppedReloadTest : public ::testing::Test {
   uint32_t rng_ = 7;
   uint64_t now_ = 0;
 };
+
+// A reload that changes the window's shape stores the new policy, then starts the window anew
+// (StorePolicyOf). A daemon the scheduler stops between the two steps leaves writers and readers
+// with the new shape over the old window: successes still counted in a stripe's period of the
+// old shape, which a reader of the new shape did not find in its window, and failures in a
+// shared bucket of the new shape, which it did. One thread, a virtual clock: 1 % failures before
+// the reload, then with the reload stopped halfway, then after it; every change of shape that
+// AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape makes, each way.
+TEST_F(StoppedReloadTest, AReloadStoppedBetweenTheShapeAndTheWindowNeverTripsAHealthyDependency) {
+  const Shape shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}, {1'000, 1}};
+  for (const Shape& from : shapes) {
+    for (const Shape& to : shapes) {
+      if (&from == &to) continue;
+      SCOPED_TRACE(Name(from) + " to " + Name(to));
+      Make(from);
+      now_ = 5'000 * kSec + 100 * kMs;
+      Calls(10'000);  // 100 ms, 1 % failures, on two stripes
+      StoreShape(to);
+      Calls(30'000);
+      EXPECT_EQ(Opened(), 0u) << "1 % failures tripped a 50 % breaker";
+      StartWindowAnew(*slot_);  // the daemon runs again
+      Calls(10'000);
+      EXPECT_EQ(Opened(), 0u) << "1 % failures tripped a 50 % breaker";
+    }
+  }
+}
 
 TEST_F(StoppedReloadTest, AHealthyDependencyNeverTripsAtAnyOffsetOrAfterAClose) {
   const uint64_t offsets_ms[] = {0, 1, 50, 100, 150, 199, 250, 333, 500, 999};
