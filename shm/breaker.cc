@@ -225,10 +225,10 @@ void RecordCall(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, 
 }
 
 // The period of a stripe's window word `w`, seen at `now_ms` (stripes.h): its end is the first
-// whole ms at or after the period's end, so the period is the one before the end's.
+// whole ms at or after the period's end, so the period is the one of the last ms before the
+// end. (Not the one before the end's: under another shape, a reload not yet followed by
+// StartWindowAnew, the end need not be a period's end.)
 uint64_t StripePeriod(uint64_t w, uint64_t now_ms, const WindowShape& s) {
-  // The period of the last ms before the end: under another shape (a reload not yet followed
-  // by StartWindowAnew) the end need not be a period's end.
   const uint64_t end_ms = StripeWindow::EndMs(w, now_ms);
   return end_ms == 0 ? 0 : (end_ms - 1) * 1'000'000u / s.bucket_ns;
 }
