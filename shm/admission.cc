@@ -242,8 +242,7 @@ void StorePolicyOf(DependencySlot& slot, const Policy& policy) {
   }
 }
 
-void Reset(DependencySlot& slot, uint64_t now_ns) {
-  // The deposits waiting in the stripes were made before the reset: it refills without them.
+void DropStripeDeposits(DependencySlot& slot) {
   for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
     Stripe& s = slot.stripes[i];
     uint64_t taken = s.deposits_taken.load(kRelaxed);
@@ -251,6 +250,11 @@ void Reset(DependencySlot& slot, uint64_t now_ns) {
       if (s.deposits_taken.compare_exchange_weak(taken, made, kRelaxed)) break;
     }
   }
+}
+
+void Reset(DependencySlot& slot, uint64_t now_ns) {
+  // The deposits waiting in the stripes were made before the reset: it refills without them.
+  DropStripeDeposits(slot);
   uint32_t rng = 1;  // a reset closes: nothing to draw
   ApplyBreakerEvent(slot, BreakerEvent::kReset, now_ns, 0, rng);
   // An empty window in every state: a head with no bucket bits (breaker.h) holds no calls, and

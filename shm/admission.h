@@ -139,6 +139,11 @@ void StorePolicyOf(DependencySlot& slot, const Policy& policy);
 // deposits waiting in the stripes are dropped: the refill replaces them).
 void Reset(DependencySlot& slot, uint64_t now_ns);
 
+// DropStripeDeposits drops the deposits waiting in the stripes of `slot`: each stripe's
+// deposits_taken is moved up to its deposits, as a withdrawal takes them, so that no stripe
+// word is written from another CPU (stripes.h). A deposit that races it stays. Thread-safe.
+void DropStripeDeposits(DependencySlot& slot);
+
 }  // namespace retryd::shm
 
 #include "shm/admission_inline.h"  // IWYU pragma: export

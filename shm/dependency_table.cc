@@ -26,6 +26,33 @@ namespace {
 // belongs to a process that died holding it.
 constexpr uint64_t kCreateLockStaleMs = 1'000;
 
+// StartCountsAtZero starts the counters and the latency histogram of a slot given a new name at
+// zero, and leaves every stripe's word as it is: a stripe's words are written only by their
+// CPU's sequences, and a store from here could land between a late call's load and its commit
+// there, which would write the previous name's count back, plus one (stripes.h). The shared
+// words the stripes are added to (ReadCounter, ReadLatency) start instead at minus what the
+// stripes hold now, so that the sums start at zero, plus a call of the previous name that
+// completes then. Sums are modulo 2^64, and a stripe's words only grow.
+void StartCountsAtZero(DependencySlot& d) {
+  uint64_t first_attempts = 0, successes = 0, latency_us = 0;
+  uint64_t by_latency[kLatencyBuckets] = {};
+  for (uint32_t i = 0, n = StripeCount(d); i < n; ++i) {
+    const Stripe& st = d.stripes[i];
+    first_attempts += st.first_attempts.load(kRelaxed);
+    latency_us += st.success_latency_us.load(kRelaxed);
+    for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
+      const uint64_t n_b = st.successes_by_latency[b].load(kRelaxed);
+      by_latency[b] += n_b;
+      successes += n_b;
+    }
+  }
+  for (auto& c : d.counters) c.store(0, kRelaxed);
+  d.counters[kFirstAttempts].store(0 - first_attempts, kRelaxed);
+  d.counters[kSuccesses].store(0 - successes, kRelaxed);
+  for (uint32_t b = 0; b < kLatencyBuckets; ++b) d.latency[b].store(0 - by_latency[b], kRelaxed);
+  d.latency_sum_us.store(0 - latency_us, kRelaxed);
+}
+
 void EncodeName(std::string_view name, uint64_t words[6]) {
   char buf[48] = {};
   std::memcpy(buf, name.data(), std::min<size_t>(name.size(), kMaxNameLen));
@@ -257,24 +284,15 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
                         NsToMs32(now_ns)),
       kRelaxed);
   for (auto& b : d.buckets) b.store(0, kRelaxed);
-  for (auto& c : d.counters) c.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
-  for (auto& b : d.latency) b.store(0, kRelaxed);
-  d.latency_sum_us.store(0, kRelaxed);
-  // Only the stripes the slot will use (its stripe_count, below): nothing reads or writes the
-  // others, and leaving them untouched keeps their pages out of memory on a host with fewer
-  // CPUs than kMaxStripes.
-  const uint32_t stripes = HostStripes();
-  for (uint32_t i = 0; i < stripes; ++i) {
-    Stripe& st = d.stripes[i];
-    for (auto* w : {&st.first_attempts, &st.success_latency_us, &st.window, &st.window_start,
-                    &st.deposits, &st.deposits_taken}) {
-      w->store(0, kRelaxed);
-    }
-    for (auto& b : st.successes_by_latency) b.store(0, kRelaxed);
-  }
-  d.stripe_count.store(stripes, kRelaxed);
+  // The stripes the slot will use (its stripe_count): nothing reads or writes the others, and
+  // leaving them untouched keeps their pages out of memory on a host with fewer CPUs than
+  // kMaxStripes. Their words keep what the previous name counted (StartCountsAtZero).
+  d.stripe_count.store(HostStripes(), kRelaxed);
+  StartCountsAtZero(d);
+  DropStripeDeposits(d);
+  StartWindowAnew(d);
   d.state.store(uint32_t(SlotState::kActive), std::memory_order_release);
   if (uint32_t(free_slot) >= header_->dependency_high_water.load(kRelaxed)) {
     header_->dependency_high_water.store(uint32_t(free_slot) + 1, std::memory_order_release);

@@ -97,7 +97,8 @@ struct LatencyHistogram {
   }
 };
 
-// ReadLatency: the histogram of `slot`, its shared words plus every stripe's. Thread-safe.
+// ReadLatency: the histogram of `slot`, its shared words plus every stripe's, modulo 2^64 (as
+// ReadCounter, stripes.h). Thread-safe.
 inline LatencyHistogram ReadLatency(const DependencySlot& slot) {
   LatencyHistogram h;
   for (uint32_t b = 0; b < kLatencyBuckets; ++b) {

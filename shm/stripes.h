@@ -15,12 +15,15 @@
 // with plain instructions: no lock prefix, and no update is lost. Three writes come from any
 // CPU: a withdrawal advances deposits_taken with a CAS (a word the sequences never write), a
 // close or a reset empties the window word with a CAS (see below for its race), and the writer
-// that gives the slot a name zeroes the stripes before it publishes the slot as active. Where a thread cannot take the sequence's path
-// (no rseq registered, a CPU at or past the slot's stripe count, an architecture without the
-// sequences below, or a sequence aborted) it writes the slot's shared words with atomic
-// read-modify-writes, exactly as if there were no stripes. Tests drive stripes from virtual
-// CPUs with atomic read-modify-writes instead (StripeMode::kAtomic); the two modes never write
-// one segment.
+// that gives the slot a name does both (DropStripeDeposits, StartWindowAnew) and writes no other
+// stripe word: a store to a word the sequences write, made from another CPU between a
+// sequence's load and its commit, is written over by the commit, so a new name's counts start
+// at zero in the shared words instead (StartCountsAtZero, dependency_table.cc). Where a thread
+// cannot take the sequence's path (no rseq registered, a CPU at or past the slot's stripe count,
+// an architecture without the sequences below, or a sequence aborted) it writes the slot's
+// shared words with atomic read-modify-writes, exactly as if there were no stripes. Tests drive
+// stripes from virtual CPUs with atomic read-modify-writes instead (StripeMode::kAtomic); the
+// two modes never write one segment.
 //
 // Who reads a stripe. A decision that needs a sum folds the stripes: the trip check on a failure
 // (ReadWindow, breaker.h), a retry's withdrawal (FoldDeposits, admission.h), the daemon's tick
@@ -316,7 +319,9 @@ inline uint64_t StripeSuccesses(const Stripe& s) {
   return n;
 }
 
-// ReadCounter: counter `c` of `slot`, its shared word plus every stripe's. Thread-safe.
+// ReadCounter: counter `c` of `slot`, its shared word plus every stripe's, modulo 2^64 (the
+// shared word starts at minus what the stripes held when the slot was given its name, whose
+// counts they are). Thread-safe.
 inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
   uint64_t v = slot.counters[c].load(std::memory_order_relaxed);
   if (c != kFirstAttempts && c != kSuccesses) return v;

@@ -260,6 +260,80 @@ TEST(LatencyTest, ASlotGivenToAnotherDependencyStartsAtZeroButForTheCallsComplet
               leaked, rounds_leaking, kRounds);
 }
 
+// A stripe's word is written by a sequence on its CPU: a load, then the store that commits it.
+// A slot given to another name while a call of the old one is between the two must not get the
+// old name's count back from that store, in any word a sequence writes: the counters, the
+// histogram and its sum, and the retry budget's deposits (a count written back there would be
+// retries the new name never earned). The test above races real sequences; this one makes each
+// load before the reassignment and each store after it, every time.
+TEST(LatencyTest, ASequenceCommittingAcrossTheSlotsReassignmentCountsOneCallInTheNewName) {
+  const Policy policy = NeverTrips();
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, policy);
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("old", policy, &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  Caller caller{0, 0, 7};
+  caller.stripe = 0;
+  caller.stripe_mode = StripeMode::kAtomic;
+  // The budget emptied by retries, so that first attempts deposit in the stripe.
+  for (int i = 0; i < 1'000; ++i) {
+    Permit p;
+    const bool admitted = IsAdmitted(Admit(slot, index, 1, &CoarseNowNs, caller, &p));
+    Complete(slot, &p, Outcome::kFailure, 3 * kMs, CoarseNowNs(), caller);
+    if (!admitted) break;
+  }
+  for (int i = 0; i < 1'000; ++i) {
+    Permit p;
+    ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
+    Complete(slot, &p, Outcome::kSuccess, 3 * kMs, CoarseNowNs(), caller);
+  }
+  Stripe& st = slot.stripes[0];
+  const uint32_t bucket = LatencyBucket(3 * kMs);
+  const uint64_t first_attempts = st.first_attempts.load();
+  const uint64_t successes = st.successes_by_latency[bucket].load();
+  const uint64_t latency_us = st.success_latency_us.load();
+  const uint64_t deposits = st.deposits.load();
+  ASSERT_GE(first_attempts, 1'000u);
+  ASSERT_EQ(successes, 1'000u);
+  ASSERT_EQ(latency_us, 3'000'000u);
+  ASSERT_GT(PendingDeposits(slot), 0u) << "the old name's deposits wait in the stripe";
+
+  seg->Retire(index);
+  ASSERT_TRUE(seg->PutDependency("new", policy, &index).ok());
+  ASSERT_EQ(seg->dependency(index), &slot);
+  EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 0u);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), 0u);
+  EXPECT_EQ(ReadLatency(slot).Count(), 0u);
+  EXPECT_EQ(PendingDeposits(slot), 0u);
+
+  // The late call's commits: its load's value plus its own.
+  st.first_attempts.store(first_attempts + 1);
+  st.successes_by_latency[bucket].store(successes + 1);
+  st.success_latency_us.store(latency_us + 3'000);
+  st.deposits.store(deposits + 100);
+  EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 1u);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), 1u);
+  LatencyHistogram h = ReadLatency(slot);
+  EXPECT_EQ(h.Count(), 1u);
+  EXPECT_EQ(h.buckets[bucket], 1u);
+  EXPECT_EQ(h.sum_us, 3'000u);
+  EXPECT_EQ(PendingDeposits(slot), 100u) << "one call's deposit, not the old name's";
+
+  // The new name counts on from there, in the stripe and in the shared words.
+  Permit p;
+  ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
+  Complete(slot, &p, Outcome::kSuccess, 3 * kMs, CoarseNowNs(), caller);
+  caller.stripe = kNoStripe;
+  ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
+  Complete(slot, &p, Outcome::kFailure, 3 * kMs, CoarseNowNs(), caller);
+  EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 3u);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), 2u);
+  EXPECT_EQ(ReadCounter(slot, kFailures), 1u);
+  h = ReadLatency(slot);
+  EXPECT_EQ(h.Count(), 3u);
+  EXPECT_EQ(h.sum_us, 9'000u);
+}
+
 // A dependency in the disabled mode records nothing, its latencies included; forced-open
 // admits nothing to complete.
 TEST(LatencyTest, TheDisabledModeRecordsNoLatency) {
