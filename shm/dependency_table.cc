@@ -286,10 +286,14 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   for (auto& b : d.buckets) b.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
-  // The stripes the slot will use (its stripe_count): nothing reads or writes the others, and
-  // leaving them untouched keeps their pages out of memory on a host with fewer CPUs than
-  // kMaxStripes. Their words keep what the previous name counted (StartCountsAtZero).
-  d.stripe_count.store(HostStripes(), kRelaxed);
+  // The stripes the slot uses (its stripe_count): the host's CPUs as the slot's first writer
+  // saw them, kept for every later name. Nothing reads or writes the others, and leaving them
+  // untouched keeps their pages out of memory on a host with fewer CPUs than kMaxStripes. The
+  // stripes' words keep what earlier names counted, and the shared words start at minus their
+  // sums (StartCountsAtZero): a count changed by a writer that sees another number of CPUs
+  // (a container's) would pair those words with other stripes than their sums were taken
+  // over, and a reader in between would add them up to less than zero.
+  if (d.stripe_count.load(kRelaxed) == 0) d.stripe_count.store(HostStripes(), kRelaxed);
   StartCountsAtZero(d);
   DropStripeDeposits(d);
   StartWindowAnew(d);

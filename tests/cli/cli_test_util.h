@@ -27,6 +27,10 @@
 
 namespace retryd::cli_test {
 
+// A test's segment beats once, when it is made: an hour of --stale-after keeps its daemon up
+// through a test that runs retryctl many times on a loaded machine.
+inline constexpr const char* kUpForAnHour = "--stale-after=3600";
+
 struct RunResult {
   int exit_code = -1;  // exit status, or 128 + signal
   std::string out;

@@ -210,10 +210,6 @@ pid_t DeadPid() {
   return child;
 }
 
-// The test's segment beats once, when it is made: an hour of --stale-after keeps its daemon up
-// through a test that runs retryctl many times on a loaded machine.
-constexpr const char* kUpForAnHour = "--stale-after=3600";
-
 json FleetJson(const TestSegment& seg, std::vector<std::string> extra, int want_exit) {
   std::vector<std::string> args = {"fleet", "--json", "--segment", seg.name(), kUpForAnHour};
   args.insert(args.end(), extra.begin(), extra.end());

@@ -22,9 +22,6 @@ const std::vector<std::string> kColumns = {"DEPENDENCY",  "MODE",     "BREAKER",
                                            "LAST PROBE",  "WINDOW",   "RETRY TOKENS", "RETRIES",
                                            "RETRY RATIO", "BULKHEAD", "REJECTED"};
 
-// The test's segment beats once, when it is made: an hour of --stale-after keeps its daemon up.
-constexpr const char* kUpForAnHour = "--stale-after=3600";
-
 // A segment whose status is wider than 120 columns: an open breaker with rejections, retries
 // granted and denied, a full bulkhead, and a name as long as a segment takes.
 class WideSegment {

@@ -23,6 +23,7 @@
 #include "shm/breaker.h"
 #include "shm/counters.h"
 #include "shm/segment.h"
+#include "tests/sanitized.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -332,6 +333,143 @@ TEST(LatencyTest, ASequenceCommittingAcrossTheSlotsReassignmentCountsOneCallInTh
   h = ReadLatency(slot);
   EXPECT_EQ(h.Count(), 3u);
   EXPECT_EQ(h.sum_us, 9'000u);
+}
+
+// The stripes a slot uses are those its first writer saw (its stripe_count), whatever later
+// writers see: a process that sees another number of CPUs (in a container) gives the slot to
+// another name without changing them, so that the shared words' start, minus the stripes'
+// sums, is taken over the stripes readers add. Before, a count shrunk from 8 to 2 left a reader
+// between the two stores a first-attempt count of minus 6,000.
+TEST(LatencyTest, AWriterSeeingOtherCpusKeepsTheSlotsStripesAndItsCountsStartAtZero) {
+  const Policy policy = NeverTrips();
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, policy);
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("a", policy, &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  slot.stripe_count.store(8);  // as a first writer on a host of 8 CPUs left it
+  Caller caller{0, 0, 5};
+  caller.stripe_mode = StripeMode::kAtomic;
+  const auto calls_on_every_stripe = [&] {
+    for (uint16_t s = 0; s < 8; ++s) {
+      caller.stripe = s;
+      for (int i = 0; i < 1'000; ++i) {
+        Permit p;
+        ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
+        Complete(slot, &p, Outcome::kSuccess, 2 * kMs, CoarseNowNs(), caller);
+      }
+    }
+  };
+  calls_on_every_stripe();
+  ASSERT_EQ(ReadCounter(slot, kFirstAttempts), 8'000u);
+  for (const char* name : {"b", "c"}) {
+    seg->Retire(index);
+    ASSERT_TRUE(seg->PutDependency(name, policy, &index).ok());
+    ASSERT_EQ(seg->dependency(index), &slot);
+    EXPECT_EQ(StripeCount(slot), 8u) << name << ": given by a process that sees "
+                                     << HostStripes() << " CPUs";
+    EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 0u) << name;
+    EXPECT_EQ(ReadCounter(slot, kSuccesses), 0u) << name;
+    EXPECT_EQ(ReadLatency(slot).Count(), 0u) << name;
+    EXPECT_EQ(ReadLatency(slot).sum_us, 0u) << name;
+    calls_on_every_stripe();
+    EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 8'000u) << name;
+    EXPECT_EQ(ReadLatency(slot).Count(), 8'000u) << name;
+  }
+}
+
+// Readers racing the reassignments, while a thread on each CPU completes the old name's calls
+// through the real per-CPU path (a retry in four, so that the budget stays empty and first
+// attempts deposit in the stripes): no read is ever below zero (a wrapped count), a read of
+// the new name once it is set up holds at most a call per writer, and the new name's budget
+// grants no more than its burst and a writer's deposit.
+TEST(LatencyTest, ReadersRacingReassignmentsNeverSeeAWrappedOrInheritedCount) {
+  Policy policy = NeverTrips();
+  policy.retry_burst = 50;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, policy);
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("old", policy, &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  const uint32_t slot_index = index;
+  const uint32_t old_parity = slot.generation.load() & 1;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> calls{0};
+  constexpr int kWriters = 2;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      PinTo(w % Cpus());
+      Caller caller{0, 0, 777u + uint32_t(w)};
+      for (uint64_t i = 1; !stop.load(std::memory_order_relaxed);) {
+        const uint32_t g = slot.generation.load(std::memory_order_acquire);
+        if ((g & 1) != old_parity || slot.state.load() != uint32_t(SlotState::kActive)) continue;
+        caller.stripe = CurrentCpu();
+        Permit p;
+        AdmitAsBound(slot, slot_index, g, i++ % 4 == 0 ? 1 : 0, &CoarseNowNs, caller, &p);
+        caller.stripe = CurrentCpu();
+        Complete(slot, &p, Outcome::kSuccess, 2 * kMs, CoarseNowNs(), caller);
+        calls.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  std::atomic<uint64_t> wrapped{0}, inherited{0}, new_reads{0};
+  threads.emplace_back([&] {
+    constexpr uint64_t kWrapped = uint64_t{1} << 62;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint32_t g1 = slot.generation.load(std::memory_order_acquire);
+      const uint32_t state = slot.state.load(std::memory_order_acquire);
+      const uint64_t first = ReadCounter(slot, kFirstAttempts);
+      const uint64_t successes = ReadCounter(slot, kSuccesses);
+      const LatencyHistogram h = ReadLatency(slot);
+      const uint64_t pending = PendingDeposits(slot);
+      const uint32_t g2 = slot.generation.load(std::memory_order_acquire);
+      bool below_zero = first >= kWrapped || successes >= kWrapped || h.sum_us >= kWrapped ||
+                        pending >= kWrapped;
+      for (uint64_t b : h.buckets) below_zero |= b >= kWrapped;
+      if (below_zero && wrapped.fetch_add(1) < 5) {
+        std::printf("wrapped: first attempts %" PRIu64 ", successes %" PRIu64 ", sum %" PRIu64
+                    " us, pending %" PRIu64 "\n", first, successes, h.sum_us, pending);
+      }
+      if (g1 == g2 && (g1 & 1) != old_parity && state == uint32_t(SlotState::kActive)) {
+        new_reads.fetch_add(1, std::memory_order_relaxed);
+        if ((first > kWriters || successes > kWriters || h.Count() > kWriters) &&
+            inherited.fetch_add(1) < 5) {
+          std::printf("inherited: first attempts %" PRIu64 ", successes %" PRIu64
+                      ", histogram %" PRIu64 "\n", first, successes, h.Count());
+        }
+      }
+    }
+  });
+  const int rounds = Rounds(150);
+  for (int r = 0; r < rounds; ++r) {
+    const uint64_t before = calls.load();
+    while (calls.load() < before + 50) std::this_thread::yield();
+    seg->Retire(index);
+    ASSERT_TRUE(seg->PutDependency("new", policy, &index).ok());
+    // The reader reads the new name at least once (or for 20 ms, if the scheduler keeps it out).
+    const uint64_t seen = new_reads.load();
+    for (const uint64_t until = PreciseNowNs() + 20 * kMs;
+         new_reads.load() == seen && PreciseNowNs() < until;) {
+      std::this_thread::yield();
+    }
+    if (r % 10 == 0) {  // retries of the new name, not completed (no histogram entry)
+      Caller retrier{0, 0, 99};
+      uint32_t granted = 0;
+      for (int k = 0; k < 200; ++k) {
+        Permit p;
+        granted += IsAdmitted(Admit(slot, index, 1, &CoarseNowNs, retrier, &p));
+      }
+      EXPECT_LE(granted, policy.retry_burst + 1u) << "round " << r;
+    }
+    seg->Retire(index);
+    ASSERT_TRUE(seg->PutDependency("old", policy, &index).ok());
+  }
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  std::printf("%" PRIu64 " calls of the old name, %" PRIu64 " reads of the new one set up\n",
+              calls.load(), new_reads.load());
+  EXPECT_EQ(wrapped.load(), 0u);
+  EXPECT_EQ(inherited.load(), 0u);
+  EXPECT_GT(new_reads.load(), 0u) << "the reader read the new name set up";
 }
 
 // A dependency in the disabled mode records nothing, its latencies included; forced-open
