@@ -36,6 +36,12 @@ inline constexpr bool kSanitizedBuild = false;
 // Rounds(n): n in the release build, a quarter of n (at least 1) under a sanitizer.
 constexpr int Rounds(int n) { return kSanitizedBuild ? (n / 4 > 0 ? n / 4 : 1) : n; }
 
+// StressNs(ns): how long a test that runs a race for a time runs it: `ns` in the release
+// build, half of it under a sanitizer.
+constexpr unsigned long long StressNs(unsigned long long ns) {
+  return kSanitizedBuild ? ns / 2 : ns;
+}
+
 }  // namespace retryd
 
 #endif  // RETRYD_TESTS_SANITIZED_H_

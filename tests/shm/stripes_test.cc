@@ -573,7 +573,7 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
   const struct {
     uint32_t window_ms, buckets;
   } shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}};
-  const uint64_t end = PreciseNowNs() + 3 * kSec;
+  const uint64_t end = PreciseNowNs() + StressNs(3 * kSec);
   for (int k = 0; PreciseNowNs() < end; ++k) {
     usleep(5'000);
     Policy q = p;
@@ -944,7 +944,7 @@ TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing
     RecordOutcome(slot, t0, failure, false, rng, 0, StripeMode::kAtomic);
   };
   uint64_t rounds = 0;
-  for (const uint64_t end = PreciseNowNs() + 2 * kSec; PreciseNowNs() < end; ++rounds) {
+  for (const uint64_t end = PreciseNowNs() + StressNs(2 * kSec); PreciseNowNs() < end; ++rounds) {
     StartWindowAnew(slot);
     call(false);  // the stripe starts the period: the head has it, with no bucket bit yet
     call(true);   // the bucket's first failure: the head is what it was before the restart
@@ -995,7 +995,7 @@ TEST(StripesTest, ABreakerFoundClosedNeverHoldsTheOutagesFailures) {
   PinTo(0);
   uint32_t rng = 7;
   uint64_t rounds = 0;
-  for (const uint64_t end = PreciseNowNs() + 2 * kSec; PreciseNowNs() < end; ++rounds) {
+  for (const uint64_t end = PreciseNowNs() + StressNs(2 * kSec); PreciseNowNs() < end; ++rounds) {
     for (int i = 0; i < 30; ++i) RecordOutcome(slot, t0, true, false, rng, 0, StripeMode::kAtomic);
     BreakerWord b = BreakerWord::Decode(slot.breaker.load());
     ASSERT_EQ(b.state, BreakerState::kOpen);
@@ -1269,7 +1269,7 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileWorkersSharingACpuAreStopped)
     }
     kids.push_back(kid);
   }
-  const uint64_t end = PreciseNowNs() + 3 * kSec;
+  const uint64_t end = PreciseNowNs() + StressNs(3 * kSec);
   uint32_t r = 12345;
   uint64_t stops = 0;
   while (PreciseNowNs() < end) {
