@@ -51,3 +51,57 @@ function client(): Retryd\Client
     T::check($socket !== false && $socket !== '', 'RETRYD_SOCKET is set');
     return new Retryd\Client(socket: $socket, fallbackToLocal: false);
 }
+
+/** A free TCP port on 127.0.0.1, picked by binding to port 0. */
+function free_port(): int
+{
+    $s = stream_socket_server('tcp://127.0.0.1:0');
+    $port = (int)substr(strrchr(stream_socket_get_name($s, false), ':'), 1);
+    fclose($s);
+    return $port;
+}
+
+/**
+ * A real HTTP server on 127.0.0.1 (`php -S` with scripted_server.php): answers the Nth request
+ * with the Nth of $statuses (the last one repeats); requests() counts what reached it.
+ */
+final class ScriptedServer
+{
+    public int $port;
+    public string $base;
+    private $proc;
+    private string $seen;
+
+    public function __construct(array $statuses)
+    {
+        $this->port = free_port();
+        $this->base = "http://127.0.0.1:{$this->port}";
+        $this->seen = tempnam(sys_get_temp_dir(), 'retryd-php-seen-');
+        $env = getenv();
+        $env['RETRYD_TEST_SEEN'] = $this->seen;
+        $env['RETRYD_TEST_STATUSES'] = implode(',', $statuses);
+        $null = ['file', '/dev/null', 'w'];
+        $this->proc = proc_open([PHP_BINARY, '-n', '-S', "127.0.0.1:{$this->port}", __DIR__ . '/scripted_server.php'],
+            [0 => ['file', '/dev/null', 'r'], 1 => $null, 2 => $null], $pipes, null, $env);
+        $end = microtime(true) + 30;
+        while (($s = @fsockopen('127.0.0.1', $this->port, $errno, $errstr, 0.2)) === false) {
+            if (microtime(true) > $end) {
+                throw new RuntimeException("php -S did not start on port {$this->port}");
+            }
+            usleep(20000);
+        }
+        fclose($s);
+    }
+
+    public function requests(): int
+    {
+        return count(file($this->seen));
+    }
+
+    public function close(): void
+    {
+        proc_terminate($this->proc);
+        proc_close($this->proc);
+        @unlink($this->seen);
+    }
+}

@@ -1,6 +1,7 @@
 <?php
 // Retryd\Guzzle\Middleware with Guzzle's MockHandler: the retry loop around a request, the
-// last response when it gives up, Rejected when the host refuses, and breaker().
+// last response when it gives up, Rejected when the host refuses, and breaker(); and with
+// Guzzle's curl handler against a real server: a retry the empty budget refuses.
 declare(strict_types=1);
 require __DIR__ . '/lib.php';
 require getenv('GUZZLE_AUTOLOAD') ?: '/usr/share/php/GuzzleHttp/autoload.php';
@@ -90,4 +91,44 @@ $b = $rd->dependency('unit_guzzle_breaker');
 $c = http(Middleware::breaker($b), [new Response(200), new Response(500)]);
 T::eq(200, $c->getAsync('http://downstream/')->wait()->getStatusCode(), 'async ok');
 T::throws(ServerException::class, fn() => $c->get('http://downstream/'), '500 passes through');
+
+// The same scenario in every binding's adapters: the first attempt gets a 503, the host
+// refuses the retry (budget empty), and the client's call returns that 503.
+$scarce = $rd->dependency('unit_guzzle_budget');
+$scarce->permit(1)->success();  // a retry: takes the budget's one token, none comes back
+$e = T::throws(Retryd\Rejected::class, fn() => $scarce->permit(1), 'budget spent');
+if ($e instanceof Retryd\Rejected) {
+    T::eq('budget_empty', $e->reason, 'budget spent: reason');
+}
+function real_http(callable $middleware): Client
+{
+    $stack = HandlerStack::create();  // Guzzle's own handler: curl
+    $stack->push($middleware);
+    return new Client(['handler' => $stack, 'timeout' => 30]);
+}
+// test_retry_refused_by_budget_returns_the_503
+$server = new ScriptedServer([503, 503, 200]);
+try {
+    $c = real_http(Middleware::retry($scarce, $fast));
+    $r = $c->get($server->base . '/orders', ['http_errors' => false]);
+    T::eq(503, $r->getStatusCode(), 'retry refused by budget: the 503');
+    T::eq(1, $server->requests(), 'retry refused by budget: one request');
+    // With http_errors on, Guzzle raises for that 503 as it would without retries.
+    $e = T::throws(ServerException::class, fn() => $c->get($server->base . '/orders'),
+        'retry refused by budget: http_errors raises for the 503');
+    if ($e instanceof ServerException) {
+        T::eq(503, $e->getResponse()->getStatusCode(), 'retry refused by budget: ServerException for the 503');
+    }
+    T::eq(2, $server->requests(), 'retry refused by budget: one request each');
+} finally {
+    $server->close();
+}
+// test_retry_refused_by_budget_raises_the_clients_error: the first attempt's connection is
+// refused, the host refuses the retry: Guzzle's own exception.
+$c = real_http(Middleware::retry($scarce, $fast));
+$e = T::throws(ConnectException::class, fn() => $c->get('http://127.0.0.1:' . free_port() . '/orders'),
+    'retry refused by budget: the ConnectException');
+if ($e instanceof ConnectException) {
+    T::eq(7, $e->getHandlerContext()['errno'] ?? null, 'retry refused by budget: connection refused');
+}
 T::done('test_guzzle');

@@ -123,11 +123,12 @@ def server():
 
 
 # One driver per HTTP client: the same request made through that client's adapter, and what
-# the client raises on a timeout.
+# the client raises on a timeout and on a refused connection.
 class RequestsDriver:
     def __init__(self, dep, policy, base):
         import requests
         self.timeout_error = requests.exceptions.Timeout
+        self.connect_error = requests.exceptions.ConnectionError
         self.session = requests.Session()
         self.session.trust_env = False  # no proxy from the environment
         self.session.mount(base, retryd.adapters.RequestsAdapter(dep, policy))
@@ -144,6 +145,7 @@ class HTTPXDriver:
     def __init__(self, dep, policy, base):
         import httpx
         self.timeout_error = httpx.TimeoutException
+        self.connect_error = httpx.ConnectError
         self.client = httpx.Client(transport=retryd.adapters.HTTPXTransport(dep, policy),
                                    trust_env=False, timeout=30)
 
@@ -159,6 +161,7 @@ class Urllib3Driver:
     def __init__(self, dep, policy, base):
         import urllib3
         self.timeout_error = urllib3.exceptions.TimeoutError
+        self.connect_error = urllib3.exceptions.MaxRetryError  # what a refused urlopen raises
         self.pool = retryd.adapters.Urllib3PoolManager(dep, policy, timeout=30)
 
     def request(self, method, url, headers=None, body=None):
@@ -304,6 +307,49 @@ def test_refused_first_attempt_raises_rejected_and_sends_nothing(adapter, server
     assert e.value.reason == "open"
     assert server.requests_to("/orders") == []
     client.close()
+
+
+@pytest.fixture
+def budget_empty(make_segment):
+    """A dependency whose retry budget is spent: its one token taken, none deposited or
+    refilled."""
+    seg = make_segment(payments={"min_calls": 1000, "retry_burst": 1, "retry_ratio": 0,
+                                 "min_retries_per_sec": 0})
+    client = retryd.Client(segment=seg.name, fallback_to_local=False)
+    dep = client.dependency("payments")
+    with dep.admit(attempt=1):  # a retry: takes the token
+        pass
+    with pytest.raises(retryd.Rejected) as e:
+        with dep.admit(attempt=1):
+            pass
+    assert e.value.reason == "budget_empty"
+    yield dep
+    client.close()
+
+
+# The same scenario in every binding's adapters: the first attempt gets a 503, the host refuses
+# the retry (budget empty), and the client's call returns that 503.
+def test_retry_refused_by_budget_returns_the_503(adapter, server, budget_empty):
+    server.listen()
+    url = server.script("/orders", Reply(503, b"busy"), Reply(200, b"ok"))
+    driver = adapter(budget_empty, retryd.Policy(max_attempts=3, base=0.01, deadline=30.0))
+    response, status, body = driver.request("GET", url)
+    assert (status, body) == (503, b"busy")
+    assert len(server.requests_to("/orders")) == 1
+    result = response.retryd_result
+    assert (result.stop, result.rejection, result.attempts) == ("rejected", "budget_empty", 1)
+
+
+# The first attempt's connection is refused, the host refuses the retry: the client's own
+# exception.
+def test_retry_refused_by_budget_raises_the_clients_error(adapter, server, budget_empty):
+    url = server.script("/orders", Reply(200))  # not listening: the connection is refused
+    driver = adapter(budget_empty, retryd.Policy(max_attempts=3, base=0.01, deadline=30.0))
+    with pytest.raises(driver.connect_error) as e:
+        driver.request("GET", url)
+    result = e.value.retryd_result
+    assert (result.stop, result.rejection, result.attempts) == ("rejected", "budget_empty", 1)
+    assert result.last_error == "connect_refused"
 
 
 def test_adapters_module_imports_no_http_client():

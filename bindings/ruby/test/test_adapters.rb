@@ -80,21 +80,22 @@ class AdaptersTest < Minitest::Test
     http = Net::HTTP.new("127.0.0.1", @server.port)
     post = Net::HTTP::Post.new("/orders")
     post.body = "{}"
-    e = assert_raises(Retryd::CallFailed) { Retryd::NetHTTP.request(@dep, http, post, env: @env) }
-    assert_equal :terminal, e.result.stop
-    assert_equal "404", e.result.value.code
+    res = Retryd::NetHTTP.request(@dep, http, post, env: @env)
+    assert_equal "404", res.code
+    assert_equal :terminal, res.retryd_result.stop
     assert_equal 1, @server.requests.size
   end
 
   def test_net_http_refused_connection_is_retried_then_gives_up
     port = RetrydTest.free_port # nothing listens there
     http = Net::HTTP.new("127.0.0.1", port)
-    e = assert_raises(Retryd::CallFailed) do
+    # The last attempt's exception, as Net::HTTP raised it.
+    e = assert_raises(Errno::ECONNREFUSED) do
       Retryd::NetHTTP.request(@dep, http, Net::HTTP::Post.new("/orders"), max_attempts: 3, env: @env)
     end
-    assert_equal :attempts_exhausted, e.result.stop
-    assert_equal :connect_refused, e.result.last_error
-    assert_equal 3, e.result.attempts
+    assert_equal :attempts_exhausted, e.retryd_result.stop
+    assert_equal :connect_refused, e.retryd_result.last_error
+    assert_equal 3, e.retryd_result.attempts
   end
 
   def test_faraday_middleware_retries_and_resends_the_body
@@ -115,8 +116,91 @@ class AdaptersTest < Minitest::Test
       f.use Retryd::FaradayMiddleware, dependency: @dep, env: @env, max_attempts: 2
       f.adapter :net_http
     end
-    e = assert_raises(Retryd::CallFailed) { conn.get("/") }
-    assert_equal :connect_refused, e.result.last_error
-    assert_equal 2, e.result.attempts
+    e = assert_raises(Faraday::ConnectionFailed) { conn.get("/") }
+    assert_equal :connect_refused, e.retryd_result.last_error
+    assert_equal 2, e.retryd_result.attempts
+  end
+
+  def test_faraday_returns_the_last_5xx_when_attempts_run_out
+    serve([[503, {}]])
+    conn = Faraday.new(url: "http://127.0.0.1:#{@server.port}") do |f|
+      f.request :retryd, dependency: @dep, env: @env, max_attempts: 2
+      f.adapter :net_http
+    end
+    res = conn.get("/")
+    assert_equal 503, res.status
+    assert_equal :attempts_exhausted, res.retryd_result.stop
+    assert_equal 2, @server.requests.size
+  end
+
+  def test_refused_first_attempt_raises_rejected_and_sends_nothing
+    serve([[200, {}]])
+    seg = make_segment(orders: { mode: "forced-open" })
+    dep = Retryd::Client.new(segment: seg.name, fallback_to_local: false).dependency("orders")
+    http = Net::HTTP.new("127.0.0.1", @server.port)
+    e = assert_raises(Retryd::Rejected) { Retryd::NetHTTP.request(dep, http, Net::HTTP::Get.new("/"), env: @env) }
+    assert_equal :open, e.reason
+    conn = Faraday.new(url: "http://127.0.0.1:#{@server.port}") do |f|
+      f.request :retryd, dependency: dep, env: @env
+      f.adapter :net_http
+    end
+    e = assert_raises(Retryd::Rejected) { conn.get("/") }
+    assert_equal :open, e.reason
+    assert_equal 0, @server.requests.size
+  end
+
+  # A dependency whose retry budget is spent: its one token taken, none deposited or refilled.
+  def budget_empty_dependency
+    seg = make_segment(scarce: { min_calls: 1000, retry_burst: 1, retry_ratio: 0, min_retries_per_sec: 0 })
+    dep = Retryd::Client.new(segment: seg.name, fallback_to_local: false).dependency("scarce")
+    dep.admit(1) { nil } # a retry: takes the token
+    e = assert_raises(Retryd::Rejected) { dep.admit(1) { nil } }
+    assert_equal :budget_empty, e.reason
+    dep
+  end
+
+  # The same scenario in every binding's adapters: the first attempt gets a 503, the host
+  # refuses the retry (budget empty), and the client's call returns that 503.
+  def test_retry_refused_by_budget_returns_the_503
+    dep = budget_empty_dependency
+    serve([[503, {}], [200, {}]])
+    http = Net::HTTP.new("127.0.0.1", @server.port)
+    res = Retryd::NetHTTP.request(dep, http, Net::HTTP::Get.new("/orders"), deadline: 30.0, env: @env)
+    assert_equal "503", res.code
+    assert_equal 1, @server.requests.size
+    assert_equal [:rejected, :budget_empty, 1],
+                 [res.retryd_result.stop, res.retryd_result.rejection, res.retryd_result.attempts]
+
+    @server.close
+    serve([[503, {}], [200, {}]])
+    conn = Faraday.new(url: "http://127.0.0.1:#{@server.port}") do |f|
+      f.request :retryd, dependency: dep, env: @env, deadline: 30.0
+      f.adapter :net_http
+    end
+    res = conn.get("/orders")
+    assert_equal 503, res.status
+    assert_equal 1, @server.requests.size
+    assert_equal [:rejected, :budget_empty, 1],
+                 [res.retryd_result.stop, res.retryd_result.rejection, res.retryd_result.attempts]
+  end
+
+  # The first attempt's connection is refused, the host refuses the retry: the client's own
+  # exception.
+  def test_retry_refused_by_budget_raises_the_clients_error
+    dep = budget_empty_dependency
+    port = RetrydTest.free_port # nothing listens there
+    e = assert_raises(Errno::ECONNREFUSED) do
+      Retryd::NetHTTP.request(dep, Net::HTTP.new("127.0.0.1", port), Net::HTTP::Get.new("/"), env: @env)
+    end
+    assert_equal [:rejected, :budget_empty, 1],
+                 [e.retryd_result.stop, e.retryd_result.rejection, e.retryd_result.attempts]
+
+    conn = Faraday.new(url: "http://127.0.0.1:#{port}") do |f|
+      f.request :retryd, dependency: dep, env: @env
+      f.adapter :net_http
+    end
+    e = assert_raises(Faraday::ConnectionFailed) { conn.get("/") }
+    assert_equal [:rejected, :budget_empty, 1],
+                 [e.retryd_result.stop, e.retryd_result.rejection, e.retryd_result.attempts]
   end
 end

@@ -177,6 +177,8 @@ UNIT_DEPS = {
     "unit_loop": {"min_calls": 100000, "retry_burst": 100000, "min_retries_per_sec": 100000},
     "unit_guzzle": {"min_calls": 100000, "retry_burst": 100000, "min_retries_per_sec": 100000},
     "unit_guzzle_breaker": {"min_calls": 100000},
+    "unit_guzzle_budget": {"min_calls": 100000, "retry_burst": 1, "retry_ratio": 0,
+                           "min_retries_per_sec": 0},
     "unit_fork_bulkhead": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
     "unit_fork_parent": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
 }

@@ -2,6 +2,7 @@
 
 require "net/http"
 require "retryd"
+require "retryd/adapter"
 
 module Retryd
   # Net::HTTP through a dependency's retry loop.
@@ -15,8 +16,13 @@ module Retryd
   # as the grpc-timeout header; the request's method and an Idempotency-Key header tell the
   # classification whether it is safe to repeat. Net::HTTP's own repetition of an idempotent
   # request is turned off (max_retries 0): the loop decides, within the host's budget.
-  # Returns the response on success; raises Rejected (serve a fallback) or CallFailed (its
-  # result.value is the last response, a 4xx say).
+  # Returns the last attempt's response: the successful one, or, when the loop gives up or the
+  # host refuses a retry (the retry budget spent), the last one (a 4xx, the last 503), as
+  # Net::HTTP returns it. When the last attempt raised (a timeout, a refused connection), its
+  # exception is raised again, as Net::HTTP raised it. Either carries the CallResult as
+  # `retryd_result` (stop, attempts, rejection). Only when the host refuses the first attempt
+  # (breaker open, half-open probe busy, bulkhead full) is Retryd::Rejected raised: nothing
+  # was sent, serve a fallback.
   module NetHTTP
     IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -25,7 +31,7 @@ module Retryd
     def request(dependency, http, req, policy = nil, env: nil, **overrides)
       overrides = { method: req.method, idempotency_key: !req[IDEMPOTENCY_HEADER].nil? }.merge(overrides)
       http.max_retries = 0 if http.respond_to?(:max_retries=)
-      dependency.call(policy, env: env, **overrides) do |attempt|
+      Adapter.run(dependency, policy, env, overrides) do |attempt|
         if attempt.timeout
           http.open_timeout = attempt.timeout
           http.read_timeout = attempt.timeout
