@@ -86,6 +86,16 @@ class AdaptersTest < Minitest::Test
     assert_equal 1, @server.requests.size
   end
 
+  def test_net_http_refuses_a_block_and_sends_nothing
+    serve([[200, {}]])
+    http = Net::HTTP.new("127.0.0.1", @server.port)
+    e = assert_raises(ArgumentError) do
+      Retryd::NetHTTP.request(@dep, http, Net::HTTP::Get.new("/x"), env: @env) { |_res| nil }
+    end
+    assert_match(/takes no block/, e.message)
+    assert_equal 0, @server.requests.size
+  end
+
   def test_net_http_refused_connection_is_retried_then_gives_up
     port = RetrydTest.free_port # nothing listens there
     http = Net::HTTP.new("127.0.0.1", port)

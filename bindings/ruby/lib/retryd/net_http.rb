@@ -28,7 +28,14 @@ module Retryd
 
     module_function
 
+    # A block (Net::HTTP's way to stream a body as it arrives) is refused: an attempt that is
+    # retried would have streamed its body into it already.
     def request(dependency, http, req, policy = nil, env: nil, **overrides)
+      if block_given?
+        raise ArgumentError, "Retryd::NetHTTP.request takes no block: an attempt that is " \
+                             "retried would have streamed its body into it; read the " \
+                             "returned response's body instead"
+      end
       overrides = { method: req.method, idempotency_key: !req[IDEMPOTENCY_HEADER].nil? }.merge(overrides)
       http.max_retries = 0 if http.respond_to?(:max_retries=)
       Adapter.run(dependency, policy, env, overrides) do |attempt|
