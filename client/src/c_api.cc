@@ -76,6 +76,16 @@ void retryd_complete(retryd_client_t* client, retryd_permit_t* permit, int outco
   client->impl->CompleteRaw(permit, outcome, latency_ns);
 }
 
+int retryd_breaker_state(retryd_client_t* client, retryd_dependency_t dependency) {
+  if (!client) return Fail(Status::InvalidArgument("retryd_breaker_state: client is NULL"));
+  const int state = client->impl->BreakerStateRaw(dependency);
+  if (state < 0) {
+    return Fail(Status::InvalidArgument("retryd_breaker_state: no dependency with handle " +
+                                        std::to_string(dependency)));
+  }
+  return state;
+}
+
 int retryd_is_local(const retryd_client_t* client) {
   return client && client->impl->local() ? 1 : 0;
 }

@@ -630,6 +630,18 @@ void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency
   CompleteInline(raw, outcome, latency_ns);
 }
 
+int ClientImpl::BreakerStateRaw(int32_t dep) const {
+  if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) return RETRYD_EINVAL;
+  const shm::DependencySlot* slot = entries_[dep].slot.load(std::memory_order_acquire);
+  if (slot == nullptr) return RETRYD_EINVAL;
+  switch (shm::BreakerWord::Decode(slot->breaker.load(std::memory_order_acquire)).state) {
+    case shm::BreakerState::kOpen: return RETRYD_STATE_OPEN;
+    case shm::BreakerState::kHalfOpen: return RETRYD_STATE_HALF_OPEN;
+    case shm::BreakerState::kClosed: break;
+  }
+  return RETRYD_STATE_CLOSED;
+}
+
 bool ClientImpl::Admit(Dependency dep, uint32_t attempt, Permit* permit) {
   const int d = AdmitInline(dep.id, attempt, permit->raw());
   return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;

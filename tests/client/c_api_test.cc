@@ -1,8 +1,10 @@
 // The C ABI as a C caller sees it: codes, messages, permits, and no exception escaping.
 #include "retryd/retryd.h"
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -70,6 +72,91 @@ TEST(CApiTest, LogCallbackReceivesTheFallbackNotice) {
   EXPECT_EQ(retryd_is_local(c), 1);
   EXPECT_EQ(sink.lines, 1);
   EXPECT_NE(sink.last.find("per-process"), std::string::npos);
+  retryd_close(c);
+}
+
+// Admits attempt 0 of `dep` and completes it with `outcome`; returns the decision.
+int AdmitAndComplete(retryd_client_t* c, retryd_dependency_t dep, int outcome) {
+  retryd_permit_t permit;
+  const int d = retryd_admit(c, dep, 0, &permit);
+  retryd_complete(c, &permit, outcome, 1000);
+  return d;
+}
+
+// The state read follows the breaker through a whole cycle driven by this client's own calls:
+// failures open it, the first admit after the open period makes it half-open (the probe), and
+// the probe's success closes it.
+TEST(CApiTest, BreakerStateFollowsTripProbeAndClose) {
+  testing::NamedSegment seg("capi-state");
+  shm::Policy p;
+  p.min_calls = 2;
+  p.open_for_ms = 50;
+  p.open_for_max_ms = 50;
+  p.open_jitter_ms = 0;
+  p.close_after = 1;
+  testing::AddDependency(*seg.seg, "orders", p);
+  retryd_options_t opt = {seg.name.c_str(), 0};
+  retryd_client_t* c = nullptr;
+  ASSERT_EQ(retryd_open(&opt, &c), RETRYD_OK) << retryd_last_error();
+  retryd_dependency_t dep = -1;
+  ASSERT_EQ(retryd_resolve(c, "orders", &dep), RETRYD_OK);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);
+
+  EXPECT_EQ(AdmitAndComplete(c, dep, RETRYD_FAILURE), RETRYD_ADMITTED);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);  // below min_calls
+  EXPECT_EQ(AdmitAndComplete(c, dep, RETRYD_FAILURE), RETRYD_ADMITTED);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_OPEN);
+  EXPECT_EQ(AdmitAndComplete(c, dep, RETRYD_SUCCESS), RETRYD_REJECTED_OPEN);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_OPEN);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  // Nobody has admitted since the open period ended: the word still says open.
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_OPEN);
+  retryd_permit_t probe;
+  ASSERT_EQ(retryd_admit(c, dep, 0, &probe), RETRYD_ADMITTED_PROBE);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_HALF_OPEN);
+  retryd_complete(c, &probe, RETRYD_SUCCESS, 1000);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);
+  // The segment's word, as retryctl reads it, says the same.
+  EXPECT_EQ(shm::BreakerWord::Decode(seg.seg->dependency(0)->breaker.load()).state,
+            shm::BreakerState::kClosed);
+  retryd_close(c);
+}
+
+TEST(CApiTest, BreakerStateOnPrivateState) {
+  const std::string name = testing::UniqueSegmentName("capi-state-local");
+  retryd_options_t opt = {name.c_str(), 1};
+  retryd_set_log_callback([](void*, int, const char*) {}, nullptr);
+  retryd_client_t* c = nullptr;
+  ASSERT_EQ(retryd_open(&opt, &c), RETRYD_OK);
+  retryd_set_log_callback(nullptr, nullptr);
+  ASSERT_EQ(retryd_is_local(c), 1);
+  retryd_dependency_t dep = -1;
+  ASSERT_EQ(retryd_resolve(c, "orders", &dep), RETRYD_OK);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);
+  // The built-in default policy: min_calls 20, failure rate 50%.
+  const uint32_t min_calls = shm::Policy{}.min_calls;
+  for (uint32_t i = 0; i < min_calls; ++i) {
+    ASSERT_EQ(AdmitAndComplete(c, dep, RETRYD_FAILURE), RETRYD_ADMITTED) << i;
+  }
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_OPEN);
+  retryd_close(c);
+}
+
+TEST(CApiTest, BreakerStateRefusesBadHandles) {
+  testing::NamedSegment seg("capi-state-bad");
+  retryd_options_t opt = {seg.name.c_str(), 0};
+  retryd_client_t* c = nullptr;
+  ASSERT_EQ(retryd_open(&opt, &c), RETRYD_OK);
+  EXPECT_EQ(retryd_breaker_state(c, 0), RETRYD_EINVAL);  // nothing resolved yet
+  EXPECT_NE(std::string(retryd_last_error()).find("retryd_breaker_state"), std::string::npos);
+  retryd_dependency_t dep = -1;
+  ASSERT_EQ(retryd_resolve(c, "orders", &dep), RETRYD_OK);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);
+  EXPECT_EQ(retryd_breaker_state(c, dep + 1), RETRYD_EINVAL);
+  EXPECT_EQ(retryd_breaker_state(c, -1), RETRYD_EINVAL);
+  EXPECT_EQ(retryd_breaker_state(nullptr, dep), RETRYD_EINVAL);
+  EXPECT_NE(std::string(retryd_last_error()).find("NULL"), std::string::npos);
   retryd_close(c);
 }
 

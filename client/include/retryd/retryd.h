@@ -57,6 +57,11 @@ extern "C" {
 #define RETRYD_FAILURE 1 /* counts toward the breaker */
 #define RETRYD_IGNORED 2 /* the caller's fault (a 4xx): the breaker does not see it */
 
+/* Breaker states, from retryd_breaker_state (non-negative). */
+#define RETRYD_STATE_CLOSED 0
+#define RETRYD_STATE_OPEN 1      /* rejecting until its open period ends */
+#define RETRYD_STATE_HALF_OPEN 2 /* letting probes through */
+
 typedef struct retryd_client retryd_client_t;
 typedef int32_t retryd_dependency_t;
 
@@ -122,6 +127,17 @@ RETRYD_EXPORT int retryd_admit(retryd_client_t* client, retryd_dependency_t depe
  * or a call with a rejected permit, is a no-op. Hot path. Thread-safe. */
 RETRYD_EXPORT void retryd_complete(retryd_client_t* client, retryd_permit_t* permit, int outcome,
                                    uint64_t latency_ns);
+
+/* retryd_breaker_state returns the state of `dependency`'s breaker as this process sees it
+ * now (RETRYD_STATE_CLOSED, _OPEN, _HALF_OPEN): the breaker word of its slot in the host's
+ * segment, or of its per-process slot while the client runs on private state (retryd_is_local)
+ * or the name is on per-process limits. A breaker whose open period has ended reads OPEN until
+ * the next admit makes it HALF_OPEN. Breaker states only: a dependency whose mode is forced open
+ * or disabled reads its breaker's state all the same. Returns RETRYD_EINVAL for a NULL client
+ * or a bad handle, with the message in retryd_last_error(). One atomic load; no syscall, no
+ * lock, and nothing on the admit/complete path changes for a process that never calls it: the
+ * bindings' state-change subscriptions call it only while they have a subscriber. Thread-safe. */
+RETRYD_EXPORT int retryd_breaker_state(retryd_client_t* client, retryd_dependency_t dependency);
 
 /* retryd_is_local: 1 if the client runs on process-private state (no segment), else 0. */
 RETRYD_EXPORT int retryd_is_local(const retryd_client_t* client);
