@@ -42,7 +42,7 @@ keeps using the parent's Client; the library registers the child as a process of
 from . import adapters
 from ._client import (
     AttemptInfo, CallFailed, CallResult, Client, ClientError, Dependency, Env, Error, Permit,
-    Rejected)
+    Rejected, Subscription)
 from ._native import LibraryNotFound, library_path
 from ._policy import (
     Attempt, AttemptResult, Classifier, Policy, current_attempt, default_classify_exception,
@@ -52,5 +52,5 @@ __all__ = [
     "adapters", "Attempt", "AttemptInfo", "AttemptResult", "CallFailed", "CallResult",
     "Classifier", "Client", "ClientError", "Dependency", "Env", "Error", "LibraryNotFound",
     "Permit", "Policy", "Rejected", "current_attempt", "default_classify_exception",
-    "default_inspect", "library_path",
+    "default_inspect", "library_path", "Subscription",
 ]

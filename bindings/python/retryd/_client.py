@@ -4,6 +4,7 @@ import ctypes
 import dataclasses
 import os
 import functools
+import logging
 import threading
 import time
 import typing
@@ -21,6 +22,12 @@ _ADMISSIONS = {
     _native.REJECTED_BULKHEAD_FULL: "bulkhead_full",
     _native.REJECTED_BUDGET_EMPTY: "budget_empty",
 }
+_STATES = {
+    _native.STATE_CLOSED: "closed",
+    _native.STATE_OPEN: "open",
+    _native.STATE_HALF_OPEN: "half_open",
+}
+_log = logging.getLogger("retryd")
 _STOPS = {
     0: "retry", 1: "success", 2: "terminal", 3: "attempts_exhausted", 4: "rejected",
     5: "deadline", 6: "retry_after_too_long", 7: "cancelled", 8: "aborted",
@@ -140,6 +147,7 @@ class Client:
         self._handle = handle.value
         self._deps = {}
         self._lock = threading.Lock()
+        self._subscribers = ()  # replaced, never changed in place: read without the lock
 
     @property
     def local(self):
@@ -162,7 +170,28 @@ class Client:
                 if rc != _native.OK:
                     raise ClientError(rc, _native.last_error())
                 dep = self._deps[name] = Dependency(self, name, out.value)
+                if self._subscribers:
+                    dep._watch(True)
             return dep
+
+    def on_state_change(self, callback):
+        """Calls callback(name, old, new) whenever this process sees the breaker of any of
+        this client's dependencies (those resolved later included) change state, as
+        Dependency.on_state_change does for one. Returns a Subscription."""
+        return Subscription(self, callback)
+
+    def _subscribe(self, owner, callback, add):
+        with self._lock:
+            subs = owner._subscribers
+            if add:
+                subs = subs + (callback,)
+            elif callback in subs:
+                i = subs.index(callback)
+                subs = subs[:i] + subs[i + 1:]
+            owner._subscribers = subs
+            deps = [owner] if isinstance(owner, Dependency) else list(self._deps.values())
+            for dep in deps:
+                dep._watch(bool(dep._subscribers or self._subscribers))
 
     def close(self):
         """Unregisters this process and frees the client. Idempotent."""
@@ -197,6 +226,8 @@ class Permit:
         lib = dep._client._lib
         decision = lib.retryd_admit(dep._client._checked(), dep._id, attempt, ctypes.byref(self._raw))
         self._start = time.monotonic_ns()
+        if dep._watched:
+            dep._observe_state()
         if decision not in (_native.ADMITTED, _native.ADMITTED_PROBE):
             self._done = True
             # The contract: every admission is completed (for a refusal, a no-op).
@@ -236,6 +267,8 @@ class Permit:
         latency = max(0, time.monotonic_ns() - self._start)
         client = self._dep._client
         client._lib.retryd_complete(client._checked(), ctypes.byref(self._raw), outcome, latency)
+        if self._dep._watched:
+            self._dep._observe_state()
 
     def __enter__(self):
         return self
@@ -245,6 +278,34 @@ class Permit:
             self.complete(self._outcome)
         else:
             self.complete(_native.FAILURE if exc_type is not None else _native.SUCCESS)
+        return False
+
+
+class Subscription:
+    """A state-change subscription, from on_state_change. unsubscribe() ends it (a second
+    call is a no-op); as a context manager it ends at exit."""
+
+    __slots__ = ("_owner", "_client", "callback", "_active")
+
+    def __init__(self, owner, callback):
+        if not callable(callback):
+            raise TypeError("on_state_change: the callback must be callable")
+        self._owner = owner
+        self._client = owner if isinstance(owner, Client) else owner._client
+        self.callback = callback
+        self._active = True
+        self._client._subscribe(owner, callback, True)
+
+    def unsubscribe(self):
+        if self._active:
+            self._active = False
+            self._client._subscribe(self._owner, self.callback, False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unsubscribe()
         return False
 
 
@@ -285,9 +346,71 @@ class Dependency:
         self._client = client
         self._id = handle
         self.name = name
+        # State-change subscriptions: while _watched is False (no subscriber here or on the
+        # client), admissions and completions never read the breaker's state.
+        self._subscribers = ()
+        self._watched = False
+        self._last_state = None  # the last state this process saw, while watched
+        self._state_lock = threading.Lock()
 
     def __repr__(self):
         return f"<retryd.Dependency {self.name!r}>"
+
+    @property
+    def state(self):
+        """The breaker's state as this process sees it now: "closed", "open" or "half_open"
+        (a breaker whose open period has ended reads "open" until the next admission)."""
+        client = self._client
+        state = client._lib.retryd_breaker_state(client._checked(), self._id)
+        if state < 0:
+            raise Error(f"{self.name}: {_native.last_error()}")
+        return _STATES.get(state, str(state))
+
+    def on_state_change(self, callback):
+        """Calls callback(name, old, new) whenever this process sees this dependency's
+        breaker change state ("closed", "open", "half_open"): after each of its admissions and
+        completions (dep.admit, dep.call and the adapters) the state is read and compared with
+        the last one seen. Changes made by other processes are seen at this process's next
+        call; a change and its reversal between two calls are not seen. The callback runs on
+        the calling thread, inside the call; an exception it raises is logged (logger
+        "retryd") and the call goes on. Returns a Subscription: its unsubscribe() stops the
+        calls, and with no subscriber left the state is not read at all. Thread-safe."""
+        return Subscription(self, callback)
+
+    def _watch(self, on):
+        # Called under the client's lock. Starting to watch reads the state to compare with.
+        if on and not self._watched:
+            with self._state_lock:
+                self._last_state = self._read_state()
+        elif not on:
+            self._last_state = None
+        self._watched = on
+
+    def _read_state(self):
+        client = self._client
+        if client._handle is None:
+            return None
+        state = client._lib.retryd_breaker_state(client._handle, self._id)
+        return state if state >= 0 else None
+
+    def _observe_state(self):
+        state = self._read_state()
+        if state is None:
+            return
+        with self._state_lock:
+            old = self._last_state
+            if old == state:
+                return
+            self._last_state = state
+        if old is None:
+            return
+        old_name, new_name = _STATES.get(old, str(old)), _STATES.get(state, str(state))
+        for callback in self._subscribers + self._client._subscribers:
+            try:
+                callback(self.name, old_name, new_name)
+            except Exception:  # noqa: BLE001 - a subscriber's bug must not fail the call
+                _log.exception("retryd: state-change subscriber %r of %r raised", callback,
+                               self.name)
 
     def admit(self, attempt=0):
         """Asks whether attempt number `attempt` (0: first attempt, 1: first retry...) may go
@@ -314,7 +437,11 @@ class Dependency:
         native_policy, _method = to_native(policy)
         state = _CallState()
 
+        watched = self._watched
+
         def attempt_cb(_ctx, number, remaining_ms, out_ptr):
+            if watched:
+                self._observe_state()  # admitted just now: a probe's half-open shows here
             out = out_ptr.contents
             attempt = Attempt(number, None if remaining_ms == _native.NO_TIMEOUT else remaining_ms / 1000.0)
             previous = getattr(_current, "attempt", None)
@@ -349,6 +476,10 @@ class Dependency:
             return 0
 
         def observer_cb(_ctx, info_ptr):
+            if watched:
+                self._observe_state()
+            if not policy.observer:
+                return
             i = info_ptr.contents
             try:
                 policy.observer(AttemptInfo(
@@ -386,11 +517,14 @@ class Dependency:
         if env.wall_time is not None:
             c_env.wall_now_ms = _native.NOW_FN(lambda _ctx: int(env.wall_time() * 1000))
         c_attempt = _native.ATTEMPT_FN(attempt_cb)
-        c_observer = _native.OBSERVER_FN(observer_cb) if policy.observer else _native.OBSERVER_FN()
+        c_observer = (_native.OBSERVER_FN(observer_cb) if policy.observer or watched
+                      else _native.OBSERVER_FN())
         c_result = _native.CallResult()
         rc = lib.retryd_call(self._client._checked(), self._id, ctypes.byref(native_policy),
                              c_attempt, None, c_observer, None, ctypes.byref(c_env),
                              ctypes.byref(c_result))
+        if watched:
+            self._observe_state()
         if rc != _native.OK:
             raise Error(f"{self.name}: retryd_call failed: "
                         f"{lib.retryd_strerror(rc).decode()} (check the policy)")

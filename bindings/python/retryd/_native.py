@@ -30,6 +30,9 @@ REJECTED_BUDGET_EMPTY = 5
 SUCCESS = 0
 FAILURE = 1
 IGNORED = 2
+STATE_CLOSED = 0
+STATE_OPEN = 1
+STATE_HALF_OPEN = 2
 
 # retryd_policy.h
 ERROR_NONE = 0
@@ -178,6 +181,7 @@ def _declare(lib):
         "retryd_admit": (ctypes.c_int, [c_client, ctypes.c_int32, ctypes.c_uint32, ctypes.POINTER(Permit)]),
         "retryd_complete": (None, [c_client, ctypes.POINTER(Permit), ctypes.c_int, ctypes.c_uint64]),
         "retryd_is_local": (ctypes.c_int, [c_client]),
+        "retryd_breaker_state": (ctypes.c_int, [c_client, ctypes.c_int32]),
         "retryd_strerror": (ctypes.c_char_p, [ctypes.c_int]),
         "retryd_last_error": (ctypes.c_char_p, []),
         "retryd_classifier_new": (ctypes.c_void_p, []),
