@@ -31,7 +31,7 @@ class ConstantsTest < Minitest::Test
 
   def test_every_decision_outcome_error_and_stop_of_the_headers_is_copied
     values = header_values
-    wanted = values.keys.grep(/\A(ADMITTED|REJECTED_|ERROR_|ATTEMPT_|STOP_|JITTER_|BREAKER_OUTCOME_|E[A-Z]+\z)/)
+    wanted = values.keys.grep(/\A(ADMITTED|REJECTED_|STATE_|ERROR_|ATTEMPT_|STOP_|JITTER_|BREAKER_OUTCOME_|E[A-Z]+\z)/)
     wanted -= %w[EMPTY] # not a define of its own
     wanted.reject! { |k| k.start_with?("POLICY_") }
     missing = wanted - copied.keys

@@ -33,16 +33,23 @@ module Retryd
 
     def run(&block)
       native_policy, _method_mem = @policy.to_native
+      watched = @dep.watched
       attempt_fn = FFI::Function.new(:int, %i[pointer uint32 int64 pointer]) do |_ctx, n, remaining, out|
+        # Admitted just now: a probe's half-open shows here.
+        observe_state if watched
         attempt(block, n, remaining, Native::AttemptOut.new(out))
       end
-      observer_fn = if @policy.observer
-                      FFI::Function.new(:void, %i[pointer pointer]) { |_ctx, info| observe(info) }
+      observer_fn = if @policy.observer || watched
+                      FFI::Function.new(:void, %i[pointer pointer]) do |_ctx, info|
+                        observe_state if watched
+                        observe(info) if @policy.observer
+                      end
                     end
       c_env, _fns = native_env
       result = Native::CallResult.new
       rc = Native.retryd_call(@dep.client.handle, @dep.id, native_policy, attempt_fn, nil,
                               observer_fn || FFI::Pointer::NULL, nil, c_env, result)
+      observe_state if watched
       # _method_mem, the FFI::Functions (attempt_fn, observer_fn, _fns) and @keep are held by
       # this frame and this object until here: the C loop never sees freed memory.
       unless rc == Native::OK
@@ -119,6 +126,14 @@ module Retryd
       out[:attempt_class] = CLASSES.fetch(res.attempt_class.to_sym)
       breaker = res.breaker || (res.attempt_class.to_sym == :success ? :success : :failure)
       out[:breaker_outcome] = OUTCOMES.fetch(breaker.to_sym)
+    end
+
+    # The dependency's state-change subscribers (they never raise into C: observe_state
+    # rescues what they raise, and this rescues the rest).
+    def observe_state
+      @dep.observe_state
+    rescue Exception => e
+      @late_exc ||= e
     end
 
     def observe(ptr)

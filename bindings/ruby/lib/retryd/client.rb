@@ -13,6 +13,11 @@ module Retryd
     Native::REJECTED_BULKHEAD_FULL => :bulkhead_full,
     Native::REJECTED_BUDGET_EMPTY => :budget_empty
   }.freeze
+  STATES = {
+    Native::STATE_CLOSED => :closed,
+    Native::STATE_OPEN => :open,
+    Native::STATE_HALF_OPEN => :half_open
+  }.freeze
   STOPS = {
     Native::STOP_NONE => :retry, Native::STOP_SUCCESS => :success,
     Native::STOP_TERMINAL => :terminal, Native::STOP_ATTEMPTS_EXHAUSTED => :attempts_exhausted,
@@ -58,6 +63,7 @@ module Retryd
       @closed = [false] # shared with the finalizer
       @deps = {}
       @lock = Mutex.new
+      @subscribers = [].freeze # replaced, never changed in place: read without the lock
       ObjectSpace.define_finalizer(self, self.class.closer(@handle, @closed))
     end
 
@@ -104,8 +110,32 @@ module Retryd
           rc = Native.retryd_resolve(handle, name, out)
           raise ClientError.new(rc, "#{name}: #{Native.last_error}") unless rc == Native::OK
 
-          Dependency.new(self, name, out.read_int32)
+          dep = Dependency.new(self, name, out.read_int32)
+          dep.__send__(:watch, true) unless @subscribers.empty?
+          dep
         end
+      end
+    end
+
+    # Calls the block with (name, old, new) whenever this process sees the breaker of any of
+    # this client's dependencies (those resolved later included) change state, as
+    # Dependency#subscribe does for one. Returns a Subscription.
+    def subscribe(&block)
+      Subscription.new(self, block)
+    end
+
+    # The client's own subscribers (Subscription and Dependency use it).
+    attr_reader :subscribers
+
+    # Adds or removes `callback` among `owner`'s subscribers (self or one of its
+    # dependencies) and starts or stops reading the states of the dependencies concerned.
+    def change_subscribers(owner, callback, add) # :nodoc:
+      @lock.synchronize do
+        subs = owner.subscribers
+        subs = add ? subs + [callback] : subs.reject { |s| s.equal?(callback) }
+        owner.__send__(:subscribers=, subs.freeze)
+        deps = owner.is_a?(Dependency) ? [owner] : @deps.values
+        deps.each { |dep| dep.__send__(:watch, !(dep.subscribers.empty? && @subscribers.empty?)) }
       end
     end
 
@@ -122,6 +152,8 @@ module Retryd
     end
 
     private
+
+    attr_writer :subscribers
 
     def raise_open_error(rc)
       msg = Native.last_error
@@ -188,6 +220,7 @@ module Retryd
       @done = true
       latency = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond) - @start
       Native.retryd_complete(@dependency.client.handle, @raw, code, latency.negative? ? 0 : latency)
+      @dependency.observe_state if @dependency.watched
     end
 
     def completed?
@@ -199,12 +232,64 @@ module Retryd
   class Dependency
     ZERO = "\0".b.freeze
     PERMIT_SIZE = Native::Permit.size
-    attr_reader :client, :name, :id
+    attr_reader :client, :name, :id, :subscribers, :watched
 
     def initialize(client, name, id)
       @client = client
       @name = name
       @id = id
+      # State-change subscriptions: while @watched is false (no subscriber here or on the
+      # client), admissions and completions never read the breaker's state.
+      @subscribers = [].freeze
+      @watched = false
+      @last_state = nil # the last state this process saw, while watched
+      @state_lock = Mutex.new
+    end
+
+    # The breaker's state as this process sees it now: :closed, :open or :half_open (a
+    # breaker whose open period has ended reads :open until the next admission).
+    def state
+      s = Native.retryd_breaker_state(@client.handle, @id)
+      raise Error, "#{@name}: #{Native.last_error}" if s.negative?
+
+      STATES.fetch(s, s)
+    end
+
+    # Calls the block with (name, old, new) whenever this process sees this dependency's
+    # breaker change state (:closed, :open, :half_open), as Semian.subscribe's :state_change
+    # event: after each of its admissions and completions (#admit, each attempt of #call, the
+    # adapters) the state is read and compared with the last one seen. A change made by another
+    # process is seen at this process's next call; a change undone between two calls is not
+    # seen. The block runs on the calling thread, inside the call; an exception it raises is
+    # logged (Retryd.logger, else a warning on stderr) and the call goes on. Returns a
+    # Subscription: #unsubscribe stops the calls, and with no subscriber left the state is not
+    # read at all. Thread-safe.
+    def subscribe(&block)
+      Subscription.new(self, block)
+    end
+
+    # Reads the state and calls the subscribers if it changed (the hot path calls it only
+    # while watched).
+    def observe_state # :nodoc:
+      s = read_state
+      return if s.nil?
+
+      old = @state_lock.synchronize do
+        prev = @last_state
+        return if prev == s
+
+        @last_state = s
+        prev
+      end
+      return if old.nil?
+
+      old_name = STATES.fetch(old, old)
+      new_name = STATES.fetch(s, s)
+      (@subscribers + @client.subscribers).each do |callback|
+        callback.call(@name, old_name, new_name)
+      rescue StandardError => e
+        Retryd.log_subscriber_error(@name, e)
+      end
     end
 
     def inspect
@@ -225,6 +310,7 @@ module Retryd
       raw = ZERO * PERMIT_SIZE
       handle = @client.handle
       decision = Native.retryd_admit(handle, @id, attempt, raw)
+      observe_state if @watched
       if decision != Native::ADMITTED && decision != Native::ADMITTED_PROBE
         # The contract: every admission is completed (for a refusal, a no-op).
         Native.retryd_complete(handle, raw, Native::IGNORED, 0)
@@ -273,6 +359,54 @@ module Retryd
     def retry(policy = nil, env: nil, **overrides, &block)
       fixed = (policy || Policy.new).with(**overrides)
       ->(*args) { call(fixed, env: env) { |attempt| block.call(attempt, *args) } }
+    end
+  
+    private
+
+    attr_writer :subscribers
+
+    # Called under the client's lock. Starting to watch reads the state to compare with.
+    def watch(on)
+      if on && !@watched
+        @state_lock.synchronize { @last_state = read_state }
+      elsif !on
+        @last_state = nil
+      end
+      @watched = on
+    end
+
+    def read_state
+      return nil if @client.closed?
+
+      s = Native.retryd_breaker_state(@client.handle, @id)
+      s.negative? ? nil : s
+    end
+  end
+
+  # A state-change subscription, from Dependency#subscribe or Client#subscribe. #unsubscribe
+  # ends it (a second call is a no-op).
+  class Subscription
+    attr_reader :callback
+
+    def initialize(owner, callback)
+      raise ArgumentError, "subscribe needs a block" unless callback
+
+      @owner = owner
+      @client = owner.is_a?(Client) ? owner : owner.client
+      @callback = callback
+      @active = true
+      @client.change_subscribers(owner, callback, true)
+    end
+
+    def unsubscribe
+      return unless @active
+
+      @active = false
+      @client.change_subscribers(@owner, @callback, false)
+    end
+
+    def active?
+      @active
     end
   end
 end

@@ -24,5 +24,17 @@ module Retryd
     end
 
     attr_reader :logger
+
+    # A state-change subscriber raised: logged through #logger (error), else warned on stderr.
+    def log_subscriber_error(name, error) # :nodoc:
+      line = "retryd: state-change subscriber of #{name} raised #{error.class}: #{error.message}"
+      if @logger
+        @logger.error(line)
+      else
+        warn line
+      end
+    rescue StandardError
+      nil
+    end
   end
 end

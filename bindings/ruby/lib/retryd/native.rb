@@ -36,6 +36,9 @@ module Retryd
     SUCCESS = 0
     FAILURE = 1
     IGNORED = 2
+    STATE_CLOSED = 0
+    STATE_OPEN = 1
+    STATE_HALF_OPEN = 2
 
     # retryd_policy.h
     ERROR_NONE = 0
@@ -205,6 +208,7 @@ module Retryd
         attach_function :retryd_admit, %i[pointer int32 uint32 pointer], :int
         attach_function :retryd_complete, %i[pointer pointer int uint64], :void
         attach_function :retryd_is_local, [:pointer], :int
+        attach_function :retryd_breaker_state, %i[pointer int32], :int
         attach_function :retryd_strerror, [:int], :string
         attach_function :retryd_decision_name, [:int], :string
         attach_function :retryd_last_error, [], :string
