@@ -630,10 +630,16 @@ void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency
   CompleteInline(raw, outcome, latency_ns);
 }
 
-int ClientImpl::BreakerStateRaw(int32_t dep) const {
+int ClientImpl::BreakerStateRaw(int32_t dep) {
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) return RETRYD_EINVAL;
-  const shm::DependencySlot* slot = entries_[dep].slot.load(std::memory_order_acquire);
+  if (NeedsSlowPath()) SlowPath();
+  Entry& e = entries_[dep];
+  shm::DependencySlot* slot = e.slot.load(std::memory_order_acquire);
   if (slot == nullptr) return RETRYD_EINVAL;
+  // As admit does: a slot given to another name since the entry was bound holds another
+  // dependency's breaker, and the entry is bound again first.
+  uint32_t generation = e.generation.load(kRelaxed);
+  if (!Bound(*slot, generation)) slot = Rebind(uint32_t(dep), &generation);
   switch (shm::BreakerWord::Decode(slot->breaker.load(std::memory_order_acquire)).state) {
     case shm::BreakerState::kOpen: return RETRYD_STATE_OPEN;
     case shm::BreakerState::kHalfOpen: return RETRYD_STATE_HALF_OPEN;

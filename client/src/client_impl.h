@@ -98,9 +98,10 @@ class ClientImpl final : public Client {
   int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
   void CompleteRaw(retryd_permit_t* permit, int outcome, uint64_t latency_ns);
   // BreakerStateRaw is retryd_breaker_state: the RETRYD_STATE_* of `dep`'s breaker, read from
-  // the slot the entry is bound to now (one acquire load of the word), or RETRYD_EINVAL for a
-  // handle never resolved. Off the admit/complete path. Thread-safe.
-  int BreakerStateRaw(int32_t dep) const;
+  // the slot the entry holds now (bound again first, as admit does, if its slot was given to
+  // another name), or RETRYD_EINVAL for a handle never resolved. Off the admit/complete path.
+  // Thread-safe.
+  int BreakerStateRaw(int32_t dep);
 
  private:
   // The bodies of AdmitRaw and CompleteRaw, inlined into them and into Admit and Complete, so

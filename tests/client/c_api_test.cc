@@ -123,6 +123,40 @@ TEST(CApiTest, BreakerStateFollowsTripProbeAndClose) {
   retryd_close(c);
 }
 
+// A slot given to another name (a reload that removed "orders" and added "inventory", on a
+// full table) holds another dependency's breaker: the read binds the handle again first, as
+// admit does, and never reports the other breaker as this dependency's.
+TEST(CApiTest, BreakerStateNeverReadsTheBreakerOfTheSlotsNextName) {
+  testing::NamedSegment seg("capi-state-reassigned", /*deps=*/1);
+  shm::Policy p;
+  p.min_calls = 2;
+  p.open_for_ms = 60'000;
+  p.open_for_max_ms = 60'000;
+  const uint32_t slot = testing::AddDependency(*seg.seg, "orders", p);
+  retryd_options_t opt = {seg.name.c_str(), 0};
+  retryd_client_t* c = nullptr;
+  ASSERT_EQ(retryd_open(&opt, &c), RETRYD_OK) << retryd_last_error();
+  retryd_dependency_t orders = -1;
+  ASSERT_EQ(retryd_resolve(c, "orders", &orders), RETRYD_OK);
+  EXPECT_EQ(AdmitAndComplete(c, orders, RETRYD_SUCCESS), RETRYD_ADMITTED);
+
+  seg.seg->Retire(slot);
+  uint32_t index = 0;
+  ASSERT_TRUE(seg.seg->PutDependency("inventory", p, &index).ok());
+  ASSERT_EQ(index, slot) << "the one slot is given to the new name";
+  retryd_dependency_t inventory = -1;
+  ASSERT_EQ(retryd_resolve(c, "inventory", &inventory), RETRYD_OK);
+  EXPECT_EQ(AdmitAndComplete(c, inventory, RETRYD_FAILURE), RETRYD_ADMITTED);
+  EXPECT_EQ(AdmitAndComplete(c, inventory, RETRYD_FAILURE), RETRYD_ADMITTED);
+  ASSERT_EQ(retryd_breaker_state(c, inventory), RETRYD_STATE_OPEN);
+
+  EXPECT_EQ(retryd_breaker_state(c, orders), RETRYD_STATE_CLOSED)
+      << "orders never failed: the open breaker is inventory's";
+  EXPECT_EQ(AdmitAndComplete(c, orders, RETRYD_SUCCESS), RETRYD_ADMITTED);
+  EXPECT_EQ(retryd_breaker_state(c, orders), RETRYD_STATE_CLOSED);
+  retryd_close(c);
+}
+
 TEST(CApiTest, BreakerStateOnPrivateState) {
   const std::string name = testing::UniqueSegmentName("capi-state-local");
   retryd_options_t opt = {name.c_str(), 1};

@@ -227,7 +227,13 @@ class Permit:
         decision = lib.retryd_admit(dep._client._checked(), dep._id, attempt, ctypes.byref(self._raw))
         self._start = time.monotonic_ns()
         if dep._watched:
-            dep._observe_state()
+            try:
+                dep._observe_state()
+            except BaseException:  # noqa: B902 - a subscriber's KeyboardInterrupt, say
+                # Nothing was sent: the admission is given back before the exception goes on.
+                self._done = True
+                lib.retryd_complete(dep._client._handle, ctypes.byref(self._raw), _native.IGNORED, 0)
+                raise
         if decision not in (_native.ADMITTED, _native.ADMITTED_PROBE):
             self._done = True
             # The contract: every admission is completed (for a refusal, a no-op).
@@ -406,6 +412,8 @@ class Dependency:
             return
         old_name, new_name = _STATES.get(old, str(old)), _STATES.get(state, str(state))
         for callback in self._subscribers + self._client._subscribers:
+            if callback not in self._subscribers and callback not in self._client._subscribers:
+                continue  # unsubscribed by a subscriber called before it for this change
             try:
                 callback(self.name, old_name, new_name)
             except Exception:  # noqa: BLE001 - a subscriber's bug must not fail the call
@@ -441,7 +449,11 @@ class Dependency:
 
         def attempt_cb(_ctx, number, remaining_ms, out_ptr):
             if watched:
-                self._observe_state()  # admitted just now: a probe's half-open shows here
+                try:
+                    self._observe_state()  # admitted just now: a probe's half-open shows here
+                except BaseException as e:  # noqa: B902 - a subscriber's: it ends the call
+                    state.value, state.exc = None, e
+                    return 1
             out = out_ptr.contents
             attempt = Attempt(number, None if remaining_ms == _native.NO_TIMEOUT else remaining_ms / 1000.0)
             previous = getattr(_current, "attempt", None)
@@ -477,7 +489,11 @@ class Dependency:
 
         def observer_cb(_ctx, info_ptr):
             if watched:
-                self._observe_state()
+                try:
+                    self._observe_state()
+                except BaseException as e:  # noqa: B902 - raised once the call has ended
+                    if state.late_exc is None:
+                        state.late_exc = e
             if not policy.observer:
                 return
             i = info_ptr.contents

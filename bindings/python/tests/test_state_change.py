@@ -142,3 +142,47 @@ def test_no_subscriber_no_state_read(make_segment):
     assert counting.state_reads == reads + 2  # unsubscribed: no read again
     assert seen == []
     client.close()
+
+
+def test_a_subscriber_unsubscribed_by_another_is_not_called_for_the_same_change(make_segment):
+    seg = make_segment(orders=QUICK)
+    client = retryd.Client(segment=seg.name, fallback_to_local=False)
+    orders = client.dependency("orders")
+    seen = []
+    subs = {}
+
+    def first(name, old, new):
+        seen.append(("first", old, new))
+        subs["second"].unsubscribe()
+
+    subs["first"] = orders.on_state_change(first)
+    subs["second"] = orders.on_state_change(lambda name, old, new: seen.append(("second", old, new)))
+    fail(orders, 2)
+    assert seen == [("first", "closed", "open")]
+    client.close()
+
+
+class Stop(BaseException):
+    """Not an Exception: what a KeyboardInterrupt raised in a subscriber looks like."""
+
+
+def test_a_subscriber_raising_past_exception_gives_the_admission_back(make_segment):
+    seg = make_segment(orders=QUICK)
+    client = retryd.Client(segment=seg.name, fallback_to_local=False)
+    orders = client.dependency("orders")
+
+    def stop_at_half_open(name, old, new):
+        if new == "half_open":
+            raise Stop()
+
+    sub = orders.on_state_change(stop_at_half_open)
+    fail(orders, 2)
+    time.sleep(0.15)
+    with pytest.raises(Stop):
+        orders.admit()  # the probe admitted, then the subscriber raised
+    sub.unsubscribe()
+    # The probe's lease came back: the breaker takes the next probe at once and closes.
+    with orders.admit() as permit:
+        assert permit.probe
+    assert orders.state == "closed"
+    client.close()

@@ -142,4 +142,38 @@ class StateChangeTest < Minitest::Test
     end
     client.close
   end
+
+  def test_a_subscriber_unsubscribed_by_another_is_not_called_for_the_same_change
+    seg = make_segment(orders: QUICK)
+    client = client_for(seg)
+    orders = client.dependency("orders")
+    seen = []
+    second = nil
+    orders.subscribe do |_name, old, new|
+      seen << [:first, old, new]
+      second.unsubscribe
+    end
+    second = orders.subscribe { |_name, old, new| seen << [:second, old, new] }
+    fail_calls(orders, 2)
+    assert_equal [[:first, :closed, :open]], seen
+    client.close
+  end
+
+  # Not a StandardError: what an Interrupt raised in a subscriber looks like.
+  class Stop < Exception; end # rubocop:disable Lint/InheritException
+
+  def test_a_subscriber_raising_past_standard_error_gives_the_admission_back
+    seg = make_segment(orders: QUICK)
+    client = client_for(seg)
+    orders = client.dependency("orders")
+    sub = orders.subscribe { |_name, _old, new| raise Stop if new == :half_open }
+    fail_calls(orders, 2)
+    sleep 0.15
+    assert_raises(Stop) { orders.admit { flunk "must not run" } } # the probe, then the raise
+    sub.unsubscribe
+    # The probe's lease came back: the breaker takes the next probe at once and closes.
+    orders.admit { |permit| assert permit.probe? }
+    assert_equal :closed, orders.state
+    client.close
+  end
 end

@@ -286,6 +286,9 @@ module Retryd
       old_name = STATES.fetch(old, old)
       new_name = STATES.fetch(s, s)
       (@subscribers + @client.subscribers).each do |callback|
+        # Unsubscribed by a subscriber called before it for this change: not called.
+        next unless @subscribers.include?(callback) || @client.subscribers.include?(callback)
+
         callback.call(@name, old_name, new_name)
       rescue StandardError => e
         Retryd.log_subscriber_error(@name, e)
@@ -310,7 +313,15 @@ module Retryd
       raw = ZERO * PERMIT_SIZE
       handle = @client.handle
       decision = Native.retryd_admit(handle, @id, attempt, raw)
-      observe_state if @watched
+      if @watched
+        begin
+          observe_state
+        rescue Exception # a subscriber's Interrupt, say: nothing was sent, so the
+          # admission is given back
+          Native.retryd_complete(handle, raw, Native::IGNORED, 0)
+          raise
+        end
+      end
       if decision != Native::ADMITTED && decision != Native::ADMITTED_PROBE
         # The contract: every admission is completed (for a refusal, a no-op).
         Native.retryd_complete(handle, raw, Native::IGNORED, 0)
