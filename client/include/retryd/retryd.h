@@ -134,9 +134,12 @@ RETRYD_EXPORT void retryd_complete(retryd_client_t* client, retryd_permit_t* per
  * or the name is on per-process limits. A breaker whose open period has ended reads OPEN until
  * the next admit makes it HALF_OPEN. Breaker states only: a dependency whose mode is forced open
  * or disabled reads its breaker's state all the same. Returns RETRYD_EINVAL for a NULL client
- * or a bad handle, with the message in retryd_last_error(). One atomic load; no syscall, no
- * lock, and nothing on the admit/complete path changes for a process that never calls it: the
- * bindings' state-change subscriptions call it only while they have a subscriber. Thread-safe. */
+ * or a bad handle, with the message in retryd_last_error(). One atomic load, no syscall and no
+ * lock, but where admit would do more first (after a fork, or once the dependency's slot was
+ * given to another name by a reload): then it does the same, and reads the breaker the next
+ * admit uses. Nothing on the admit/complete path changes for a process that never calls it:
+ * the bindings' state-change subscriptions call it only while they have a subscriber.
+ * Thread-safe. */
 RETRYD_EXPORT int retryd_breaker_state(retryd_client_t* client, retryd_dependency_t dependency);
 
 /* retryd_is_local: 1 if the client runs on process-private state (no segment), else 0. */
