@@ -149,6 +149,87 @@ RETRYD_EXPORT int retryd_call(retryd_client_t* client, retryd_dependency_t depen
                               void* attempt_ctx, retryd_observer_fn observer, void* observer_ctx,
                               const retryd_call_env_t* env, retryd_call_result_t* result);
 
+/* The same loop one step at a time, for callers whose waits must not block a thread (an event
+ * loop: asyncio, Node.js, nginx's Lua). The caller makes each attempt and takes each wait
+ * itself, on a timer; the library decides, admits, classifies and reports exactly as
+ * retryd_call does (the same code runs both):
+ *
+ *   retryd_steps_t* call;
+ *   if (retryd_steps_begin(client, orders, &policy, NULL, &call) != RETRYD_OK) ...;
+ *   retryd_step_t step;
+ *   while (retryd_steps_admit(call, &step) == RETRYD_STEP_ATTEMPT) {
+ *     retryd_attempt_result_t out;
+ *     retryd_attempt_result_init(&out);
+ *     ... send attempt step.attempt with step.remaining_ms as its timeout; fill out ...
+ *     if (retryd_steps_report(call, &out, 0, &step) == RETRYD_STEP_STOP) break;
+ *     ... wait step.wait_ns on a timer (a coroutine's sleep, setTimeout, ngx.sleep) ...
+ *   }
+ *   retryd_call_result_t res;
+ *   retryd_steps_end(call, &res);   (frees call; res.stop says how the call ended)
+ *
+ * A call's steps are not thread-safe: one thread at a time drives a call (any number of calls
+ * may run at once on one client, from any threads). The env's now_ns, random and wall_now_ms
+ * are used as retryd_call uses them; its sleep_ns is not (the caller waits). Nothing is kept
+ * of the policy or env after retryd_steps_begin returns except the env's function pointers and
+ * ctx, which must stay valid until retryd_steps_end. */
+
+/* What retryd_steps_admit and retryd_steps_report return. */
+#define RETRYD_STEP_STOP 0    /* the call has ended: retryd_steps_end gives how */
+#define RETRYD_STEP_ATTEMPT 1 /* admitted: send attempt `attempt` now, then retryd_steps_report */
+#define RETRYD_STEP_WAIT 2    /* wait `wait_ns` (on a timer), then retryd_steps_admit */
+
+typedef struct retryd_steps retryd_steps_t;
+
+/* One step's details. */
+typedef struct retryd_step {
+  uint32_t attempt;     /* RETRYD_STEP_ATTEMPT: the attempt's number, 0 for the first */
+  int probe;            /* RETRYD_STEP_ATTEMPT: nonzero if it is the breaker's half-open probe */
+  int64_t remaining_ms; /* RETRYD_STEP_ATTEMPT: the attempt's timeout, as retryd_attempt_fn's */
+  int64_t wait_ns;      /* RETRYD_STEP_WAIT: the wait before the next admission, else 0 */
+  int has_record;       /* nonzero: `record` is what retryd_call's observer would be shown for
+                           this step (after every report, and after a refused admission) */
+  retryd_attempt_info_t record;
+} retryd_step_t;
+
+/* retryd_attempt_result_init clears *result as retryd_call clears it before each attempt. */
+RETRYD_EXPORT void retryd_attempt_result_init(retryd_attempt_result_t* result);
+
+/* retryd_steps_begin starts a call to `dependency` under `policy` (NULL: the defaults) and
+ * stores it in *out; nothing is admitted yet. Returns RETRYD_OK; RETRYD_EINVAL for a NULL
+ * client or out and for a policy retryd_call refuses; RETRYD_EIO when out of memory. The
+ * client must outlive the call. */
+RETRYD_EXPORT int retryd_steps_begin(retryd_client_t* client, retryd_dependency_t dependency,
+                                     const retryd_call_policy_t* policy,
+                                     const retryd_call_env_t* env, retryd_steps_t** out);
+
+/* retryd_steps_admit checks the deadline and asks the host to admit the next attempt.
+ * RETRYD_STEP_ATTEMPT: admitted (step->attempt, probe, remaining_ms); report it exactly once
+ * with retryd_steps_report. RETRYD_STEP_STOP: the call has ended (the deadline, or a refusal,
+ * with its record). Called in any other state (an attempt not yet reported, a call that has
+ * ended) it changes nothing and returns RETRYD_STEP_STOP for an ended call, RETRYD_EINVAL
+ * otherwise; RETRYD_EINVAL for a NULL argument. Never blocks. */
+RETRYD_EXPORT int retryd_steps_admit(retryd_steps_t* call, retryd_step_t* step);
+
+/* retryd_steps_report reports the admitted attempt's result (as the attempt callback fills it;
+ * `abort` nonzero as the callback's nonzero return: the call ends, RETRYD_STOP_ABORTED) and
+ * decides what comes next: RETRYD_STEP_WAIT (step->wait_ns) or RETRYD_STEP_STOP. The record
+ * is in step->record. Strings in *result are read before it returns. RETRYD_EINVAL when no
+ * attempt is waiting for its report, or for a NULL call or step. Never blocks. */
+RETRYD_EXPORT int retryd_steps_report(retryd_steps_t* call, const retryd_attempt_result_t* result,
+                                      int abort, retryd_step_t* step);
+
+/* retryd_steps_cancel ends the call as RETRYD_STOP_CANCELLED (the caller gave up: a cancelled
+ * coroutine, a client that went away). An attempt admitted and not yet reported is completed
+ * with `outcome` (RETRYD_IGNORED when the caller's giving up says nothing about the
+ * dependency; RETRYD_FAILURE when it does, a timeout of the caller's own). A call that has
+ * already ended is not changed. NULL is a no-op. */
+RETRYD_EXPORT void retryd_steps_cancel(retryd_steps_t* call, int outcome);
+
+/* retryd_steps_end stores how the call ended in *result (may be NULL) and frees the call. A
+ * call that has not ended is cancelled first, an attempt in flight completed as a failure (as
+ * retryd_call reports an attempt whose callback failed). NULL is a no-op. */
+RETRYD_EXPORT void retryd_steps_end(retryd_steps_t* call, retryd_call_result_t* result);
+
 /* retryd_stop_name returns "success", "terminal", ... (retryd::StopReasonName), never NULL. */
 RETRYD_EXPORT const char* retryd_stop_name(int stop);
 
