@@ -175,6 +175,83 @@ struct LoopEnv {
 
 using AttemptFn = std::function<AttemptResult(const AttemptContext&)>;
 
+// One call made one step at a time, for callers whose waits must not block a thread (an event
+// loop): the caller sends each attempt and takes each wait itself, the steps decide, admit,
+// classify and report exactly as Run does (Run is these steps with a blocking sleep):
+//
+//   CallSteps call(client, orders, policy);
+//   AttemptContext ctx;
+//   AttemptRecord rec;
+//   while (call.Admit(&ctx, &rec) == CallSteps::Next::kAttempt) {
+//     AttemptResult res = ...;                        // send attempt ctx.attempt
+//     if (call.Report(res, &rec) == CallSteps::Next::kStop) break;
+//     co_await timer(rec.wait);                       // the caller's own, non-blocking wait
+//   }
+//   CallResult r = call.result();
+//
+// Not thread-safe: one thread at a time drives a call (a coroutine may move between threads).
+// Admit and Report never block.
+class RETRYD_EXPORT CallSteps {
+ public:
+  enum class Next {
+    kStop,     // the call has ended: result() says how
+    kAttempt,  // admitted: send the attempt, then Report its result exactly once
+    kWait,     // wait the record's `wait` (on a timer), then Admit the next attempt
+  };
+
+  // `client`, the policy's classification table and env.clock are borrowed and must outlive
+  // the steps; env.sleep is not used. `options.method` is copied.
+  CallSteps(Client& client, Dependency dep, const RetryPolicy& policy = {},
+            const CallOptions& options = {}, const LoopEnv& env = {});
+  // An attempt admitted and not yet reported is completed as a failure (as Run reports an
+  // attempt that threw).
+  ~CallSteps();
+  CallSteps(const CallSteps&) = delete;
+  CallSteps& operator=(const CallSteps&) = delete;
+
+  // Checks the deadline and asks the host to admit the next attempt: kAttempt (`ctx` filled;
+  // `record` untouched), or kStop (the deadline; or a refusal, and then `*record` is what an
+  // observer is shown and `*recorded` is set true). Outside its turn (an attempt waiting for
+  // its report) it changes nothing and returns kAttempt again; after the end, kStop.
+  Next Admit(AttemptContext* ctx, AttemptRecord* record, bool* recorded = nullptr);
+  // Reports the admitted attempt's result and decides what follows: kWait (`record->wait`) or
+  // kStop. `*record` is what an observer is shown. Outside its turn it returns kStop if the
+  // call has ended and kWait with no wait otherwise, and changes nothing.
+  Next Report(const AttemptResult& result, AttemptRecord* record);
+  // Ends the call as kCancelled; an attempt in flight is completed with `in_flight`. A call
+  // that has ended is not changed.
+  void Cancel(Outcome in_flight);
+
+  bool attempt_in_flight() const { return stage_ == Stage::kInFlight; }
+  bool done() const { return stage_ == Stage::kDone; }
+  const CallResult& result() const { return result_; }
+
+ private:
+  enum class Stage { kReady, kInFlight, kDone };
+  std::chrono::nanoseconds Needed() const;
+  Next Finish(StopReason stop);
+  void CompleteInFlight(Outcome outcome, std::chrono::nanoseconds latency);
+
+  Client* client_;
+  Dependency dep_;
+  RetryPolicy policy_;
+  const ClassificationPolicy* table_;
+  std::string method_;
+  bool has_idempotency_key_;
+  const Clock* clock_;
+  Deadline deadline_;
+  Backoff backoff_;
+  std::function<std::chrono::system_clock::time_point()> wall_clock_;
+  std::chrono::milliseconds retry_after_ceiling_;
+
+  Stage stage_ = Stage::kReady;
+  uint32_t attempt_ = 0;  // the number of the next (or the in-flight) attempt
+  Permit permit_;
+  std::chrono::nanoseconds started_{0};  // the in-flight attempt's admission, on the clock
+  std::chrono::nanoseconds slowest_{0};
+  CallResult result_;
+};
+
 class RETRYD_EXPORT RetryLoop {
  public:
   // `client` must outlive the loop; `dep` comes from client.Resolve.

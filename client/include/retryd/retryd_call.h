@@ -169,9 +169,9 @@ RETRYD_EXPORT int retryd_call(retryd_client_t* client, retryd_dependency_t depen
  *
  * A call's steps are not thread-safe: one thread at a time drives a call (any number of calls
  * may run at once on one client, from any threads). The env's now_ns, random and wall_now_ms
- * are used as retryd_call uses them; its sleep_ns is not (the caller waits). Nothing is kept
- * of the policy or env after retryd_steps_begin returns except the env's function pointers and
- * ctx, which must stay valid until retryd_steps_end. */
+ * are used as retryd_call uses them; its sleep_ns is not (the caller waits). The policy and env
+ * structs are copied (the method string too); the policy's classifier and the env's ctx are
+ * borrowed and must stay valid until retryd_steps_end. */
 
 /* What retryd_steps_admit and retryd_steps_report return. */
 #define RETRYD_STEP_STOP 0    /* the call has ended: retryd_steps_end gives how */
