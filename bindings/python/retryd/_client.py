@@ -287,6 +287,13 @@ class Permit:
             self.complete(_native.FAILURE if exc_type is not None else _native.SUCCESS)
         return False
 
+    # `async with dep.admit()`: the same, in a coroutine (admission and completion never block).
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        return self.__exit__(exc_type, exc, tb)
+
 
 class Subscription:
     """A state-change subscription, from on_state_change. unsubscribe() ends it (a second
