@@ -183,7 +183,7 @@ function axiosAdapter(axios, dep, policy = null, options = {}) {
   const wanted = idempotencyHeaders.map((h) => h.toLowerCase());
 
   const adapter = function retrydAxiosAdapter(config) {
-    let method = String(config.method || 'get').toUpperCase();
+    const method = String(config.method || 'get').toUpperCase();
     const names = axiosHeaderNames(config.headers);
     const hasKey = wanted.some((h) => names.includes(h));
     // After axios's transforms the body is a string, a Buffer, form data or a stream.

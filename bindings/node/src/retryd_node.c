@@ -239,13 +239,6 @@ static napi_value fn_library_path(napi_env env, napi_callback_info info) {
   return make_string(env, library_loaded() ? lib_path : "");
 }
 
-static napi_value fn_has_steps(napi_env env, napi_callback_info info) {
-  (void)info;
-  napi_value out;
-  napi_get_boolean(env, library_loaded() && lib_has_steps, &out);
-  return out;
-}
-
 /* open(segment|null, socket|null, fallbackToLocal) -> external, or a RETRYD_E* code. */
 static napi_value fn_open(napi_env env, napi_callback_info info) {
   ARGS(3);
@@ -789,7 +782,6 @@ NAPI_MODULE_INIT() {
   } fns[] = {
       {"load", fn_load},
       {"libraryPath", fn_library_path},
-      {"hasSteps", fn_has_steps},
       {"open", fn_open},
       {"close", fn_close},
       {"isLocal", fn_is_local},
