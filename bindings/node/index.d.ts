@@ -119,7 +119,8 @@ export interface Policy {
   idempotencyKey?: boolean;
   classifier?: Classifier | null;
   inspect?: (value: any) => AttemptResult;
-  classifyError?: (error: unknown, attempt: Attempt) => ErrorKind | AttemptResult | null | undefined;
+  classifyError?: (error: unknown, attempt: Attempt) =>
+    ErrorKind | AttemptResult | null | undefined;
   observer?: ((info: AttemptInfo) => void) | null;
 }
 
@@ -137,7 +138,8 @@ export interface CallResult<T = unknown> {
 
 export class Classifier {
   constructor();
-  setStatus(status: number, attemptClass: AttemptClass, breaker: Outcome, retryUnsafe?: boolean): this;
+  setStatus(status: number, attemptClass: AttemptClass, breaker: Outcome,
+            retryUnsafe?: boolean): this;
   setError(error: Exclude<ErrorKind, 'none'>, attemptClass: AttemptClass, breaker: Outcome,
            retryUnsafe?: boolean): this;
   setIdempotent(method: string, idempotent?: boolean): this;

@@ -56,7 +56,8 @@ function main() {
   console.log(`${client.local ? 'local' : 'attached'}, Node.js ${process.version}, ` +
               `best of ${ROUNDS} rounds of ${N.toLocaleString('en')}:`);
   for (const [name, ns] of Object.entries(best)) {
-    console.log(`  ${name.padEnd(30)} ${ns.toFixed(1).padStart(8)} ns  (${(ns / base).toFixed(1).padStart(5)}x)`);
+    const ratio = (ns / base).toFixed(1).padStart(5);
+    console.log(`  ${name.padEnd(30)} ${ns.toFixed(1).padStart(8)} ns  (${ratio}x)`);
   }
   client.close();
 }

@@ -40,7 +40,8 @@ const ADAPTER_OPTIONS = ['fetch', 'adapter', 'idempotencyHeaders', 'deadlineHead
 function tag(obj, result) {
   if (obj === null || (typeof obj !== 'object' && typeof obj !== 'function')) return;
   try {
-    Object.defineProperty(obj, 'retrydResult', { value: result, configurable: true, writable: true });
+    Object.defineProperty(obj, 'retrydResult',
+                          { value: result, configurable: true, writable: true });
   } catch {
     // a frozen object: the result is still on the error's cause
   }
@@ -177,7 +178,8 @@ function axiosAdapter(axios, dep, policy = null, options = {}) {
   let inner = options.adapter;
   if (inner === undefined) {
     const fallback = axios.defaults && axios.defaults.adapter;
-    inner = fallback && !(typeof fallback === 'function' && fallback[OURS]) ? fallback : ['xhr', 'http'];
+    const ours = typeof fallback === 'function' && fallback[OURS];
+    inner = fallback && !ours ? fallback : ['xhr', 'http'];
   }
   const bare = axios.create();
   const wanted = idempotencyHeaders.map((h) => h.toLowerCase());

@@ -70,7 +70,9 @@ class Client {
     }
     const { segment = null, socket = null, fallbackToLocal = true } = options;
     for (const [key, v] of [['segment', segment], ['socket', socket]]) {
-      if (v != null && typeof v !== 'string') throw new TypeError(`Client: ${key} must be a string`);
+      if (v != null && typeof v !== 'string') {
+        throw new TypeError(`Client: ${key} must be a string`);
+      }
     }
     const why = native.load();
     if (why) throw new LibraryNotFoundError(why);
@@ -233,8 +235,11 @@ function reportOf(res) {
   let breaker = 0;
   if (res.attemptClass != null) {
     attemptClass = P.CLASSES[res.attemptClass];
-    if (attemptClass === undefined) throw new TypeError(`unknown attempt class ${res.attemptClass}`);
-    breaker = P.outcomeCode(res.breaker || (res.attemptClass === 'success' ? 'success' : 'failure'));
+    if (attemptClass === undefined) {
+      throw new TypeError(`unknown attempt class ${res.attemptClass}`);
+    }
+    const implied = res.attemptClass === 'success' ? 'success' : 'failure';
+    breaker = P.outcomeCode(res.breaker || implied);
   }
   const status = Number.isInteger(res.status) ? res.status : 0;
   return [status, errorKind, retryAfterMs, retryAfter, res.date == null ? null : String(res.date),

@@ -22,7 +22,8 @@ function load() {
   for (const file of tried) {
     if (fs.existsSync(file)) return require(file);
   }
-  const err = new Error(`retryd: the addon retryd.node is not built (looked for ${tried.join(', ')}); ` +
+  const err = new Error('retryd: the addon retryd.node is not built ' +
+                        `(looked for ${tried.join(', ')}); ` +
                         'run `npm run build` in the package, or set RETRYD_NODE_ADDON to its path');
   err.code = 'RETRYD_ADDON_NOT_FOUND';
   throw err;

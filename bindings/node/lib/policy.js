@@ -93,7 +93,8 @@ function defaultInspect(value) {
 }
 
 const DNS_CODES = new Set(['ENOTFOUND', 'EAI_AGAIN', 'EAI_FAIL', 'EAI_NONAME', 'EAI_NODATA']);
-const RESET_CODES = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'ERR_STREAM_PREMATURE_CLOSE']);
+const RESET_CODES = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET',
+                             'ERR_STREAM_PREMATURE_CLOSE']);
 const TIMEOUT_CODES = new Set(['ETIMEDOUT', 'ESOCKETTIMEDOUT', 'UND_ERR_CONNECT_TIMEOUT',
                                'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 const TLS_CODES = new Set(['DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN',
@@ -196,7 +197,8 @@ class Classifier {
 
   /** Adds `method` to, or removes it from, the methods safe to repeat. */
   setIdempotent(method, idempotent = true) {
-    const rc = this._native.classifierSetIdempotent(this._handle, String(method), Boolean(idempotent));
+    const rc = this._native.classifierSetIdempotent(this._handle, String(method),
+                                                    Boolean(idempotent));
     if (rc !== 0) throw new RangeError(`method ${method}: invalid rule`);
     return this;
   }
@@ -238,7 +240,8 @@ function normalizePolicy(given) {
   }
   for (const key of Object.keys(given || {})) {
     if (!(key in DEFAULTS)) {
-      throw new TypeError(`policy: unknown key ${key} (known: ${Object.keys(DEFAULTS).join(', ')})`);
+      const known = Object.keys(DEFAULTS).join(', ');
+      throw new TypeError(`policy: unknown key ${key} (known: ${known})`);
     }
   }
   const p = { ...DEFAULTS };
@@ -247,7 +250,8 @@ function normalizePolicy(given) {
     throw new TypeError(`policy.maxAttempts must be an integer >= 1, got ${p.maxAttempts}`);
   }
   if (!(p.jitter in JITTERS)) {
-    throw new TypeError(`policy.jitter must be one of ${Object.keys(JITTERS).join(', ')}, got ${p.jitter}`);
+    const known = Object.keys(JITTERS).join(', ');
+    throw new TypeError(`policy.jitter must be one of ${known}, got ${p.jitter}`);
   }
   checkMs(p, 'baseMs');
   checkMs(p, 'capMs');

@@ -31,7 +31,9 @@ function run(args) {
 }
 
 const configure = ['-S', root, '-B', build, '-DCMAKE_BUILD_TYPE=Release'];
-if (process.env.RETRYD_INCLUDE_DIR) configure.push(`-DRETRYD_INCLUDE_DIR=${process.env.RETRYD_INCLUDE_DIR}`);
+if (process.env.RETRYD_INCLUDE_DIR) {
+  configure.push(`-DRETRYD_INCLUDE_DIR=${process.env.RETRYD_INCLUDE_DIR}`);
+}
 if (process.env.RETRYD_NODE_INCLUDE_DIR) {
   configure.push(`-DRETRYD_NODE_INCLUDE_DIR=${process.env.RETRYD_NODE_INCLUDE_DIR}`);
 }

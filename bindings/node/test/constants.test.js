@@ -18,7 +18,9 @@ const DEFINE = /^#define RETRYD_([A-Z0-9_]+)\s+\(?(-?\d+)\)?/gm;
 function headerValues() {
   const values = {};
   for (const name of ['retryd.h', 'retryd_policy.h', 'retryd_call.h']) {
-    for (const [, key, value] of fs.readFileSync(path.join(HEADERS, name), 'utf8').matchAll(DEFINE)) {
+    for (const [, key, value] of fs
+      .readFileSync(path.join(HEADERS, name), 'utf8')
+      .matchAll(DEFINE)) {
       values[key] = Number(value);
     }
   }
@@ -31,7 +33,11 @@ test('every constant in lib/constants.js matches its header', () => {
   assert.ok(keys.length > 40, 'lib/constants.js holds the constants');
   for (const key of keys) {
     assert.ok(key in values, `constants.${key} has no RETRYD_${key} in the headers`);
-    assert.strictEqual(constants[key], values[key], `constants.${key} = ${constants[key]}, RETRYD_${key} = ${values[key]}`);
+    assert.strictEqual(
+      constants[key],
+      values[key],
+      `constants.${key} = ${constants[key]}, RETRYD_${key} = ${values[key]}`,
+    );
   }
 });
 
@@ -40,7 +46,11 @@ test('every constant the addon was compiled with matches its header and lib/cons
   const compiled = native.constants;
   assert.deepStrictEqual(Object.keys(compiled).sort(), Object.keys(constants).sort());
   for (const [key, value] of Object.entries(compiled)) {
-    assert.strictEqual(value, values[key], `the addon's ${key} = ${value}, RETRYD_${key} = ${values[key]}`);
+    assert.strictEqual(
+      value,
+      values[key],
+      `the addon's ${key} = ${value}, RETRYD_${key} = ${values[key]}`,
+    );
   }
 });
 
@@ -48,10 +58,16 @@ test('the names of the decisions, states, stops, kinds, classes and outcomes cov
   const { REASONS, STATES, STOPS } = require('../lib/client');
   const P = require('../lib/policy');
   const values = headerValues();
-  const ofPrefix = (prefix, skip = []) => Object.keys(values)
-    .filter((k) => k.startsWith(prefix) && !skip.includes(k)).map((k) => values[k]).sort();
+  const ofPrefix = (prefix, skip = []) =>
+    Object.keys(values)
+      .filter((k) => k.startsWith(prefix) && !skip.includes(k))
+      .map((k) => values[k])
+      .sort();
   const keys = (table) => Object.keys(table).map(Number).sort();
-  assert.deepStrictEqual(keys(REASONS), [...new Set([...ofPrefix('ADMITTED'), ...ofPrefix('REJECTED_')])].sort());
+  assert.deepStrictEqual(
+    keys(REASONS),
+    [...new Set([...ofPrefix('ADMITTED'), ...ofPrefix('REJECTED_')])].sort(),
+  );
   assert.deepStrictEqual(keys(STATES), ofPrefix('STATE_'));
   assert.deepStrictEqual(keys(STOPS), ofPrefix('STOP_'));
   assert.deepStrictEqual(keys(P.ERROR_NAMES), ofPrefix('ERROR_'));
@@ -63,6 +79,8 @@ test('the names of the decisions, states, stops, kinds, classes and outcomes cov
 test('RETRYD_NO_TIMEOUT is INT64_MAX, which the addon passes as null', () => {
   const text = fs.readFileSync(path.join(HEADERS, 'retryd_call.h'), 'utf8');
   assert.match(text, /#define RETRYD_NO_TIMEOUT INT64_MAX/);
-  assert.match(fs.readFileSync(path.join(__dirname, '..', 'src', 'retryd_node.c'), 'utf8'),
-               /step->remaining_ms == RETRYD_NO_TIMEOUT \? -1/);
+  assert.match(
+    fs.readFileSync(path.join(__dirname, '..', 'src', 'retryd_node.c'), 'utf8'),
+    /step->remaining_ms == RETRYD_NO_TIMEOUT \? -1/,
+  );
 });

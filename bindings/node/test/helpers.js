@@ -19,17 +19,22 @@ const TIMEOUT_MS = 60000;
 
 function built(envName, relative) {
   if (process.env[envName]) return process.env[envName];
-  for (const dir of fs.readdirSync(ROOT).filter((d) => d.startsWith('build')).sort()) {
+  for (const dir of fs
+    .readdirSync(ROOT)
+    .filter((d) => d.startsWith('build'))
+    .sort()) {
     const file = path.join(ROOT, dir, relative);
     if (fs.existsSync(file)) return file;
   }
   throw new Error(`${relative} not built (and ${envName} not set)`);
 }
 
-if (!process.env.RETRYD_LIBRARY) process.env.RETRYD_LIBRARY = built('RETRYD_LIBRARY', 'client/libretryd.so');
+if (!process.env.RETRYD_LIBRARY)
+  process.env.RETRYD_LIBRARY = built('RETRYD_LIBRARY', 'client/libretryd.so');
 if (!process.env.RETRYD_NODE_ADDON) {
   const local = path.join(ROOT, 'bindings', 'node', 'build', 'retryd.node');
-  process.env.RETRYD_NODE_ADDON = fs.existsSync(local) ? local
+  process.env.RETRYD_NODE_ADDON = fs.existsSync(local)
+    ? local
     : built('RETRYD_NODE_ADDON', 'tests/bindings/node/addon/retryd.node');
 }
 
@@ -43,7 +48,8 @@ async function poll(cond, what, timeoutMs = TIMEOUT_MS, intervalMs = 20) {
   for (;;) {
     const v = await cond();
     if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs / 1000} s waiting for ${what}`);
+    if (Date.now() > end)
+      throw new Error(`timed out after ${timeoutMs / 1000} s waiting for ${what}`);
     await sleep(intervalMs);
   }
 }
@@ -60,7 +66,9 @@ async function makeSegment(deps) {
   const helper = built('RETRYD_TEST_SEGMENT', 'tests/client/retryd_test_segment');
   const name = `retryd-nodetest-${process.pid}-${ids++}`;
   const specs = Object.entries(deps).map(([dep, settings]) => {
-    const pairs = Object.entries(settings).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(',');
+    const pairs = Object.entries(settings)
+      .map(([k, v]) => `${k}=${JSON.stringify(v)}`)
+      .join(',');
     return pairs ? `${dep}:${pairs}` : dep;
   });
   const proc = spawn(helper, [name, ...specs], { stdio: ['pipe', 'pipe', 'inherit'] });
@@ -79,11 +87,12 @@ async function makeSegment(deps) {
     name,
     state: (dep) => ask(`state ${dep}`),
     reset: (dep) => ask(`reset ${dep}`),
-    close: () => new Promise((resolve) => {
-      if (proc.exitCode !== null) return resolve();
-      proc.once('exit', resolve);
-      proc.stdin.end();
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        if (proc.exitCode !== null) return resolve();
+        proc.once('exit', resolve);
+        proc.stdin.end();
+      }),
   };
 }
 
@@ -95,7 +104,8 @@ function retryctl(where, ...args) {
     execFile(bin, [...target, ...args, '--json'], { timeout: 30000 }, (err, stdout, stderr) => {
       // Exit 1: a breaker is open; 3: no daemon (a helper's segment). The JSON is there all
       // the same.
-      if (err && err.code !== 1 && err.code !== 3) return reject(new Error(`retryctl ${args.join(' ')}: ${stderr || err.message}`));
+      if (err && err.code !== 1 && err.code !== 3)
+        return reject(new Error(`retryctl ${args.join(' ')}: ${stderr || err.message}`));
       try {
         resolve(JSON.parse(stdout));
       } catch (e) {
@@ -130,10 +140,13 @@ function toml(value) {
  * way) or by segment name. Resolves once retryctl sees it up. */
 async function startDaemon(dir, deps, { socket = true } = {}) {
   const bin = built('RETRYD_DAEMON', 'daemon/retryd');
-  const where = socket ? { socket: path.join(dir, 'retryd.sock') }
+  const where = socket
+    ? { socket: path.join(dir, 'retryd.sock') }
     : { segment: `retryd-nodetest-${process.pid}-${ids++}` };
   let text = '[daemon]\n';
-  text += socket ? `socket = ${toml(where.socket)}\n` : `segment = ${toml(where.segment)}\nsocket = ""\nmode = "0600"\n`;
+  text += socket
+    ? `socket = ${toml(where.socket)}\n`
+    : `segment = ${toml(where.segment)}\nsocket = ""\nmode = "0600"\n`;
   text += 'tick = "10ms"\n';
   for (const [name, settings] of Object.entries(deps)) {
     text += `\n[dependency.${name}]\n`;
@@ -146,7 +159,9 @@ async function startDaemon(dir, deps, { socket = true } = {}) {
   const proc = spawn(bin, [`--config=${config}`], { stdio: ['ignore', log, log] });
   fs.closeSync(log);
   let exited = false;
-  proc.once('exit', () => { exited = true; });
+  proc.once('exit', () => {
+    exited = true;
+  });
   await poll(async () => {
     if (exited) throw new Error('retryd exited: ' + fs.readFileSync(logPath, 'utf8'));
     try {
@@ -170,6 +185,16 @@ async function startDaemon(dir, deps, { socket = true } = {}) {
 }
 
 module.exports = {
-  ROOT, TIMEOUT_MS, retryd, built, poll, sleep, tmpdir, makeSegment, retryctl, depStatus,
-  liveWorkers, startDaemon,
+  ROOT,
+  TIMEOUT_MS,
+  retryd,
+  built,
+  poll,
+  sleep,
+  tmpdir,
+  makeSegment,
+  retryctl,
+  depStatus,
+  liveWorkers,
+  startDaemon,
 };

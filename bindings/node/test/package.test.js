@@ -11,10 +11,14 @@ const path = require('path');
 const { ROOT, tmpdir } = require('./helpers');
 
 const PACKAGE = path.resolve(__dirname, '..');
-const npm = (args, cwd, env = {}) => execFileSync('npm', args, {
-  cwd, env: { ...process.env, ...env, npm_config_update_notifier: 'false' }, encoding: 'utf8',
-  stdio: ['ignore', 'pipe', 'pipe'], timeout: 240000,
-});
+const npm = (args, cwd, env = {}) =>
+  execFileSync('npm', args, {
+    cwd,
+    env: { ...process.env, ...env, npm_config_update_notifier: 'false' },
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+    timeout: 240000,
+  });
 
 let dir;
 let tarball;
@@ -26,10 +30,17 @@ test.before(() => {
 });
 test.after(() => fs.rmSync(dir, { recursive: true, force: true }));
 
-test('npm pack holds the JavaScript, the declarations, the addon\'s sources and build, and the README', () => {
+test("npm pack holds the JavaScript, the declarations, the addon's sources and build, and the README", () => {
   const files = test.packed.files.map((f) => f.path).sort();
-  const expected = ['CMakeLists.txt', 'README.md', 'index.d.ts', 'package.json', 'scripts/build.js',
-                    'src/retryd_node.c', ...fs.readdirSync(path.join(PACKAGE, 'lib')).map((f) => `lib/${f}`)];
+  const expected = [
+    'CMakeLists.txt',
+    'README.md',
+    'index.d.ts',
+    'package.json',
+    'scripts/build.js',
+    'src/retryd_node.c',
+    ...fs.readdirSync(path.join(PACKAGE, 'lib')).map((f) => `lib/${f}`),
+  ];
   assert.deepStrictEqual(files, expected.sort());
   const pkg = JSON.parse(fs.readFileSync(path.join(PACKAGE, 'package.json'), 'utf8'));
   assert.strictEqual(pkg.license, 'Apache-2.0');
@@ -39,11 +50,18 @@ test('npm pack holds the JavaScript, the declarations, the addon\'s sources and 
 test('npm install of the tarball builds the addon, and the package works where it is installed', () => {
   const project = path.join(dir, 'project');
   fs.mkdirSync(project);
-  fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'app', private: true }));
+  fs.writeFileSync(
+    path.join(project, 'package.json'),
+    JSON.stringify({ name: 'app', private: true }),
+  );
   // The headers of this tree (no libretryd-dev here), and no addon or library path of the
   // tests: the installed package must find its own addon.
   const env = { RETRYD_INCLUDE_DIR: path.join(ROOT, 'client', 'include'), RETRYD_NODE_ADDON: '' };
-  npm(['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', tarball], project, env);
+  npm(
+    ['install', '--offline', '--no-audit', '--no-fund', '--foreground-scripts', tarball],
+    project,
+    env,
+  );
   const addon = path.join(project, 'node_modules', 'retryd', 'build', 'retryd.node');
   assert.ok(fs.existsSync(addon), 'the install script built build/retryd.node');
   const script = `
@@ -57,7 +75,13 @@ test('npm install of the tarball builds the addon, and the package works where i
   const childEnv = { ...process.env };
   delete childEnv.RETRYD_NODE_ADDON;
   delete childEnv.NODE_PATH;
-  const out = JSON.parse(execFileSync(process.execPath, ['-e', script],
-                                      { cwd: project, env: childEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }));
+  const out = JSON.parse(
+    execFileSync(process.execPath, ['-e', script], {
+      cwd: project,
+      env: childEnv,
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    }),
+  );
   assert.deepStrictEqual(out, { local: true, value: 42, addon });
 });

@@ -18,18 +18,31 @@ export async function main(): Promise<number> {
       void reason;
     }
   }
-  const n: number = await orders.call(async (a: retryd.Attempt) => a.number + (a.timeoutMs ?? 0), {
-    maxAttempts: 3, jitter: 'full', deadlineMs: 2000, attemptTimeoutMs: 800,
-    observer: (i: retryd.AttemptInfo) => { const w: number = i.waitMs; void w; },
-    classifyError: (e: unknown) => (e instanceof Error ? 'other' : null),
-  }, { signal: new AbortController().signal });
+  const n: number = await orders.call(
+    async (a: retryd.Attempt) => a.number + (a.timeoutMs ?? 0),
+    {
+      maxAttempts: 3,
+      jitter: 'full',
+      deadlineMs: 2000,
+      attemptTimeoutMs: 800,
+      observer: (i: retryd.AttemptInfo) => {
+        const w: number = i.waitMs;
+        void w;
+      },
+      classifyError: (e: unknown) => (e instanceof Error ? 'other' : null),
+    },
+    { signal: new AbortController().signal },
+  );
   // @ts-expect-error: not a policy key
   await orders.call(() => 1, { retries: 3 });
   const get = retryd.adapters.fetch(orders, { deadlineMs: 2000 });
   const response: Response = await get('http://orders.internal/v1/orders/42');
   const result = new retryd.AttemptResult({ status: 503, retryAfter: '1' });
   const classifier = new retryd.Classifier().setStatus(404, 'retryable', 'failure');
-  void state; void response; void result; void classifier;
+  void state;
+  void response;
+  void result;
+  void classifier;
   client.close();
   return n;
 }

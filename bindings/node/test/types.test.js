@@ -17,15 +17,28 @@ test('the TypeScript declarations type-check a program that uses the API', () =>
     fs.mkdirSync(modules);
     fs.symlinkSync(path.resolve(__dirname, '..'), path.join(modules, 'retryd'));
     fs.copyFileSync(path.join(__dirname, 'types.check.ts'), path.join(dir, 'app.ts'));
-    fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify({
-      compilerOptions: { noEmit: true, strict: true, target: 'es2022', lib: ['es2022', 'dom'],
-                         module: 'commonjs', moduleResolution: 'node', types: [],
-                         preserveSymlinks: true },
-      files: ['app.ts'],
-    }));
+    fs.writeFileSync(
+      path.join(dir, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: {
+          noEmit: true,
+          strict: true,
+          target: 'es2022',
+          lib: ['es2022', 'dom'],
+          module: 'commonjs',
+          moduleResolution: 'node',
+          types: [],
+          preserveSymlinks: true,
+        },
+        files: ['app.ts'],
+      }),
+    );
     try {
-      execFileSync(process.env.RETRYD_TSC || 'tsc', ['-p', dir],
-                   { cwd: dir, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+      execFileSync(process.env.RETRYD_TSC || 'tsc', ['-p', dir], {
+        cwd: dir,
+        encoding: 'utf8',
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
     } catch (e) {
       assert.fail(`tsc: ${e.stdout}${e.stderr}`);
     }

@@ -23,7 +23,12 @@ const slow = client.dependency('slow');
 const base = process.env.DOWNSTREAM_URL;
 const headers = { 'x-worker-pid': String(process.pid) };
 const once = retryd.adapters.fetch(downstream, { maxAttempts: 1, deadlineMs: 30000 });
-const retrying = retryd.adapters.fetch(budget, { maxAttempts: 10, baseMs: 1, capMs: 1, deadlineMs: 30000 });
+const retrying = retryd.adapters.fetch(budget, {
+  maxAttempts: 10,
+  baseMs: 1,
+  capMs: 1,
+  deadlineMs: 30000,
+});
 
 async function call() {
   try {
@@ -41,8 +46,10 @@ async function retry() {
     const r = await retrying(`${base}/fail`, { headers });
     await r.text();
     const result = r.retrydResult;
-    return { stop: result ? result.rejection || result.stop : 'success',
-             attempts: result ? result.attempts : 1 };
+    return {
+      stop: result ? result.rejection || result.stop : 'success',
+      attempts: result ? result.attempts : 1,
+    };
   } catch (e) {
     if (e instanceof retryd.RejectedError) return { stop: e.reason, attempts: 0 };
     return { stop: 'error', error: String(e) };

@@ -14,11 +14,15 @@ serverTests({
   async start(env, dir) {
     const logPath = path.join(dir, 'cluster.log');
     const log = fs.openSync(logPath, 'w');
-    const proc = spawn(process.execPath, [path.join(__dirname, 'cluster_main.js')],
-                       { env: { ...env, WORKERS: '4' }, stdio: ['ignore', log, log] });
+    const proc = spawn(process.execPath, [path.join(__dirname, 'cluster_main.js')], {
+      env: { ...env, WORKERS: '4' },
+      stdio: ['ignore', log, log],
+    });
     fs.closeSync(log);
     let exited = false;
-    proc.once('exit', () => { exited = true; });
+    proc.once('exit', () => {
+      exited = true;
+    });
     return {
       exited: () => exited,
       log: () => fs.readFileSync(logPath, 'utf8'),

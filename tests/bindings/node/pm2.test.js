@@ -12,7 +12,7 @@ const { serverTests, poll } = require('./server_harness');
 
 const pm2 = process.env.RETRYD_PM2;
 if (!pm2 || !fs.existsSync(pm2)) {
-  throw new Error('RETRYD_PM2 must name PM2\'s pm2 program (tests/bindings/node/install_pm2)');
+  throw new Error("RETRYD_PM2 must name PM2's pm2 program (tests/bindings/node/install_pm2)");
 }
 const runtime = path.join(path.dirname(pm2), 'pm2-runtime');
 
@@ -24,14 +24,20 @@ serverTests({
     fs.mkdirSync(home);
     const logPath = path.join(dir, 'pm2.log');
     const log = fs.openSync(logPath, 'w');
-    const proc = spawn(runtime, ['start', path.join(__dirname, 'app.js'), '-i', '4', '--name', 'retryd-app'], {
-      env: { ...env, PM2_HOME: home, PM2_DISABLE_VERSION_CHECK: 'true' },
-      stdio: ['ignore', log, log],
-      detached: true, // its own process group: stop() ends PM2 and every worker together
-    });
+    const proc = spawn(
+      runtime,
+      ['start', path.join(__dirname, 'app.js'), '-i', '4', '--name', 'retryd-app'],
+      {
+        env: { ...env, PM2_HOME: home, PM2_DISABLE_VERSION_CHECK: 'true' },
+        stdio: ['ignore', log, log],
+        detached: true, // its own process group: stop() ends PM2 and every worker together
+      },
+    );
     fs.closeSync(log);
     let exited = false;
-    proc.once('exit', () => { exited = true; });
+    proc.once('exit', () => {
+      exited = true;
+    });
     return {
       exited: () => exited,
       log: () => fs.readFileSync(logPath, 'utf8'),

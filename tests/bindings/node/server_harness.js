@@ -26,8 +26,14 @@ const MIN_CALLS = 8;
 
 const DEPENDENCIES = {
   downstream: {
-    window: '60s', min_calls: MIN_CALLS, failure_rate_threshold: 50, open_for: '4s',
-    open_for_max: '4s', open_jitter: '0s', half_open_probes: 1, close_after: 1,
+    window: '60s',
+    min_calls: MIN_CALLS,
+    failure_rate_threshold: 50,
+    open_for: '4s',
+    open_for_max: '4s',
+    open_jitter: '0s',
+    half_open_probes: 1,
+    close_after: 1,
     probe_timeout: '30s',
   },
   budget: { min_calls: 100000, retry_burst: 4, retry_ratio: 0, min_retries_per_sec: 0 },
@@ -56,7 +62,9 @@ class Downstream {
   hold() {
     this.mode = 'held';
     this.sinceHeld = 0;
-    this.probeArrived = new Promise((resolve) => { this.onProbe = resolve; });
+    this.probeArrived = new Promise((resolve) => {
+      this.onProbe = resolve;
+    });
   }
 
   release() {
@@ -104,18 +112,21 @@ class Downstream {
  * workers); resolves to the JSON answer. */
 function get(port, p) {
   return new Promise((resolve, reject) => {
-    const req = http.get({ host: '127.0.0.1', port, path: p, agent: false, timeout: 120000 }, (res) => {
-      const chunks = [];
-      res.on('data', (c) => chunks.push(c));
-      res.on('end', () => {
-        try {
-          assert.strictEqual(res.statusCode, 200);
-          resolve(JSON.parse(Buffer.concat(chunks).toString()));
-        } catch (e) {
-          reject(e);
-        }
-      });
-    });
+    const req = http.get(
+      { host: '127.0.0.1', port, path: p, agent: false, timeout: 120000 },
+      (res) => {
+        const chunks = [];
+        res.on('data', (c) => chunks.push(c));
+        res.on('end', () => {
+          try {
+            assert.strictEqual(res.statusCode, 200);
+            resolve(JSON.parse(Buffer.concat(chunks).toString()));
+          } catch (e) {
+            reject(e);
+          }
+        });
+      },
+    );
     req.on('timeout', () => req.destroy(new Error(`GET ${p}: no answer`)));
     req.on('error', reject);
   });
@@ -124,12 +135,17 @@ function get(port, p) {
 /** GETs `p` in concurrent bursts until until(answers) holds; resolves to every answer. */
 async function spread(port, p, until, what, concurrency = 8) {
   const answers = [];
-  await poll(async () => {
-    if (until(answers)) return true;
-    const burst = await Promise.all(Array.from({ length: concurrency }, () => get(port, p)));
-    answers.push(...burst);
-    return until(answers);
-  }, `${what}; answers so far: ${JSON.stringify(answers.slice(-8))}`, helpers.TIMEOUT_MS, 0);
+  await poll(
+    async () => {
+      if (until(answers)) return true;
+      const burst = await Promise.all(Array.from({ length: concurrency }, () => get(port, p)));
+      answers.push(...burst);
+      return until(answers);
+    },
+    `${what}; answers so far: ${JSON.stringify(answers.slice(-8))}`,
+    helpers.TIMEOUT_MS,
+    0,
+  );
   return answers;
 }
 
@@ -185,26 +201,40 @@ function serverTests(server) {
     } finally {
       if (downstream) await downstream.close();
       if (daemon) await daemon.stop();
-      if (dir && !process.env.RETRYD_KEEP_TEST_DIR) fs.rmSync(dir, { recursive: true, force: true });
+      if (dir && !process.env.RETRYD_KEEP_TEST_DIR)
+        fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 
   test('every worker serves, and is a registered process of its own', async () => {
     const pids = await workers();
-    const answers = await spread(port, '/ping', (a) => [...pids].every((p) => pidsOf(a).has(p)),
-                                 'a request through every worker');
-    assert.ok([...pidsOf(answers)].every((p) => pids.has(p)), 'only registered workers answer');
+    const answers = await spread(
+      port,
+      '/ping',
+      (a) => [...pids].every((p) => pidsOf(a).has(p)),
+      'a request through every worker',
+    );
+    assert.ok(
+      [...pidsOf(answers)].every((p) => pids.has(p)),
+      'only registered workers answer',
+    );
     const listed = await liveWorkers(daemon);
-    assert.strictEqual(new Set([...pids].map((p) => listed[p].slot)).size, WORKERS,
-                       'one registry slot each');
+    assert.strictEqual(
+      new Set([...pids].map((p) => listed[p].slot)).size,
+      WORKERS,
+      'one registry slot each',
+    );
   });
 
   test('the workers trip one breaker together, and all of them are refused by it', async (t) => {
     const pids = await workers();
     downstream.mode = 'down';
-    const answers = await spread(port, '/call',
-                                 (a) => [...pids].every((p) => pidsOf(a, (x) => x.outcome === 'open').has(p)),
-                                 'every worker to find the breaker open');
+    const answers = await spread(
+      port,
+      '/call',
+      (a) => [...pids].every((p) => pidsOf(a, (x) => x.outcome === 'open').has(p)),
+      'every worker to find the breaker open',
+    );
     const failed = answers.filter((a) => a.outcome === 503);
     const refused = answers.filter((a) => a.outcome === 'open');
     assert.strictEqual(failed.length + refused.length, answers.length, JSON.stringify(answers));
@@ -212,7 +242,10 @@ function serverTests(server) {
     const perWorker = {};
     for (const a of failed) perWorker[a.pid] = (perWorker[a.pid] || 0) + 1;
     assert.ok(Object.keys(perWorker).length >= 2, `failures from ${JSON.stringify(perWorker)}`);
-    assert.ok(Math.max(...Object.values(perWorker)) < MIN_CALLS, `failures per worker ${JSON.stringify(perWorker)}`);
+    assert.ok(
+      Math.max(...Object.values(perWorker)) < MIN_CALLS,
+      `failures per worker ${JSON.stringify(perWorker)}`,
+    );
     assert.ok(failed.length >= MIN_CALLS);
     const dep = await depStatus(daemon, 'downstream');
     assert.strictEqual(dep.breaker.state, 'open');
@@ -222,8 +255,10 @@ function serverTests(server) {
     assert.strictEqual(downstream.count.work, failed.length);
     assert.strictEqual(dep.counters.first_attempts, failed.length);
     assert.strictEqual(dep.counters.rejected_open, refused.length);
-    t.diagnostic(`${failed.length} failures tripped the breaker (per worker: ${JSON.stringify(perWorker)}), ` +
-                 `then ${refused.length} refusals from ${pidsOf(refused).size} workers`);
+    t.diagnostic(
+      `${failed.length} failures tripped the breaker (per worker: ${JSON.stringify(perWorker)}), ` +
+        `then ${refused.length} refusals from ${pidsOf(refused).size} workers`,
+    );
   });
 
   test('after the downstream recovers, exactly one probe reaches it, and the breaker closes', async (t) => {
@@ -238,8 +273,10 @@ function serverTests(server) {
     let probeRequest = null;
     await poll(async () => {
       const request = get(port, '/call');
-      const first = await Promise.race([request.then((a) => ({ a })),
-                                        downstream.probeArrived.then(() => ({ probe: true }))]);
+      const first = await Promise.race([
+        request.then((a) => ({ a })),
+        downstream.probeArrived.then(() => ({ probe: true })),
+      ]);
       if (first.probe) {
         probeRequest = request;
         return true;
@@ -249,9 +286,12 @@ function serverTests(server) {
     }, 'the open period to end and the probe to reach the downstream');
 
     // While the probe is out, every worker, the probe's own included, refuses every request.
-    const busy = await spread(port, '/call',
-                              (a) => a.length >= 32 && [...pids].every((p) => pidsOf(a).has(p)),
-                              'every worker to answer while the probe is out');
+    const busy = await spread(
+      port,
+      '/call',
+      (a) => a.length >= 32 && [...pids].every((p) => pidsOf(a).has(p)),
+      'every worker to answer while the probe is out',
+    );
     assert.deepStrictEqual([...new Set(busy.map((a) => a.outcome))], ['half_open_busy']);
     assert.strictEqual(downstream.sinceHeld, 1, 'one request reached the recovered downstream');
 
@@ -266,20 +306,34 @@ function serverTests(server) {
     assert.strictEqual(after.counters.probes_granted - before.counters.probes_granted, 1);
     assert.strictEqual(after.counters.closed - before.counters.closed, 1);
     assert.strictEqual(after.counters.rejected_half_open_busy, busy.length);
-    const served = await spread(port, '/call', (a) => [...pids].every((p) => pidsOf(a, (x) => x.outcome === 200).has(p)),
-                                'every worker to be served again');
-    assert.ok(served.every((a) => a.outcome === 200), JSON.stringify(served));
-    t.diagnostic(`while the probe of worker ${probe.pid} was out, ${busy.length} requests to ` +
-                 `${pidsOf(busy).size} workers were refused (half_open_busy) and 1 reached the downstream`);
+    const served = await spread(
+      port,
+      '/call',
+      (a) => [...pids].every((p) => pidsOf(a, (x) => x.outcome === 200).has(p)),
+      'every worker to be served again',
+    );
+    assert.ok(
+      served.every((a) => a.outcome === 200),
+      JSON.stringify(served),
+    );
+    t.diagnostic(
+      `while the probe of worker ${probe.pid} was out, ${busy.length} requests to ` +
+        `${pidsOf(busy).size} workers were refused (half_open_busy) and 1 reached the downstream`,
+    );
   });
 
-  test('retries across workers are bounded by the host\'s retry budget', async (t) => {
+  test("retries across workers are bounded by the host's retry budget", async (t) => {
     const pids = await workers();
-    const answers = await spread(port, '/retry',
-                                 (a) => [...pids].every((p) => pidsOf(a, (x) => x.stop === 'budget_empty').has(p)),
-                                 'every worker to find the retry budget empty');
-    assert.ok(answers.every((a) => a.stop === 'budget_empty' || a.stop === 'attempts_exhausted'),
-              JSON.stringify(answers));
+    const answers = await spread(
+      port,
+      '/retry',
+      (a) => [...pids].every((p) => pidsOf(a, (x) => x.stop === 'budget_empty').has(p)),
+      'every worker to find the retry budget empty',
+    );
+    assert.ok(
+      answers.every((a) => a.stop === 'budget_empty' || a.stop === 'attempts_exhausted'),
+      JSON.stringify(answers),
+    );
     const dep = await depStatus(daemon, 'budget');
     const burst = dep.retry_budget.burst;
     assert.strictEqual(burst, 4);
@@ -294,28 +348,43 @@ function serverTests(server) {
     assert.ok(dep.retry_budget.tokens_available < 1);
     const byWorker = {};
     for (const a of answers) byWorker[a.pid] = (byWorker[a.pid] || 0) + a.attempts - 1;
-    t.diagnostic(`${answers.length} requests, ${retries} retries in all (the budget's burst: ${burst}; ` +
-                 `per worker: ${JSON.stringify(byWorker)})`);
+    t.diagnostic(
+      `${answers.length} requests, ${retries} retries in all (the budget's burst: ${burst}; ` +
+        `per worker: ${JSON.stringify(byWorker)})`,
+    );
   });
 
   test('a worker killed with SIGKILL gives its bulkhead lease back, through the daemon', async (t) => {
     const pids = await workers();
-    const held = get(port, '/hold?hold=1').then(() => null, (e) => e); // its worker dies
-    const holder = await poll(() => downstream.holders.length > 0 && downstream.holders[0].pid,
-                              'a worker to hold the bulkhead lease');
+    const held = get(port, '/hold?hold=1').then(
+      () => null,
+      (e) => e,
+    ); // its worker dies
+    const holder = await poll(
+      () => downstream.holders.length > 0 && downstream.holders[0].pid,
+      'a worker to hold the bulkhead lease',
+    );
     assert.ok(pids.has(holder));
     assert.strictEqual((await depStatus(daemon, 'slow')).bulkhead.in_use, 1);
     assert.strictEqual((await liveWorkers(daemon))[holder].bulkhead_leases, 1);
     // The host-wide bulkhead of one is full for every worker.
     const full = await spread(port, '/hold?hold=0', (a) => a.length >= 8, 'refusals');
-    assert.ok(full.every((a) => a.outcome === 'bulkhead_full'), JSON.stringify(full));
+    assert.ok(
+      full.every((a) => a.outcome === 'bulkhead_full'),
+      JSON.stringify(full),
+    );
     const reclaimed = (await depStatus(daemon, 'slow')).counters.leases_reclaimed_dead;
 
     process.kill(holder, 'SIGKILL');
-    await poll(async () => (await depStatus(daemon, 'slow')).bulkhead.in_use === 0,
-               'the daemon to free the dead worker\'s lease');
-    assert.strictEqual((await depStatus(daemon, 'slow')).counters.leases_reclaimed_dead, reclaimed + 1);
-    assert.ok(await held, 'the killed worker\'s request failed');
+    await poll(
+      async () => (await depStatus(daemon, 'slow')).bulkhead.in_use === 0,
+      "the daemon to free the dead worker's lease",
+    );
+    assert.strictEqual(
+      (await depStatus(daemon, 'slow')).counters.leases_reclaimed_dead,
+      reclaimed + 1,
+    );
+    assert.ok(await held, "the killed worker's request failed");
     // The server replaces the worker, which registers; the lease is there for any worker.
     const now = await poll(async () => {
       const live = await workers('a replacement worker');
@@ -324,8 +393,10 @@ function serverTests(server) {
     assert.strictEqual(now.size, WORKERS);
     const ok = await get(port, '/hold?hold=0');
     assert.strictEqual(ok.outcome, 'success');
-    t.diagnostic(`worker ${holder} killed holding the lease; reclaimed by the daemon; ` +
-                 `workers now ${[...now].join(', ')}`);
+    t.diagnostic(
+      `worker ${holder} killed holding the lease; reclaimed by the daemon; ` +
+        `workers now ${[...now].join(', ')}`,
+    );
   });
 }
 
