@@ -5,7 +5,7 @@
 const test = require('node:test');
 const assert = require('assert');
 const http = require('http');
-const { retryd, makeSegment, depStatus } = require('./helpers');
+const { retryd, makeSegment, depStatus } = require('./harness');
 
 const axios = require('axios'); // Debian's node-axios, through NODE_PATH=/usr/share/nodejs
 

@@ -1,6 +1,6 @@
 'use strict';
-// Client, dep.admit, permit.complete and dep.state on real segments (the retryd_test_segment
-// helper, read back with retryctl) and through a real daemon's socket.
+// Client, dep.admit, permit.complete and dep.state on real segments (made by
+// retryd_test_segment, read back with retryctl) and through a real daemon's socket.
 
 const test = require('node:test');
 const assert = require('assert');
@@ -16,7 +16,7 @@ const {
   depStatus,
   liveWorkers,
   startDaemon,
-} = require('./helpers');
+} = require('./harness');
 
 async function withSegment(deps, fn) {
   const seg = await makeSegment(deps);

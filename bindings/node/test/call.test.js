@@ -4,7 +4,7 @@
 
 const test = require('node:test');
 const assert = require('assert');
-const { retryd, sleep, makeSegment, depStatus } = require('./helpers');
+const { retryd, sleep, makeSegment, depStatus } = require('./harness');
 
 const OPEN_LONG = {
   min_calls: 2,

@@ -8,7 +8,7 @@ const test = require('node:test');
 const assert = require('assert');
 const fs = require('fs');
 const path = require('path');
-const { ROOT } = require('./helpers');
+const { ROOT } = require('./harness');
 const constants = require('../lib/constants');
 const native = require('../lib/native');
 

@@ -8,7 +8,7 @@ const assert = require('assert');
 const { execFileSync } = require('child_process');
 const fs = require('fs');
 const path = require('path');
-const { ROOT, tmpdir } = require('./helpers');
+const { ROOT, tmpdir } = require('./harness');
 
 const PACKAGE = path.resolve(__dirname, '..');
 const npm = (args, cwd, env = {}) =>

@@ -8,7 +8,7 @@ const assert = require('assert');
 const { execFileSync } = require('child_process');
 const fs = require('fs');
 const path = require('path');
-const { tmpdir } = require('./helpers');
+const { tmpdir } = require('./harness');
 
 test('the TypeScript declarations type-check a program that uses the API', () => {
   const dir = tmpdir('retryd-node-types-');

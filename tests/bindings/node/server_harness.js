@@ -18,9 +18,9 @@ const assert = require('assert');
 const fs = require('fs');
 const http = require('http');
 const path = require('path');
-const helpers = require('../../../bindings/node/test/helpers');
+const harness = require('../../../bindings/node/test/harness');
 
-const { poll, retryctl, depStatus, liveWorkers, startDaemon, tmpdir } = helpers;
+const { poll, retryctl, depStatus, liveWorkers, startDaemon, tmpdir } = harness;
 const WORKERS = 4;
 const MIN_CALLS = 8;
 
@@ -143,7 +143,7 @@ async function spread(port, p, until, what, concurrency = 8) {
       return until(answers);
     },
     `${what}; answers so far: ${JSON.stringify(answers.slice(-8))}`,
-    helpers.TIMEOUT_MS,
+    harness.TIMEOUT_MS,
     0,
   );
   return answers;

@@ -1,5 +1,5 @@
 'use strict';
-// What the Node.js binding's tests share: real named segments (the retryd_test_segment helper),
+// What the Node.js binding's tests share: real named segments (made by retryd_test_segment),
 // a real daemon on a private socket or segment, retryctl's JSON, and polling. Every wait polls
 // its condition with a generous timeout: the machine may be loaded.
 //
@@ -61,9 +61,9 @@ function tmpdir(prefix) {
 let ids = 0;
 
 /** A named segment holding `deps` ({name: {key: value}}: config keys and TOML values), held by
- * a helper process; close() removes it. */
+ * a retryd_test_segment process; close() removes it. */
 async function makeSegment(deps) {
-  const helper = built('RETRYD_TEST_SEGMENT', 'tests/client/retryd_test_segment');
+  const maker = built('RETRYD_TEST_SEGMENT', 'tests/client/retryd_test_segment');
   const name = `retryd-nodetest-${process.pid}-${ids++}`;
   const specs = Object.entries(deps).map(([dep, settings]) => {
     const pairs = Object.entries(settings)
@@ -71,7 +71,7 @@ async function makeSegment(deps) {
       .join(',');
     return pairs ? `${dep}:${pairs}` : dep;
   });
-  const proc = spawn(helper, [name, ...specs], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const proc = spawn(maker, [name, ...specs], { stdio: ['pipe', 'pipe', 'inherit'] });
   const lines = readline.createInterface({ input: proc.stdout })[Symbol.asyncIterator]();
   const next = async () => (await lines.next()).value;
   const ready = await next();
@@ -102,7 +102,7 @@ function retryctl(where, ...args) {
   const target = where.socket ? ['--socket', where.socket] : ['--segment', where.segment];
   return new Promise((resolve, reject) => {
     execFile(bin, [...target, ...args, '--json'], { timeout: 30000 }, (err, stdout, stderr) => {
-      // Exit 1: a breaker is open; 3: no daemon (a helper's segment). The JSON is there all
+      // Exit 1: a breaker is open; 3: no daemon (a segment of retryd_test_segment's). The JSON is there all
       // the same.
       if (err && err.code !== 1 && err.code !== 3)
         return reject(new Error(`retryctl ${args.join(' ')}: ${stderr || err.message}`));
