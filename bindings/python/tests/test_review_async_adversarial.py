@@ -368,3 +368,67 @@ def test_aiohttp_a_sessions_tighter_timeout_still_bounds_each_attempt(quiet):
     assert plain < 1.5
     assert through < 1.5, (f"the session's 0.3 s timeout was replaced by the attempt's 5 s: "
                            f"the attempt took {through:.2f}s and got {outcome}")
+
+
+def test_a_subscriber_or_observer_raising_base_exceptions_leaks_no_permit(make_segment):
+    """Promise 2: an exception from a subscriber or the observer does not leak a permit: a
+    KeyboardInterrupt from the subscriber at the probe's admission, and from the observer, in
+    call_async and in `async with dep.admit()`; then the bulkhead is empty and no probe is out."""
+    seg = make_segment(dep={"bulkhead_limit": 1, "bulkhead_timeout": "60s",
+                            "probe_timeout": "60s", "min_calls": 1, "open_for": "5ms",
+                            "open_for_max": "5ms", "open_jitter": "0ms", "close_after": 1})
+    client = retryd.Client(segment=seg.name, fallback_to_local=False)
+    dep = client.dependency("dep")
+    raised = []
+
+    def subscriber(name, old, new):
+        if new == "half_open":
+            raise KeyboardInterrupt("from a subscriber")
+
+    async def fail(attempt):
+        return retryd.AttemptResult(status=503)
+
+    async def ok(attempt):
+        return retryd.AttemptResult(value=1, status=200)
+
+    def observer(info):
+        raise KeyboardInterrupt("from the observer")
+
+    async def main():
+        for round_ in range(30):
+            with contextlib.suppress(retryd.CallFailed, retryd.Rejected):
+                await dep.call_async(fail, max_attempts=1)  # trips
+            sub = dep.on_state_change(subscriber)
+            for _ in range(200):
+                await asyncio.sleep(0.002)
+                try:
+                    if round_ % 2:
+                        await dep.call_async(ok, max_attempts=1)
+                    else:
+                        async with dep.admit():
+                            pass
+                except retryd.Rejected:
+                    continue
+                except KeyboardInterrupt as e:
+                    raised.append(str(e))
+                    break
+            sub.unsubscribe()
+            # Closes it again through a call whose observer raises.
+            for _ in range(200):
+                try:
+                    await dep.call_async(ok, max_attempts=1, observer=observer)
+                except retryd.Rejected:
+                    await asyncio.sleep(0.002)
+                    continue
+                except KeyboardInterrupt as e:
+                    raised.append(str(e))
+                    break
+    asyncio.run(main())
+    status = dependency_status(seg.name, "dep")
+    print(f"base exceptions: {len(raised)} raised ({set(raised)}); bulkhead "
+          f"{status['bulkhead']}; probes in flight {status['breaker']['probes_in_flight']}; "
+          f"breaker {status['breaker']['state']}; half-opened {status['counters']['half_opened']}")
+    assert len(raised) >= 40
+    assert status["bulkhead"]["in_use"] == 0
+    assert status["breaker"]["probes_in_flight"] == 0
+    client.close()
