@@ -225,8 +225,8 @@ class Permit:
     complete(). fail(), ignored() and succeed() choose the outcome reported at exit, whatever
     happens.
 
-    This is the ctypes implementation; retryd._speedups has the same one in C, which
-    retryd.Permit is where it is built (see _permit_type below)."""
+    This is the ctypes implementation. retryd._speedups has the same in C, and where it is
+    built retryd.Permit and Dependency.admit are its (see _speedups_module below)."""
 
     __slots__ = ("_dep", "_raw", "_start", "_outcome", "_done", "_attempt")
 
