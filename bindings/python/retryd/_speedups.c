@@ -4,7 +4,9 @@
  * and building ctypes objects; the C library's admit + complete are a few atomic
  * instructions. This module implements the Permit of retryd/_client.py (same constructor,
  * attributes, methods, `with` and `async with` semantics, same exceptions) with two direct
- * calls into libretryd.
+ * calls into libretryd, and Dependency.admit, which returns one, as a C method. Where a
+ * breaker-state subscription watches the dependency (`dep._watched`) it calls the package's
+ * `dep._observe_state()` after the admission and the completion, as the Python Permit does.
  *
  * It does not link libretryd: the package finds the library once (retryd._native.lib(): the
  * RETRYD_LIBRARY variable, the soname, ...) and hands bind() the addresses of retryd_admit and
@@ -17,8 +19,8 @@
  *
  * Thread safety: every function runs under the GIL, and none releases it (admit and complete
  * never block), so a permit's check-then-complete cannot interleave with another thread's.
- * The module's state (the two addresses, the exception classes) is written by bind() and only
- * read afterwards. Fork safety: nothing here survives a fork differently from the library's
+ * The module's state (the two addresses, the exception classes) is written by bind(), with
+ * the same values at every retryd.Client(), and only read otherwise. Fork safety: nothing here survives a fork differently from the library's
  * own state, which handles a forked child (retryd.h).
  */
 #define PY_SSIZE_T_CLEAN
