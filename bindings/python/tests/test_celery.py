@@ -5,7 +5,7 @@ First the Task's rules, on real segments with Celery's eager mode (each retry ex
 once, in this process): the attempt number is `self.request.retries`, a refusal fails the task
 with TaskRejected without running the body, the countdown is the policy's backoff with jitter
 merged with Retry-After, what is not retryable is not retried, and what the module cannot
-honour is refused when the task is declared.
+honour is refused when Celery makes the task.
 
 Then a real Celery worker (`--pool prefork --concurrency 4`) on a real Redis broker (a private
 redis-server on a Unix socket), the real daemon on a private segment, and a downstream HTTP
