@@ -130,7 +130,7 @@ def _ns(seconds):
     return int(round(seconds * 1e9))
 
 
-def classify(policy, result):
+def _classify(policy, result):
     """(attempt class, breaker outcome) of one attempt's AttemptResult under `policy`, as the
     C retry loop decides them: the result's own classification if it has one, else the
     policy's table for its method, status and error."""
@@ -154,7 +154,7 @@ def classify(policy, result):
     return attempt_class.value, breaker.value
 
 
-def retry_after_ns(policy, result):
+def _retry_after_ns(policy, result):
     """(the server's Retry-After in ns, or -1 without a usable one; whether it is longer than
     the policy's retry_after_max)."""
     value = result.retry_after
@@ -176,7 +176,7 @@ def retry_after_ns(policy, result):
     return wait, wait > limit
 
 
-def next_wait_ns(policy, retries, previous_backoff_ns, retry_after):
+def _next_wait_ns(policy, retries, previous_backoff_ns, retry_after):
     """(the wait before the retry that follows `retries` earlier retries, its backoff part):
     the policy's backoff with jitter merged with the server's Retry-After (ns, or -1)."""
     lib = _lib()
@@ -195,7 +195,7 @@ def next_wait_ns(policy, retries, previous_backoff_ns, retry_after):
 
 
 def _check(cls):
-    """Refuses, when a task class is declared, what this module cannot honour."""
+    """Refuses, when Celery makes a task class, what this module cannot honour."""
     name = getattr(cls, "name", None) or cls.__name__
     policy = cls.retryd_policy
     if policy is None:
@@ -322,7 +322,7 @@ class Task(celery.Task):
         """Reports the attempt, and retries the task when the policy and the host allow: raises
         Celery's Retry, or returns (the caller then raises `exc` or returns the value)."""
         try:
-            attempt_class, breaker = classify(policy, result)
+            attempt_class, breaker = _classify(policy, result)
         except BaseException:  # noqa: B902
             permit.complete("failure")
             raise
@@ -331,10 +331,10 @@ class Task(celery.Task):
             return
         if attempt + 1 >= int(policy.max_attempts):
             return
-        retry_after, too_long = retry_after_ns(policy, result)
+        retry_after, too_long = _retry_after_ns(policy, result)
         if too_long:
             return
-        wait, backoff = next_wait_ns(policy, attempt, _previous_backoff(self.request),
+        wait, backoff = _next_wait_ns(policy, attempt, _previous_backoff(self.request),
                                      retry_after)
         headers = dict(self.request.headers or {})
         headers[BACKOFF_HEADER] = backoff
