@@ -27,7 +27,10 @@ export class Client {
   static readonly libraryPath: string;
   /** True while running on per-process state (no segment on the host). */
   readonly local: boolean;
+  /** Throws ClientError (EINVAL) for a bad name, or one with a NUL character in it. */
   dependency(name: string): Dependency;
+  /** Unregisters this process once its calls in progress have ended and its admitted permits
+   * have been completed; no admission after it. */
   close(): void;
 }
 
@@ -38,6 +41,8 @@ export class Dependency {
   readonly state: BreakerState;
   /** Throws RejectedError when the host refuses the attempt. Synchronous. */
   admit(attempt?: number): Permit;
+  /** `signal` ends the call at once, the attempt in flight reported as ignored, whether or
+   * not it listens to attempt.signal. */
   call<T>(fn: (attempt: Attempt) => T | Promise<T>, policy?: Policy | null,
           options?: { signal?: AbortSignal | null }): Promise<T>;
 }
@@ -49,7 +54,7 @@ export class Permit {
   readonly probe: boolean;
   readonly done: boolean;
   /** Reports the attempt's outcome (default "success") and latency (default: measured since
-   * the admission). A second call is a no-op. */
+   * the admission), after client.close() too. A second call is a no-op. */
   complete(outcome?: Outcome, latencyMs?: number): void;
 }
 

@@ -18,7 +18,9 @@
 // attemptTimeoutMs, clamped to what is left of its deadlineMs) bounds it (an AbortSignal, and
 // axios's `timeout`), and is sent downstream in `deadlineHeader` (default grpc-timeout; null
 // sends none) unless the request already carries one. A request whose body cannot be sent
-// twice (a stream) gets one attempt.
+// twice (a stream given as fetch's init.body or as axios's data) gets one attempt; a fetch
+// Request, whatever its body, is cloned for each attempt (see fetchAdapter). An attempt whose
+// time runs out rejects as the client's own timeout does (for axios, its ECONNABORTED).
 //
 // When the loop stops, the caller gets what the last attempt got, as the client would have
 // given it: its response (a 4xx, or the last 503 when attempts, the deadline or the host's
@@ -30,6 +32,7 @@
 // a fallback. When no attempt could go out at all (a deadline already spent), CallFailedError.
 
 const { CallFailedError, RejectedError } = require('./errors');
+const { TIMER_MAX_MS } = require('./client');
 
 const DEFAULT_IDEMPOTENCY_HEADERS = Object.freeze(['Idempotency-Key', 'X-Idempotency-Key']);
 const DEFAULT_DEADLINE_HEADER = 'grpc-timeout';
@@ -135,7 +138,10 @@ function fetchAdapter(dep, policy = null, options = {}) {
     const headers = new Headers(init.headers || (request ? request.headers : undefined));
     const hasKey = idempotencyHeaders.some((h) => headers.has(h));
     // A Request is cloned for each attempt (the original is never read); a body of init's
-    // must be one fetch can send twice.
+    // must be one fetch can send twice. A Request whose body is a stream is replayed too, and
+    // the cost is memory: each clone tees the Request's body, whose every chunk the Request
+    // then keeps (the README says so). Whether its body came from a stream is not to be told
+    // from outside (every Request's body is a stream), and its owner made it to be cloned.
     const replayable = init.body !== undefined ? replayableBody(init.body) : true;
     const signal = init.signal || (request ? request.signal : null) || null;
 
@@ -156,6 +162,17 @@ function fetchAdapter(dep, policy = null, options = {}) {
 }
 
 const identity = (data) => data;
+
+/** The error axios's own `timeout` rejects with (lib/adapters/http.js): ECONNABORTED, or
+ * ETIMEDOUT with transitional.clarifyTimeoutError, and config.timeoutErrorMessage if set. An
+ * axios without AxiosError (before 1.0) gets `cancel` back, still classified as a timeout. */
+function axiosTimeoutError(axios, config, request, cancel) {
+  if (typeof axios.AxiosError !== 'function') return cancel;
+  let message = config.timeout ? `timeout of ${config.timeout}ms exceeded` : 'timeout exceeded';
+  if (config.timeoutErrorMessage) message = config.timeoutErrorMessage;
+  const clarify = config.transitional && config.transitional.clarifyTimeoutError;
+  return new axios.AxiosError(message, clarify ? 'ETIMEDOUT' : 'ECONNABORTED', config, request);
+}
 const OURS = Symbol('retryd.axiosAdapter');
 
 function axiosHeaderNames(headers) {
@@ -205,11 +222,21 @@ function axiosAdapter(axios, dep, policy = null, options = {}) {
       let timeout = config.timeout;
       if (attempt.timeoutMs !== null) {
         const t = Math.max(1, Math.ceil(attempt.timeoutMs));
-        timeout = timeout > 0 ? Math.min(timeout, t) : t;
+        // Past what a timer holds, axios's own timer would fire at once: the signal bounds it.
+        if (t <= TIMER_MAX_MS) timeout = timeout > 0 ? Math.min(timeout, t) : t;
       }
-      return bare.request({
+      const request = {
         ...config, headers: plain, timeout, signal: attempt.signal, adapter: inner,
         transformRequest: [identity], transformResponse: [identity],
+      };
+      return bare.request(request).catch((e) => {
+        // The attempt's signal bounds it too (axios's `timeout` is the socket's idle time, not
+        // the request's): when that signal, not the caller's, ended it, axios says "canceled".
+        // The caller set no cancellation; it gets what axios's `timeout` gives instead.
+        if (attempt.timedOut && axios.isCancel(e) && !(signal !== null && signal.aborted)) {
+          throw axiosTimeoutError(axios, e.config || request, e.request, e);
+        }
+        throw e;
       });
     };
     const discard = () => {}; // axios has read each response whole

@@ -3,7 +3,6 @@
 // library's steps (retryd_steps_*: it decides, admits, classifies and reports; the waits are
 // timers here, so a call never blocks the event loop).
 
-const timers = require('timers/promises');
 const native = require('./native');
 const C = require('./constants');
 const {
@@ -44,6 +43,92 @@ function closedError() {
   return new RetrydError('retryd client is closed');
 }
 
+/** Throws `make(message)` if `s` holds a NUL: the C library reads a string up to its first
+ * NUL, so "orders\0x" would be taken for "orders". */
+function refuseNul(s, what, make) {
+  if (s.includes('\0')) {
+    throw make(`${what} ${JSON.stringify(s)} contains a NUL character ` +
+               '(the C library would read it only up to there)');
+  }
+}
+
+// The longest delay a Node.js timer holds: setTimeout fires anything longer after 1 ms (with a
+// TimeoutOverflowWarning). A longer wait is a chain of timers, each as long as one may be.
+const TIMER_MAX_MS = 2 ** 31 - 1;
+
+/** Resolves to true after `ms`, or to false as soon as `signal` (may be null) fires. */
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    if (signal !== null && signal.aborted) {
+      resolve(false);
+      return;
+    }
+    let timer;
+    const onAbort = () => {
+      clearTimeout(timer);
+      resolve(false);
+    };
+    const arm = (left) => {
+      timer = setTimeout(() => {
+        if (left > TIMER_MAX_MS) {
+          arm(left - TIMER_MAX_MS);
+        } else {
+          if (signal !== null) signal.removeEventListener('abort', onAbort);
+          resolve(true);
+        }
+      }, Math.min(left, TIMER_MAX_MS));
+    };
+    if (signal !== null) signal.addEventListener('abort', onAbort, { once: true });
+    arm(ms);
+  });
+}
+
+/** An AbortSignal that fires with a TimeoutError after `ms` (as AbortSignal.timeout, which
+ * cannot wait longer than a timer holds), and a function that stops it. */
+function timeoutSignal(ms) {
+  if (ms <= TIMER_MAX_MS) return [AbortSignal.timeout(ms), null];
+  const controller = new AbortController();
+  let timer;
+  const arm = (left) => {
+    timer = setTimeout(() => {
+      if (left > TIMER_MAX_MS) {
+        arm(left - TIMER_MAX_MS);
+      } else {
+        controller.abort(new DOMException('The operation was aborted due to timeout',
+                                          'TimeoutError'));
+      }
+    }, Math.min(left, TIMER_MAX_MS));
+    timer.unref(); // as AbortSignal.timeout's: it keeps no process alive
+  };
+  arm(ms);
+  return [controller.signal, () => clearTimeout(timer)];
+}
+
+// What untilAborted rejects with when the signal fires first.
+const ABORTED = Symbol('aborted');
+
+/** The settlement of `value` (a promise or a plain value), or a rejection with ABORTED as soon
+ * as `signal` fires, whichever comes first: an attempt that does not listen to its signal
+ * must not hold the call (and its lease) after the caller gave up. What `value` does later is
+ * ignored (its rejection too: it is handled here). */
+function untilAborted(value, signal) {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(ABORTED);
+    if (signal.aborted) {
+      onAbort();
+    } else {
+      signal.addEventListener('abort', onAbort, { once: true });
+    }
+    Promise.resolve(value).then((v) => {
+      signal.removeEventListener('abort', onAbort);
+      resolve(v);
+    }, (e) => {
+      signal.removeEventListener('abort', onAbort);
+      reject(e);
+    });
+  });
+}
+
 /** A connection to the host's retryd segment.
  *
  * new Client({segment, socket, fallbackToLocal = true}): `socket` is the daemon's Unix socket
@@ -57,7 +142,8 @@ function closedError() {
  *
  * One per process (per worker of a cluster), made at start-up: it registers the process with
  * the daemon, which gives back the process's leases when it dies. close() unregisters it; a
- * call in progress keeps it open until it ends. */
+ * call in progress and an admitted Permit keep it open until they end (the Permit's
+ * complete() reports it and gives its lease back). */
 class Client {
   constructor(options = {}) {
     if (options === null || typeof options !== 'object') {
@@ -73,6 +159,7 @@ class Client {
       if (v != null && typeof v !== 'string') {
         throw new TypeError(`Client: ${key} must be a string`);
       }
+      if (v != null) refuseNul(v, `Client: ${key}`, (m) => new TypeError(m));
     }
     const why = native.load();
     if (why) throw new LibraryNotFoundError(why);
@@ -98,11 +185,12 @@ class Client {
   }
 
   /** The Dependency `name` (resolved once, then cached). Throws ClientError (EINVAL) for a
-   * bad name, with the library's message saying what a name may be. */
+   * bad name, with the library's message saying what a name may be (or that it holds a NUL). */
   dependency(name) {
     if (typeof name !== 'string') throw new TypeError('dependency name must be a string');
     let dep = this._deps.get(name);
     if (dep === undefined) {
+      refuseNul(name, 'dependency name', (m) => new ClientError(C.EINVAL, m));
       const rc = native.resolve(this._handle, name);
       if (rc === native.CLOSED) throw closedError();
       if (rc !== C.OK) throw new ClientError(rc, native.lastError());
@@ -112,7 +200,9 @@ class Client {
     return dep;
   }
 
-  /** Unregisters this process (now, or when the last call in progress ends). Idempotent. */
+  /** Unregisters this process: now, or once the last call in progress has ended and the last
+   * admitted Permit has been completed (a Permit never completed keeps the process registered
+   * until it exits). No admission after it. Idempotent. */
   close() {
     if (!this._closed) {
       this._closed = true;
@@ -145,7 +235,7 @@ class Permit {
   /** complete(outcome = "success", latencyMs) reports how the attempt ended: "success",
    * "failure" (counts toward the breaker) or "ignored" (the caller's fault, a 4xx: the breaker
    * does not see it), and how long it took (default: the time since the admission). A second
-   * call is a no-op. */
+   * call is a no-op. It works after client.close() too: the client stays open for it. */
   complete(outcome = 'success', latencyMs = -1) {
     if (this._done) return;
     const code = P.outcomeCode(outcome);
@@ -174,13 +264,15 @@ class Attempt {
     this._callSignal = callSignal;
     this._signal = null;
     this._timeoutSignal = null;
+    this._stopTimer = null;
   }
 
   get signal() {
     if (this._signal === null) {
       const signals = [];
       if (this.timeoutMs !== null) {
-        this._timeoutSignal = AbortSignal.timeout(Math.max(1, Math.ceil(this.timeoutMs)));
+        [this._timeoutSignal, this._stopTimer] =
+          timeoutSignal(Math.max(1, Math.ceil(this.timeoutMs)));
         signals.push(this._timeoutSignal);
       }
       if (this._callSignal) signals.push(this._callSignal);
@@ -188,6 +280,11 @@ class Attempt {
         : signals.length === 1 ? signals[0] : AbortSignal.any(signals);
     }
     return this._signal;
+  }
+
+  /** Stops a chained timeout timer once the attempt has ended. */
+  _end() {
+    if (this._stopTimer !== null) this._stopTimer();
   }
 
   /** True if the attempt's own time ran out (its signal fired for that). */
@@ -230,7 +327,10 @@ function reportOf(res) {
     retryAfterMs = Math.max(0, Math.round(res.retryAfter));
   } else if (res.retryAfter != null) {
     retryAfter = String(res.retryAfter);
+    refuseNul(retryAfter, 'Retry-After', (m) => new TypeError(m));
   }
+  const date = res.date == null ? null : String(res.date);
+  if (date !== null) refuseNul(date, 'Date', (m) => new TypeError(m));
   let attemptClass = -1;
   let breaker = 0;
   if (res.attemptClass != null) {
@@ -242,8 +342,7 @@ function reportOf(res) {
     breaker = P.outcomeCode(res.breaker || implied);
   }
   const status = Number.isInteger(res.status) ? res.status : 0;
-  return [status, errorKind, retryAfterMs, retryAfter, res.date == null ? null : String(res.date),
-          attemptClass, breaker];
+  return [status, errorKind, retryAfterMs, retryAfter, date, attemptClass, breaker];
 }
 
 const NO_REPORT = [0, C.ERROR_NONE, -1, null, null, -1, 0];
@@ -292,8 +391,10 @@ class Dependency {
    * timeout and a signal for it), its value or error is classified (policy.inspect,
    * policy.classifyError) and reported, and the call is retried after backoff with jitter, or
    * the server's Retry-After, while the policy, the host's retry budget and the deadline allow.
-   * The waits are timers: the event loop runs on meanwhile. `signal` (an AbortSignal) cancels
-   * the call: an attempt in flight is reported as ignored, and the call rejects with the
+   * The waits are timers (chained past the 24.8 days one timer holds): the event loop runs on
+   * meanwhile. `signal` (an AbortSignal) cancels the call at once, whether or not the attempt
+   * in flight listens to attempt.signal: that attempt is reported as ignored (its lease and
+   * probe given back), whatever it settles to later is ignored, and the call rejects with the
    * signal's reason.
    *
    * Rejects with RejectedError when an attempt is not admitted (serve a fallback),
@@ -342,7 +443,7 @@ class Dependency {
         let report = NO_REPORT;
         let abort = false;
         try {
-          const v = await fn(attempt);
+          const v = signal === null ? await fn(attempt) : await untilAborted(fn(attempt), signal);
           hasError = false;
           error = undefined;
           const res = p.inspect(v);
@@ -354,7 +455,7 @@ class Dependency {
             native.stepsCancel(handle, C.IGNORED);
             cancelled = true;
             value = undefined;
-            error = e;
+            error = e === ABORTED ? signal.reason : e;
             hasError = true;
             break;
           }
@@ -376,15 +477,14 @@ class Dependency {
             error = inner;
             abort = true;
           }
+        } finally {
+          attempt._end();
         }
         code = native.stepsReport(handle, ...report, abort);
         const waitMs = step[3] / 1e6;
         observe();
         if (code !== C.STEP_WAIT) break;
-        try {
-          await timers.setTimeout(waitMs, undefined, signal !== null ? { signal } : undefined);
-        } catch (e) {
-          if (signal === null || !signal.aborted) throw e;
+        if (!(await sleep(waitMs, signal))) {
           native.stepsCancel(handle, C.IGNORED);
           cancelled = true;
           break;
@@ -417,4 +517,6 @@ class Dependency {
   }
 }
 
-module.exports = { Client, Dependency, Permit, Attempt, REASONS, STATES, STOPS };
+module.exports = {
+  Client, Dependency, Permit, Attempt, REASONS, STATES, STOPS, TIMER_MAX_MS,
+};

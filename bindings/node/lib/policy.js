@@ -197,6 +197,9 @@ class Classifier {
 
   /** Adds `method` to, or removes it from, the methods safe to repeat. */
   setIdempotent(method, idempotent = true) {
+    if (String(method).includes('\0')) {
+      throw new TypeError(`method ${JSON.stringify(String(method))} contains a NUL character`);
+    }
     const rc = this._native.classifierSetIdempotent(this._handle, String(method),
                                                     Boolean(idempotent));
     if (rc !== 0) throw new RangeError(`method ${method}: invalid rule`);
@@ -262,6 +265,9 @@ function normalizePolicy(given) {
   checkMs(p, 'expectedAttemptMs', { nullable: true });
   if (typeof p.method !== 'string' || p.method === '') {
     throw new TypeError(`policy.method must be a non-empty string, got ${p.method}`);
+  }
+  if (p.method.includes('\0')) {
+    throw new TypeError(`policy.method ${JSON.stringify(p.method)} contains a NUL character`);
   }
   if (p.classifier != null && !(p.classifier instanceof Classifier)) {
     throw new TypeError('policy.classifier must be a retryd.Classifier');

@@ -17,7 +17,9 @@
  *
  * Lifetimes: a client, a classifier and a call in progress are each a native box behind a
  * JavaScript external, counted by the boxes that use it, so finalizers that run in any order
- * (a garbage collection, a worker thread's exit) never free a client a call still uses.
+ * (a garbage collection, a worker thread's exit) never free a client a call still uses. A
+ * client also counts its permits admitted and not yet completed: close() waits for them as it
+ * waits for its calls.
  * Thread safety: every function runs on the JavaScript thread of its instance; the boxes are
  * never shared between instances (an external cannot cross threads). Loading the library is
  * done once per process (pthread_once). */
@@ -163,14 +165,18 @@ static int is_nullish(napi_env env, napi_value v) {
   return napi_typeof(env, v, &t) != napi_ok || t == napi_undefined || t == napi_null;
 }
 
-/* Copies a string argument into a malloc'd buffer (NULL for null or undefined). Returns 0 and
- * throws on anything else. */
-static int get_string(napi_env env, napi_value v, char** out) {
+/* Copies the string argument `what` into a malloc'd buffer (NULL for null or undefined).
+ * Returns 0 and throws on anything else, and on a string with a NUL in it: the C library reads
+ * its strings up to their first NUL, so "orders\0x" would be taken for "orders" (lib/ refuses
+ * them first, with errors of the API's own; this holds for whatever else calls the addon). */
+static int get_string(napi_env env, napi_value v, const char* what, char** out) {
   *out = NULL;
   if (is_nullish(env, v)) return 1;
   size_t len = 0;
   if (napi_get_value_string_utf8(env, v, NULL, 0, &len) != napi_ok) {
-    napi_throw_type_error(env, NULL, "retryd: expected a string");
+    char message[160];
+    snprintf(message, sizeof message, "retryd: %s must be a string", what);
+    napi_throw_type_error(env, NULL, message);
     return 0;
   }
   *out = malloc(len + 1);
@@ -179,6 +185,15 @@ static int get_string(napi_env env, napi_value v, char** out) {
     return 0;
   }
   napi_get_value_string_utf8(env, v, *out, len + 1, &len);
+  if (strlen(*out) != len) {
+    free(*out);
+    *out = NULL;
+    char message[160];
+    snprintf(message, sizeof message,
+             "retryd: %s contains a NUL character (the C library's names end at it)", what);
+    napi_throw_type_error(env, "ERR_INVALID_ARG_VALUE", message);
+    return 0;
+  }
   return 1;
 }
 
@@ -193,12 +208,16 @@ static int64_t monotonic_ns(void) {
 typedef struct {
   retryd_client_t* client; /* NULL once closed */
   uint32_t calls;          /* calls in progress (steps), which need the client open */
+  uint64_t permits;        /* permits admitted and not yet completed, which need it too */
   int close_requested;     /* close() was called, or the external was collected */
   int external_alive;
 } client_box;
 
+/* Closes the client once it is asked to and nothing needs it any more: a call in progress or an
+ * admitted permit still reports through it (and gives its lease back), so close() waits for
+ * them rather than abandon their leases until bulkhead_timeout. */
 static void client_box_settle(client_box* box) {
-  if (box->close_requested && box->calls == 0 && box->client) {
+  if (box->close_requested && box->calls == 0 && box->permits == 0 && box->client) {
     lib.retryd_close(box->client);
     box->client = NULL;
   }
@@ -211,6 +230,9 @@ static void client_finalize(napi_env env, void* data, void* hint) {
   client_box* box = data;
   box->close_requested = 1;
   box->external_alive = 0;
+  /* A Permit holds its client's external: with the external collected, no permit of it can be
+   * completed any more (their leases expire, as retryd_close says). */
+  box->permits = 0;
   client_box_settle(box);
 }
 
@@ -248,8 +270,8 @@ static napi_value fn_open(napi_env env, napi_callback_info info) {
   }
   char *segment = NULL, *socket = NULL;
   bool fallback = true;
-  if (!get_string(env, argv[0], &segment)) return NULL;
-  if (!get_string(env, argv[1], &socket)) {
+  if (!get_string(env, argv[0], "segment", &segment)) return NULL;
+  if (!get_string(env, argv[1], "socket", &socket)) {
     free(segment);
     return NULL;
   }
@@ -279,7 +301,8 @@ static napi_value fn_open(napi_env env, napi_callback_info info) {
   return out;
 }
 
-/* close(client): unregisters the process now, or when its last call in progress ends. */
+/* close(client): unregisters the process now, or when its last call in progress ends and its
+ * last admitted permit is completed. */
 static napi_value fn_close(napi_env env, napi_callback_info info) {
   ARGS(1);
   client_box* box = NULL;
@@ -303,7 +326,7 @@ static napi_value fn_resolve(napi_env env, napi_callback_info info) {
   retryd_client_t* client = client_of(env, argv[0], NULL);
   if (!client) return make_int(env, CLOSED_CODE);
   char* name = NULL;
-  if (!get_string(env, argv[1], &name)) return NULL;
+  if (!get_string(env, argv[1], "dependency name", &name)) return NULL;
   retryd_dependency_t dep = 0;
   int rc = lib.retryd_resolve(client, name ? name : "", &dep);
   free(name);
@@ -316,7 +339,8 @@ static napi_value fn_resolve(napi_env env, napi_callback_info info) {
  * (for a refusal it is a no-op). */
 static napi_value fn_admit(napi_env env, napi_callback_info info) {
   ARGS(3);
-  retryd_client_t* client = client_of(env, argv[0], NULL);
+  client_box* box = NULL;
+  retryd_client_t* client = client_of(env, argv[0], &box);
   if (!client) return make_int(env, CLOSED_CODE);
   int32_t dep = 0;
   uint32_t attempt = 0;
@@ -327,18 +351,24 @@ static napi_value fn_admit(napi_env env, napi_callback_info info) {
   if (decision == RETRYD_ADMITTED || decision == RETRYD_ADMITTED_PROBE) {
     int64_t now = monotonic_ns();
     memcpy(addon->permit + 12, &now, sizeof now);
+    box->permits++;
   } else {
     lib.retryd_complete(client, permit, RETRYD_IGNORED, 0);
   }
   return make_int(env, decision);
 }
 
-/* complete(client, outcome, latencyMs) reports the permit in the shared buffer; a negative
- * latency: the time since its admission. Returns 0, or CLOSED_CODE. */
+/* complete(client, outcome, latencyMs) reports the permit in the shared buffer (admitted by
+ * this client, and reported once: lib/'s Permit sees to both); a negative latency: the time
+ * since its admission. Returns 0, or CLOSED_CODE. A client asked to close is open still while
+ * a permit of its is out (client_box_settle), so the permit is reported and its lease given
+ * back; it closes after the last one. */
 static napi_value fn_complete(napi_env env, napi_callback_info info) {
   ARGS(3);
-  retryd_client_t* client = client_of(env, argv[0], NULL);
-  if (!client) return make_int(env, CLOSED_CODE);
+  client_box* box = NULL;
+  client_of(env, argv[0], &box);
+  retryd_client_t* client = box ? box->client : NULL;
+  if (!client || box->permits == 0) return make_int(env, CLOSED_CODE);
   int32_t outcome = 0;
   double latency_ms = -1;
   CHECK(env, napi_get_value_int32(env, argv[1], &outcome));
@@ -353,6 +383,8 @@ static napi_value fn_complete(napi_env env, napi_callback_info info) {
     latency_ns = d > 0 ? (uint64_t)d : 0;
   }
   lib.retryd_complete(client, (retryd_permit_t*)addon->permit, outcome, latency_ns);
+  box->permits--;
+  if (box->close_requested) client_box_settle(box);
   return make_int(env, 0);
 }
 
@@ -483,7 +515,7 @@ static napi_value fn_classifier_set_idempotent(napi_env env, napi_callback_info 
   char* method = NULL;
   bool on = true;
   CHECK(env, napi_get_value_bool(env, argv[2], &on));
-  if (!get_string(env, argv[1], &method)) return NULL;
+  if (!get_string(env, argv[1], "method", &method)) return NULL;
   int rc = lib.retryd_classifier_set_idempotent(box->classifier, method ? method : "", on);
   free(method);
   return make_int(env, rc);
@@ -507,13 +539,17 @@ static void steps_box_end(steps_box* box, retryd_call_result_t* result) {
   box->classifier = NULL;
 }
 
-/* A call dropped unfinished (its promise never settled and was collected) ends as
- * retryd_steps_end ends it: cancelled, an attempt in flight completed as a failure. */
+/* A call dropped unfinished (its attempt's promise never settled, and nothing held the call
+ * any more) ends as a call its caller gave up on: cancelled, an attempt in flight reported as
+ * ignored (as an AbortSignal reports it; retryd_steps_end alone would report a failure, which
+ * would count against a dependency that was never heard from). */
 static void steps_finalize(napi_env env, void* data, void* hint) {
   (void)env;
   (void)hint;
-  steps_box_end(data, NULL);
-  free(data);
+  steps_box* box = data;
+  if (box->steps) lib.retryd_steps_cancel(box->steps, RETRYD_IGNORED);
+  steps_box_end(box, NULL);
+  free(box);
 }
 
 static steps_box* steps_of(napi_env env, napi_value v) {
@@ -589,7 +625,7 @@ static napi_value fn_steps_begin(napi_env env, napi_callback_info info) {
     if (!classifier) return NULL;
     policy.classifier = classifier->classifier;
   }
-  if (!get_string(env, argv[11], &method)) return NULL;
+  if (!get_string(env, argv[11], "policy.method", &method)) return NULL;
   policy.method = method;
   policy.has_idempotency_key = has_key;
   steps_box* box = calloc(1, sizeof *box);
@@ -650,8 +686,8 @@ static napi_value fn_steps_report(napi_env env, napi_callback_info info) {
   CHECK(env, napi_get_value_int32(env, argv[7], &breaker));
   CHECK(env, napi_get_value_bool(env, argv[8], &abort_call));
   char *retry_after = NULL, *date = NULL;
-  if (!get_string(env, argv[4], &retry_after)) return NULL;
-  if (!get_string(env, argv[5], &date)) {
+  if (!get_string(env, argv[4], "Retry-After", &retry_after)) return NULL;
+  if (!get_string(env, argv[5], "Date", &date)) {
     free(retry_after);
     return NULL;
   }

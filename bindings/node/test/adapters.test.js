@@ -331,6 +331,33 @@ test('fetch: a Request is sent whole on each attempt', async () => {
   assert.strictEqual(request.bodyUsed, false, "the caller's Request is left unread");
 });
 
+test("fetch: a Request whose body is a stream is replayed whole, the caller's left unread", async () => {
+  // A Request can always be cloned (its body is teed): each attempt sends a clone, so the body
+  // is held in memory from the first attempt on, as the README says.
+  const url = server.script('/fetch/request-stream', { status: 503 }, { status: 200, body: 'ok' });
+  let pulls = 0;
+  const body = new ReadableStream({
+    pull(c) {
+      pulls++;
+      if (pulls > 3) {
+        c.close();
+      } else {
+        c.enqueue(new TextEncoder().encode(`part${pulls};`));
+      }
+    },
+  });
+  const request = new Request(url, { method: 'PUT', body, duplex: 'half' });
+  const response = await retryd.adapters.fetch(client.dependency('fetch_busy'), {
+    baseMs: 10, idempotencyKey: true,
+  })(request);
+  assert.strictEqual(await response.text(), 'ok');
+  assert.deepStrictEqual(
+    server.to('/fetch/request-stream').map((r) => r.body),
+    ['part1;part2;part3;', 'part1;part2;part3;'],
+  );
+  assert.strictEqual(request.bodyUsed, false, "the caller's Request is left unread");
+});
+
 test('fetch: a body that cannot be sent twice gets one attempt', async () => {
   const url = server.script('/fetch/stream', { status: 503 });
   const body = new ReadableStream({

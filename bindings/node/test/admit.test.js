@@ -174,14 +174,16 @@ test('with no daemon, fallbackToLocal runs on per-process limits, and without it
   client.close();
 });
 
-test('a closed client says so', async () => {
-  await withSegment({ orders: {} }, async (client) => {
+test('a closed client says so, and a permit it admitted before still completes', async () => {
+  await withSegment({ orders: {} }, async (client, where) => {
     const orders = client.dependency('orders');
     const p = orders.admit();
     client.close();
     client.close();
     assert.throws(() => orders.admit(), /client is closed/);
-    assert.throws(() => p.complete(), /client is closed/);
+    p.complete(); // the client stayed open for it, and closes now
+    p.complete();
+    assert.strictEqual((await depStatus(where, 'orders')).counters.successes, 1);
     assert.throws(() => orders.state, /client is closed/);
     assert.throws(() => client.local, /client is closed/);
     await assert.rejects(

@@ -410,4 +410,4 @@ function freePort() {
   });
 }
 
-module.exports = { serverTests, poll, retryctl, WORKERS };
+module.exports = { serverTests, poll, retryctl, WORKERS, DEPENDENCIES, Downstream, get, freePort };
