@@ -276,9 +276,17 @@ local function result_table(r)
   }
 end
 
+-- ngx_wait: a wait in nginx. nginx's timers count whole milliseconds, and ngx.sleep(0) makes
+-- a stock nginx (without OpenResty's delayed-events patch, as Debian's) log a warning on each
+-- call: every wait is rounded up to a whole millisecond, at least one.
+local function ngx_wait(seconds)
+  local ms = math.ceil(seconds * 1000)
+  return ngx.sleep((ms < 1 and 1 or ms) / 1000)
+end
+
 local function in_nginx()
   local ngx = rawget(_G, "ngx")
-  return type(ngx) == "table" and type(ngx.sleep) == "function" and ngx.sleep or nil
+  return type(ngx) == "table" and type(ngx.sleep) == "function" and ngx_wait or nil
 end
 
 --- dep:call(fn, policy, env) makes one call under the retry policy: each attempt is admitted
