@@ -189,7 +189,7 @@ function Dependency:admit(attempt)
     attempt = 0
   elseif type(attempt) ~= "number" or attempt < 0 or attempt > U32_MAX or attempt % 1 ~= 0 then
     N.argument_error("dep:admit: attempt must be an integer 0..%d, got %s", U32_MAX,
-                   tostring(attempt))
+                     tostring(attempt))
   end
   local client = self.client
   local h = client.cell[0]
@@ -224,7 +224,7 @@ function Permit.complete(p, outcome, latency_ms)
   local o = OUTCOMES[outcome or "success"]
   if not o then
     N.argument_error("permit:complete: unknown outcome '%s' (success, failure or ignored)",
-                   tostring(outcome))
+                     tostring(outcome))
   end
   local ns
   if latency_ms == nil then
@@ -233,7 +233,7 @@ function Permit.complete(p, outcome, latency_ms)
   elseif type(latency_ms) ~= "number" or latency_ms ~= latency_ms then
     N.argument_error("permit:complete: latency_ms must be a number, got %s", tostring(latency_ms))
   else
-    ns = latency_ms > 0 and latency_ms * 1e6 or 0
+    ns = latency_ms > 0 and math.min(latency_ms * 1e6, 2 ^ 63) or 0
   end
   p.done = true
   ffi.gc(p, nil)

@@ -296,7 +296,8 @@ loaded=$(env -u RETRYD_LIBRARY -u RETRYD_SOCKET -u RETRYD_SEGMENT LD_LIBRARY_PAT
     assert(assert(client:dependency("check")):admit()):complete()
     print(package.searchpath("retryd", package.path), retryd.library_path, retryd._VERSION,
           client:is_local() and "local" or "attached")' 2>"$work/lua.err")
-[ "$loaded" = "$(printf '%s\t%s\t%s\t%s' "$root/$lua_dir/retryd.lua" "$soname" "$version" local)" ] ||
+want=$(printf '%s\t%s\t%s\t%s' "$root/$lua_dir/retryd.lua" "$soname" "$version" local)
+[ "$loaded" = "$want" ] ||
   fail "lua-retryd: did not load $lua_dir/retryd.lua and '$soname' and admit: '$loaded'" \
        "$(cat "$work/lua.err")"
 

@@ -214,7 +214,8 @@ servers+=("$nginx")
 for _ in $(seq 300); do
   [ -s "$dir/nginx.pid" ] && python3 -c 'import socket, sys
 socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$nginx_port" 2>/dev/null && break
-  kill -0 "$nginx" 2>/dev/null || { cat "$dir/nginx.out" "$dir/nginx-error.log"; die "nginx exited"; }
+  kill -0 "$nginx" 2>/dev/null ||
+    { cat "$dir/nginx.out" "$dir/nginx-error.log"; die "nginx exited"; }
   sleep 0.1
 done
 "$app/serve_check.py" nginx "127.0.0.1:$nginx_port" "$nginx" 2 clean-root-nginx ||

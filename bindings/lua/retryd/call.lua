@@ -112,7 +112,7 @@ local POLICY_KEYS = {
 local function ms(what, seconds)
   if type(seconds) ~= "number" or seconds ~= seconds then
     N.argument_error("dep:call: policy.%s must be a number of seconds, got %s", what,
-                   tostring(seconds))
+                     tostring(seconds))
   end
   return math.floor(seconds * 1000 + 0.5)
 end
@@ -126,7 +126,7 @@ local function native_policy(policy)
     local n = policy.max_attempts
     if type(n) ~= "number" or n < 1 or n > U32_MAX or n % 1 ~= 0 then
       N.argument_error("dep:call: policy.max_attempts must be an integer >= 1, got %s",
-                     tostring(n))
+                       tostring(n))
     end
     c.max_attempts = n
   end
@@ -134,7 +134,7 @@ local function native_policy(policy)
     local j = JITTERS[policy.jitter]
     if not j then
       N.argument_error("dep:call: policy.jitter must be none, full, equal or decorrelated, got %s",
-                     tostring(policy.jitter))
+                       tostring(policy.jitter))
     end
     c.jitter = j
   end
@@ -350,11 +350,13 @@ function M.call(self, fn, policy, env)
   local step = ffi.new("retryd_step_t")
   local out = ffi.new("retryd_attempt_result_t")
   local value, err                -- the last attempt's return values
-  local raised, late              -- an error of fn (ends the call), of the observer or sleep
+  local raised, raised_error      -- fn or inspect raised (the call ends): and what
+  local late, late_error          -- the observer or the sleep raised: and what
+  local keep = {}                 -- the strings `out` points to, until the report read them
   local function observe()
     if observer and step.has_record ~= 0 then
       local ok, e = pcall(observer, info_table(step.record))
-      if not ok and late == nil then late = e end
+      if not ok and not late then late, late_error = true, e end
     end
   end
   -- The next admission; a refusal (or the deadline) ends the call with its record.
@@ -372,31 +374,29 @@ function M.call(self, fn, policy, env)
                       deadline_header = M.deadline_header(timeout) }
     local ok, res, e = pcall(fn, attempt)
     C.retryd_attempt_result_init(out)
-    local abort, ra, date = 0, nil, nil
     if ok then
       value, err = res, e
-      local iok, r = pcall(inspect, res, e)
-      if iok then
-        local fok
-        fok, ra, date = pcall(fill, out, r)
-        if not fok then
-          raised, abort, ra = ra, 1, nil
-        end
-      else
-        raised, abort = r, 1
+      local r
+      ok, r = pcall(inspect, res, e)
+      if ok then
+        ok, keep[1], keep[2] = pcall(fill, out, r)
+        r = keep[1]
+      end
+      if not ok then
+        raised, raised_error = true, r
       end
     else
-      value, err, raised, abort = nil, nil, res, 1
+      value, err, raised, raised_error = nil, nil, true, res
     end
-    next_step = report(call, out, abort, step)
-    ra, date = nil, nil -- the report has read them
+    next_step = report(call, out, raised and 1 or 0, step)
+    keep[1], keep[2] = nil, nil
     observe()
     if next_step ~= K.STEP_WAIT then
       break
     end
     local sok, go = pcall(sleep, tonumber(step.wait_ns) / 1e9)
     if not sok or go == false then
-      if not sok and late == nil then late = go end
+      if not sok and not late then late, late_error = true, go end
       C.retryd_steps_cancel(call, K.IGNORED)
       break
     end
@@ -408,11 +408,11 @@ function M.call(self, fn, policy, env)
   finish(call, cres)
   for _, cb in ipairs(callbacks or {}) do cb:free() end
   local result = result_table(cres)
-  if raised ~= nil then
-    error(raised, 0)
+  if raised then
+    error(raised_error, 0)
   end
-  if late ~= nil then
-    error(late, 0)
+  if late then
+    error(late_error, 0)
   end
   if cres.stop == K.STOP_SUCCESS or cres.attempts > 0 then
     return value, err, result
