@@ -84,10 +84,11 @@ static const char* stop_name(int stop) {
 
 /* ---- classes ----------------------------------------------------------------------------- */
 
-static zend_class_entry *ce_client, *ce_dependency, *ce_permit, *ce_policy, *ce_attempt_result;
+static zend_class_entry *ce_client, *ce_dependency, *ce_permit, *ce_policy, *ce_attempt_result,
+    *ce_subscription;
 static zend_class_entry *ce_error, *ce_rejected, *ce_call_failed;
 static zend_object_handlers client_handlers, dependency_handlers, permit_handlers,
-    policy_handlers;
+    policy_handlers, subscription_handlers;
 
 /* A process's client: opened once per process and per (socket, segment, fallback). */
 typedef struct {
@@ -114,6 +115,7 @@ typedef struct {
 
 typedef struct {
   retryd_client_t* c;
+  proc_client* pc;
   int32_t id;
   zend_string* name;
   zend_object std;
@@ -121,6 +123,9 @@ typedef struct {
 
 typedef struct {
   retryd_client_t* c;
+  proc_client* pc;     /* with id and name: whose breaker state a completion shows */
+  int32_t id;
+  zend_string* name;
   retryd_permit_t permit;
   int64_t start_ns;
   int done;
@@ -169,18 +174,26 @@ static zend_object* permit_new(zend_class_entry* ce) {
   return &o->std;
 }
 
-static void permit_complete(permit_obj* o, int outcome) {
+static void observe_state(proc_client* pc, int32_t id, zend_string* name);
+
+/* Reports the attempt once; `observe`: then shows the state-change subscribers the breaker. */
+static void permit_finish(permit_obj* o, int outcome, int observe) {
   if (o->done) return;
   o->done = 1;
   int64_t latency = retryd_monotonic_now_ns() - o->start_ns;
   retryd_complete(o->c, &o->permit, outcome, latency > 0 ? (uint64_t)latency : 0);
+  if (observe && o->name) observe_state(o->pc, o->id, o->name);
 }
+
+static void permit_complete(permit_obj* o, int outcome) { permit_finish(o, outcome, 1); }
 
 static void permit_free(zend_object* obj) {
   permit_obj* o = OBJ_OF(permit_obj, obj);
   /* Dropped without a report: the attempt did not finish normally, so it counts as failed
-   * (and its lease is given back now rather than at its timeout). */
-  permit_complete(o, RETRYD_FAILURE);
+   * (and its lease is given back now rather than at its timeout). No subscriber runs here: a
+   * free may come after the request's end. */
+  permit_finish(o, RETRYD_FAILURE, 0);
+  if (o->name) zend_string_release(o->name);
   zend_object_std_dtor(obj);
 }
 
@@ -226,6 +239,198 @@ static void throw_rejected(int decision, zend_string* dep, zval* value, zend_obj
   zend_update_property_str(ce_rejected, ex, ZEND_STRL("dependency"), dep);
   if (value && !Z_ISUNDEF_P(value)) zend_update_property(ce_rejected, ex, ZEND_STRL("value"), value);
   if (previous) zend_exception_set_previous(ex, previous);
+}
+
+/* ---- state changes ----------------------------------------------------------------------- */
+
+/* Subscriptions to breaker state changes, as this process sees them: a callable for one
+ * dependency of a process client, or for all of them. They last for the request at most (a
+ * PHP callable does not outlive it): the table is emptied at the request's end. With no active
+ * subscription, nothing reads a breaker's state. */
+typedef struct {
+  proc_client* pc;
+  zend_string* name; /* NULL: every dependency of pc */
+  zval fn;
+  int active;
+} subscription;
+
+typedef struct {
+  zend_ulong index; /* in `subscriptions` */
+  zend_object std;
+} subscription_obj;
+
+static HashTable subscriptions; /* index => subscription*, this request's */
+static int subscriptions_ready;
+static uint32_t subscriptions_active;
+static zend_ulong subscriptions_next; /* the next subscription's index */
+/* The last state each watched dependency was seen in, this request: "pc/id" => state. */
+static HashTable seen_states;
+
+static void subscription_dtor(zval* zv) {
+  subscription* sub = Z_PTR_P(zv);
+  if (sub->name) zend_string_release(sub->name);
+  zval_ptr_dtor(&sub->fn);
+  efree(sub);
+}
+
+static void subscriptions_start(void) {
+  if (subscriptions_ready) return;
+  zend_hash_init(&subscriptions, 4, NULL, subscription_dtor, 0);
+  zend_hash_init(&seen_states, 8, NULL, NULL, 0);
+  subscriptions_next = 0;
+  subscriptions_ready = 1;
+}
+
+static void subscriptions_end(void) {
+  if (!subscriptions_ready) return;
+  subscriptions_ready = 0;
+  subscriptions_active = 0;
+  zend_hash_destroy(&subscriptions);
+  zend_hash_destroy(&seen_states);
+}
+
+static const char* state_name(int state) {
+  switch (state) {
+    case RETRYD_STATE_CLOSED: return "closed";
+    case RETRYD_STATE_OPEN: return "open";
+    case RETRYD_STATE_HALF_OPEN: return "half_open";
+    default: return "unknown";
+  }
+}
+
+static int subscription_matches(const subscription* sub, proc_client* pc, zend_string* name) {
+  return sub->active && sub->pc == pc && (sub->name == NULL || zend_string_equals(sub->name, name));
+}
+
+static zend_string* seen_key(proc_client* pc, int32_t id) {
+  return zend_strpprintf(0, "%p/%d", (void*)pc, (int)id);
+}
+
+/* Starts watching a dependency: the state to compare the next one with, if none yet. */
+static void watch_dependency(proc_client* pc, int32_t id) {
+  zend_string* key = seen_key(pc, id);
+  if (!zend_hash_exists(&seen_states, key)) {
+    int state = retryd_breaker_state(pc->c, id);
+    if (state >= 0) {
+      zval v;
+      ZVAL_LONG(&v, state);
+      zend_hash_add(&seen_states, key, &v);
+    }
+  }
+  zend_string_release(key);
+}
+
+/* Reads the breaker's state after an admission or a completion and, if it differs from the one
+ * last seen, calls every matching subscriber with (name, old, new). An exception a subscriber
+ * throws is reported as a warning and the call goes on. */
+static void observe_state(proc_client* pc, int32_t id, zend_string* name) {
+  if (subscriptions_active == 0 || pc == NULL) return;
+  int watched = 0;
+  subscription* sub;
+  ZEND_HASH_FOREACH_PTR(&subscriptions, sub) {
+    if (subscription_matches(sub, pc, name)) {
+      watched = 1;
+      break;
+    }
+  } ZEND_HASH_FOREACH_END();
+  if (!watched) return;
+  int state = retryd_breaker_state(pc->c, id);
+  if (state < 0) return;
+  zend_string* key = seen_key(pc, id);
+  zval* seen = zend_hash_find(&seen_states, key);
+  int old = seen ? (int)Z_LVAL_P(seen) : -1;
+  zval v;
+  ZVAL_LONG(&v, state);
+  zend_hash_update(&seen_states, key, &v);
+  zend_string_release(key);
+  if (old < 0 || old == state) return;
+
+  /* Subscribers may subscribe and unsubscribe: walk the indices present now, each checked
+   * again when its turn comes. */
+  zend_ulong last = subscriptions_next;
+  for (zend_ulong i = 0; i < last; i++) {
+    sub = zend_hash_index_find_ptr(&subscriptions, i);
+    if (sub == NULL || !subscription_matches(sub, pc, name)) continue;
+    zval args[3], ret, fn;
+    ZVAL_STR_COPY(&args[0], name);
+    ZVAL_STRING(&args[1], state_name(old));
+    ZVAL_STRING(&args[2], state_name(state));
+    ZVAL_COPY(&fn, &sub->fn); /* the subscription may go while it runs */
+    ZVAL_UNDEF(&ret);
+    call_user_function(NULL, NULL, &fn, &ret, 3, args);
+    if (EG(exception)) {
+      zend_object* ex = EG(exception);
+      GC_ADDREF(ex);
+      zend_clear_exception();
+      zval msg;
+      zend_call_method_with_0_params(ex, ex->ce, NULL, "getmessage", &msg);
+      php_error_docref(NULL, E_WARNING, "state-change subscriber of %s threw %s: %s",
+                       ZSTR_VAL(name), ZSTR_VAL(ex->ce->name),
+                       Z_TYPE(msg) == IS_STRING ? Z_STRVAL(msg) : "");
+      zval_ptr_dtor(&msg);
+      OBJ_RELEASE(ex);
+      if (EG(exception)) zend_clear_exception();
+    }
+    zval_ptr_dtor(&ret);
+    zval_ptr_dtor(&fn);
+    for (int a = 0; a < 3; a++) zval_ptr_dtor(&args[a]);
+  }
+}
+
+/* Subscribes `fn` for `name` (NULL: every dependency of pc) into return_value. */
+static void subscribe(proc_client* pc, zend_string* name, zval* fn, zval* return_value) {
+  subscriptions_start();
+  subscription* sub = emalloc(sizeof(*sub));
+  sub->pc = pc;
+  sub->name = name ? zend_string_copy(name) : NULL;
+  ZVAL_COPY(&sub->fn, fn);
+  sub->active = 1;
+  zend_ulong index = subscriptions_next++;
+  zend_hash_index_add_new_ptr(&subscriptions, index, sub);
+  subscriptions_active++;
+  if (name) {
+    zval* id = zend_hash_find(&pc->deps, name);
+    if (id) watch_dependency(pc, (int32_t)Z_LVAL_P(id));
+  } else {
+    zval* id;
+    ZEND_HASH_FOREACH_VAL(&pc->deps, id) { watch_dependency(pc, (int32_t)Z_LVAL_P(id)); }
+    ZEND_HASH_FOREACH_END();
+  }
+  object_init_ex(return_value, ce_subscription);
+  OBJ_OF(subscription_obj, Z_OBJ_P(return_value))->index = index;
+}
+
+static zend_object* subscription_new(zend_class_entry* ce) {
+  subscription_obj* o = zend_object_alloc(sizeof(subscription_obj), ce);
+  zend_object_std_init(&o->std, ce);
+  object_properties_init(&o->std, ce);
+  o->std.handlers = &subscription_handlers;
+  o->index = (zend_ulong)-1;
+  return &o->std;
+}
+
+static subscription* subscription_of(zval* this_zv) {
+  if (!subscriptions_ready) return NULL;
+  zend_ulong index = OBJ_OF(subscription_obj, Z_OBJ_P(this_zv))->index;
+  return zend_hash_index_find_ptr(&subscriptions, index);
+}
+
+PHP_METHOD(Retryd_Subscription, __construct) { ZEND_PARSE_PARAMETERS_NONE(); }
+
+/* Subscription::unsubscribe(): void. Ends the calls; a second call is a no-op. */
+PHP_METHOD(Retryd_Subscription, unsubscribe) {
+  ZEND_PARSE_PARAMETERS_NONE();
+  subscription* sub = subscription_of(ZEND_THIS);
+  if (sub && sub->active) {
+    sub->active = 0;
+    subscriptions_active--;
+  }
+}
+
+PHP_METHOD(Retryd_Subscription, isActive) {
+  ZEND_PARSE_PARAMETERS_NONE();
+  subscription* sub = subscription_of(ZEND_THIS);
+  RETURN_BOOL(sub && sub->active);
 }
 
 /* ---- Retryd\Client ----------------------------------------------------------------------- */
@@ -308,8 +513,35 @@ PHP_METHOD(Retryd_Client, dependency) {
   object_init_ex(return_value, ce_dependency);
   dependency_obj* d = OBJ_OF(dependency_obj, Z_OBJ_P(return_value));
   d->c = pc->c;
+  d->pc = pc;
   d->id = id;
   d->name = zend_string_copy(name);
+  if (subscriptions_active) {
+    subscription* sub;
+    ZEND_HASH_FOREACH_PTR(&subscriptions, sub) {
+      if (subscription_matches(sub, pc, name)) {
+        watch_dependency(pc, id);
+        break;
+      }
+    } ZEND_HASH_FOREACH_END();
+  }
+}
+
+/* Client::onStateChange(callable $fn): Subscription. Calls $fn(string $name, string $old,
+ * string $new) whenever this process sees the breaker of any of this client's dependencies
+ * change state ("closed", "open", "half_open"), for the rest of the request at most. */
+PHP_METHOD(Retryd_Client, onStateChange) {
+  zval* fn;
+  ZEND_PARSE_PARAMETERS_START(1, 1)
+    Z_PARAM_ZVAL(fn)
+  ZEND_PARSE_PARAMETERS_END();
+  if (!zend_is_callable(fn, 0, NULL)) {
+    zend_argument_type_error(1, "must be a valid callback");
+    RETURN_THROWS();
+  }
+  proc_client* pc = client_checked(ZEND_THIS);
+  if (!pc) RETURN_THROWS();
+  subscribe(pc, NULL, fn, return_value);
 }
 
 /* Client::isLocal(): bool, true while on per-process state (no daemon answered). */
@@ -327,14 +559,19 @@ static permit_obj* admit_into(dependency_obj* d, uint32_t attempt, zval* out) {
   object_init_ex(out, ce_permit);
   permit_obj* p = OBJ_OF(permit_obj, Z_OBJ_P(out));
   p->c = d->c;
+  p->pc = d->pc;
+  p->id = d->id;
+  p->name = zend_string_copy(d->name);
   p->attempt = attempt;
   int decision = retryd_admit(d->c, d->id, attempt, &p->permit);
   p->start_ns = retryd_monotonic_now_ns();
   if (decision == RETRYD_ADMITTED || decision == RETRYD_ADMITTED_PROBE) {
     p->done = 0;
+    observe_state(d->pc, d->id, d->name);
     return p;
   }
   retryd_complete(d->c, &p->permit, RETRYD_IGNORED, 0);
+  observe_state(d->pc, d->id, d->name);
   zval_ptr_dtor(out);
   ZVAL_UNDEF(out);
   if (decision < 0) {
@@ -384,6 +621,37 @@ PHP_METHOD(Retryd_Permit, __construct) { ZEND_PARSE_PARAMETERS_NONE(); }
 PHP_METHOD(Retryd_Dependency, name) {
   ZEND_PARSE_PARAMETERS_NONE();
   RETURN_STR_COPY(THIS(dependency_obj)->name);
+}
+
+/* Dependency::state(): string, the breaker's state as this process sees it now: "closed",
+ * "open" or "half_open" (an open period that has ended reads "open" until the next admit). */
+PHP_METHOD(Retryd_Dependency, state) {
+  ZEND_PARSE_PARAMETERS_NONE();
+  dependency_obj* d = THIS(dependency_obj);
+  int state = retryd_breaker_state(d->c, d->id);
+  if (state < 0) {
+    throw_client_error(state, "retryd_breaker_state");
+    RETURN_THROWS();
+  }
+  RETURN_STRING(state_name(state));
+}
+
+/* Dependency::onStateChange(callable $fn): Subscription. Calls $fn(string $name, string $old,
+ * string $new) whenever this process sees this dependency's breaker change state: after each
+ * of its admissions and completions (permit, admit, call, the Guzzle middleware) the state is
+ * read and compared with the last one seen. For the rest of the request at most; an exception
+ * the callable throws is reported as a warning and the call goes on. */
+PHP_METHOD(Retryd_Dependency, onStateChange) {
+  zval* fn;
+  ZEND_PARSE_PARAMETERS_START(1, 1)
+    Z_PARAM_ZVAL(fn)
+  ZEND_PARSE_PARAMETERS_END();
+  if (!zend_is_callable(fn, 0, NULL)) {
+    zend_argument_type_error(1, "must be a valid callback");
+    RETURN_THROWS();
+  }
+  dependency_obj* d = THIS(dependency_obj);
+  subscribe(d->pc, d->name, fn, return_value);
 }
 
 /* Dependency::permit(int $attempt = 0): Permit, or throws Rejected. */
@@ -444,6 +712,7 @@ typedef struct {
   zend_string* retry_after;
   zend_string* date;
   int bailout;
+  dependency_obj* dep; /* whose breaker the state-change subscribers see */
 } call_state;
 
 static void state_clear_attempt(call_state* s) {
@@ -615,6 +884,19 @@ static int attempt_cb(void* ctx, uint32_t attempt, int64_t remaining_ms,
   return rc;
 }
 
+/* After each admission inside retryd_call: the state-change subscribers see the breaker. A
+ * fatal error there must not unwind through the library: it is raised again after the loop. */
+static void observer_cb(void* ctx, const retryd_attempt_info_t* info) {
+  (void)info;
+  call_state* s = ctx;
+  if (s->bailout) return;
+  zend_try {
+    observe_state(s->dep->pc, s->dep->id, s->dep->name);
+  } zend_catch {
+    s->bailout = 1;
+  } zend_end_try();
+}
+
 /* Dependency::call(callable $fn, ?Policy $policy = null): mixed.
  * Calls $fn(int $attempt, ?float $timeout) for each admitted attempt under the policy's retry
  * loop (retryd_call) and returns the value of the successful attempt. Throws Rejected when an
@@ -643,7 +925,9 @@ PHP_METHOD(Retryd_Dependency, call) {
   }
   retryd_call_result_t res;
   memset(&res, 0, sizeof(res));
-  int rc = retryd_call(d->c, d->id, pol, attempt_cb, &s, NULL, NULL, NULL, &res);
+  s.dep = d;
+  int rc = retryd_call(d->c, d->id, pol, attempt_cb, &s,
+                       subscriptions_active ? observer_cb : NULL, &s, NULL, &res);
   if (s.retry_after) zend_string_release(s.retry_after);
   if (s.date) zend_string_release(s.date);
   s.retry_after = s.date = NULL;
@@ -921,10 +1205,22 @@ ZEND_BEGIN_ARG_WITH_RETURN_TYPE_INFO_EX(ai_deadline_header, 0, 1, IS_STRING, 0)
   ZEND_ARG_TYPE_INFO(0, seconds, IS_DOUBLE, 0)
 ZEND_END_ARG_INFO()
 
+ZEND_BEGIN_ARG_WITH_RETURN_OBJ_INFO_EX(ai_on_state_change, 0, 1, Retryd\\Subscription, 0)
+  ZEND_ARG_TYPE_INFO(0, fn, IS_CALLABLE, 0)
+ZEND_END_ARG_INFO()
+
 static const zend_function_entry client_methods[] = {
   PHP_ME(Retryd_Client, __construct, ai_client_construct, ZEND_ACC_PUBLIC)
   PHP_ME(Retryd_Client, dependency, ai_client_dependency, ZEND_ACC_PUBLIC)
   PHP_ME(Retryd_Client, isLocal, ai_bool, ZEND_ACC_PUBLIC)
+  PHP_ME(Retryd_Client, onStateChange, ai_on_state_change, ZEND_ACC_PUBLIC)
+  PHP_FE_END
+};
+
+static const zend_function_entry subscription_methods[] = {
+  PHP_ME(Retryd_Subscription, __construct, ai_none, ZEND_ACC_PRIVATE)
+  PHP_ME(Retryd_Subscription, unsubscribe, ai_void, ZEND_ACC_PUBLIC)
+  PHP_ME(Retryd_Subscription, isActive, ai_bool, ZEND_ACC_PUBLIC)
   PHP_FE_END
 };
 
@@ -934,6 +1230,8 @@ static const zend_function_entry dependency_methods[] = {
   PHP_ME(Retryd_Dependency, permit, ai_dep_permit, ZEND_ACC_PUBLIC)
   PHP_ME(Retryd_Dependency, admit, ai_dep_admit, ZEND_ACC_PUBLIC)
   PHP_ME(Retryd_Dependency, call, ai_dep_call, ZEND_ACC_PUBLIC)
+  PHP_ME(Retryd_Dependency, state, ai_string, ZEND_ACC_PUBLIC)
+  PHP_ME(Retryd_Dependency, onStateChange, ai_on_state_change, ZEND_ACC_PUBLIC)
   PHP_FE_END
 };
 
@@ -1004,6 +1302,13 @@ PHP_MINIT_FUNCTION(retryd) {
   permit_handlers.free_obj = permit_free;
   permit_handlers.clone_obj = NULL;
 
+  ce_subscription = register_class("Retryd\\Subscription", subscription_methods, subscription_new,
+                                   NULL, ZEND_ACC_FINAL | ZEND_ACC_NO_DYNAMIC_PROPERTIES |
+                                             ZEND_ACC_NOT_SERIALIZABLE);
+  memcpy(&subscription_handlers, zend_get_std_object_handlers(), sizeof(zend_object_handlers));
+  subscription_handlers.offset = XtOffsetOf(subscription_obj, std);
+  subscription_handlers.clone_obj = NULL;
+
   ce_policy = register_class("Retryd\\Policy", policy_methods, policy_new, NULL,
                              ZEND_ACC_FINAL | ZEND_ACC_NO_DYNAMIC_PROPERTIES | ZEND_ACC_NOT_SERIALIZABLE);
   memcpy(&policy_handlers, zend_get_std_object_handlers(), sizeof(zend_object_handlers));
@@ -1050,6 +1355,9 @@ PHP_MINIT_FUNCTION(retryd) {
   NS_CONST("SUCCESS", RETRYD_SUCCESS);
   NS_CONST("FAILURE", RETRYD_FAILURE);
   NS_CONST("IGNORED", RETRYD_IGNORED);
+  NS_CONST("STATE_CLOSED", RETRYD_STATE_CLOSED);
+  NS_CONST("STATE_OPEN", RETRYD_STATE_OPEN);
+  NS_CONST("STATE_HALF_OPEN", RETRYD_STATE_HALF_OPEN);
   /* retryd_policy.h */
   NS_CONST("JITTER_NONE", RETRYD_JITTER_NONE);
   NS_CONST("JITTER_FULL", RETRYD_JITTER_FULL);
@@ -1083,6 +1391,12 @@ PHP_MSHUTDOWN_FUNCTION(retryd) {
   return SUCCESS;
 }
 
+/* The request's subscriptions end with it (their callables do). */
+PHP_RSHUTDOWN_FUNCTION(retryd) {
+  subscriptions_end();
+  return SUCCESS;
+}
+
 PHP_MINFO_FUNCTION(retryd) {
   php_info_print_table_start();
   php_info_print_table_header(2, "retryd support", "enabled");
@@ -1100,7 +1414,7 @@ zend_module_entry retryd_module_entry = {
   PHP_MINIT(retryd),
   PHP_MSHUTDOWN(retryd),
   NULL,
-  NULL,
+  PHP_RSHUTDOWN(retryd),
   PHP_MINFO(retryd),
   PHP_RETRYD_VERSION,
   STANDARD_MODULE_PROPERTIES

@@ -7,9 +7,10 @@ import functools
 import logging
 import threading
 import time
+import types
 import typing
 
-from . import _native
+from . import _async, _native
 from ._policy import (
     CLASS_NAMES, CLASSES, ERROR_KINDS, ERROR_NAMES, OUTCOME_NAMES, OUTCOMES, Attempt,
     AttemptResult, Policy, _current, to_native)
@@ -286,6 +287,13 @@ class Permit:
             self.complete(_native.FAILURE if exc_type is not None else _native.SUCCESS)
         return False
 
+    # `async with dep.admit()`: the same, in a coroutine (admission and completion never block).
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        return self.__exit__(exc_type, exc, tb)
+
 
 class Subscription:
     """A state-change subscription, from on_state_change. unsubscribe() ends it (a second
@@ -488,30 +496,7 @@ class Dependency:
             return 0
 
         def observer_cb(_ctx, info_ptr):
-            if watched:
-                try:
-                    self._observe_state()
-                except BaseException as e:  # noqa: B902 - raised once the call has ended
-                    if state.late_exc is None:
-                        state.late_exc = e
-            if not policy.observer:
-                return
-            i = info_ptr.contents
-            try:
-                policy.observer(AttemptInfo(
-                    attempt=i.attempt,
-                    decision=_ADMISSIONS.get(i.decision, str(i.decision)),
-                    attempt_class=CLASS_NAMES.get(i.attempt_class, str(i.attempt_class)),
-                    breaker=OUTCOME_NAMES.get(i.breaker_outcome, str(i.breaker_outcome)),
-                    status=i.status,
-                    error=ERROR_NAMES.get(i.error_kind, str(i.error_kind)),
-                    latency=i.latency_ns / 1e9,
-                    retry_after=None if i.retry_after_ns < 0 else i.retry_after_ns / 1e9,
-                    wait=i.wait_ns / 1e9,
-                    next=_STOPS.get(i.next, str(i.next))))
-            except BaseException as e:  # noqa: B902
-                if state.late_exc is None:
-                    state.late_exc = e
+            self._observe_record(policy, watched, info_ptr.contents, state)
 
         env = env or Env()
         sleep = env.sleep or time.sleep
@@ -541,8 +526,40 @@ class Dependency:
                              ctypes.byref(c_result))
         if watched:
             self._observe_state()
+        return self._conclude(rc, c_result, state)
+
+    def _observe_record(self, policy, watched, record, state):
+        """After each admission: the state-change subscribers and the policy's observer see
+        it; what they raise is raised once the call has ended."""
+        if watched:
+            try:
+                self._observe_state()
+            except BaseException as e:  # noqa: B902 - raised once the call has ended
+                if state.late_exc is None:
+                    state.late_exc = e
+        if not policy.observer:
+            return
+        try:
+            policy.observer(AttemptInfo(
+                attempt=record.attempt,
+                decision=_ADMISSIONS.get(record.decision, str(record.decision)),
+                attempt_class=CLASS_NAMES.get(record.attempt_class, str(record.attempt_class)),
+                breaker=OUTCOME_NAMES.get(record.breaker_outcome, str(record.breaker_outcome)),
+                status=record.status,
+                error=ERROR_NAMES.get(record.error_kind, str(record.error_kind)),
+                latency=record.latency_ns / 1e9,
+                retry_after=None if record.retry_after_ns < 0 else record.retry_after_ns / 1e9,
+                wait=record.wait_ns / 1e9,
+                next=_STOPS.get(record.next, str(record.next))))
+        except BaseException as e:  # noqa: B902
+            if state.late_exc is None:
+                state.late_exc = e
+
+    def _conclude(self, rc, c_result, state):
+        """Returns the call's value, or raises as dep.call documents."""
         if rc != _native.OK:
-            raise Error(f"{self.name}: retryd_call failed: "
+            lib = self._client._lib
+            raise Error(f"{self.name}: the retry loop failed: "
                         f"{lib.retryd_strerror(rc).decode()} (check the policy)")
         result = CallResult(
             stop=_STOPS.get(c_result.stop, str(c_result.stop)),
@@ -564,6 +581,36 @@ class Dependency:
         if c_result.stop == _native.STOP_REJECTED:
             raise Rejected(result.rejection, self.name, result) from state.exc
         raise CallFailed(self.name, result) from state.exc
+
+    async def call_async(self, fn, policy=None, *, env=None, **overrides):
+        """The retry loop for asyncio: as dep.call, with `fn` a coroutine function
+        (`await fn(attempt)`), the waits awaited (asyncio.sleep; never a blocking sleep) and
+        the same results and exceptions. Admission and completion never block.
+
+        Cancelling the task ends the call: an attempt in flight is reported as ignored (the
+        caller gave up; that says nothing about the dependency: a half-open probe goes back
+        unjudged), and asyncio.CancelledError propagates. `env.sleep`, if given, may be a
+        coroutine function; returning False cancels the call (stop "cancelled"). Inside `fn`,
+        retryd.current_attempt() is this task's attempt.
+
+            order = await orders.call_async(
+                lambda attempt: http.get(url, timeout=attempt.timeout),
+                retryd.Policy(max_attempts=3, deadline=2.0))
+        """
+        policy = policy or Policy()
+        if overrides:
+            policy = policy.replace(**overrides)
+        native_policy, _method = to_native(policy)
+        watched = self._watched
+        hooks = types.SimpleNamespace(
+            policy=policy, watched=watched, fill=_fill, new_state=_CallState,
+            observe=lambda record, state: (self._observe_record(policy, watched, record, state)
+                                           if watched or policy.observer else None))
+        rc, c_result, state = await _async.call_async(self, fn, policy, native_policy, env,
+                                                      hooks)
+        if watched:
+            self._observe_state()
+        return self._conclude(rc, c_result, state)
 
     def retry(self, policy=None, *, env=None, **overrides):
         """A decorator: every call of the decorated function goes through dep.call with this

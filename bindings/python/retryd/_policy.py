@@ -2,6 +2,7 @@
 the classification inputs of the C library (method, status, transport error kind)."""
 
 import collections
+import contextvars
 import ctypes
 import dataclasses
 import socket
@@ -282,8 +283,12 @@ class Attempt:
 
 
 _current = threading.local()
+# The Attempt running in this asyncio task inside dep.call_async.
+_current_async = contextvars.ContextVar("retryd_current_attempt", default=None)
 
 
 def current_attempt():
-    """The Attempt running on this thread inside dep.call or a @dep.retry function, else None."""
-    return getattr(_current, "attempt", None)
+    """The Attempt running on this thread inside dep.call or a @dep.retry function, or in this
+    asyncio task inside dep.call_async; else None."""
+    attempt = getattr(_current, "attempt", None)
+    return attempt if attempt is not None else _current_async.get()

@@ -30,17 +30,28 @@ the first attempt (breaker open, half-open probe busy, bulkhead full) is retryd.
 raised: no request was sent, serve a fallback. When no attempt could go out at all (a deadline
 already spent), retryd.CallFailed is.
 
-requests, httpx and urllib3 are imported when their adapter is first used, so this module
-works without them. The httpx transport is synchronous: the retry loop runs in the calling
+For asyncio, AsyncHTTPXTransport (httpx.AsyncClient) and AiohttpClient (over an
+aiohttp.ClientSession) run the same loop through dep.call_async: the waits are awaited, never
+slept, and a cancelled task ends its call (its attempt in flight reported as ignored).
+
+    client = httpx.AsyncClient(transport=retryd.adapters.AsyncHTTPXTransport(payments, policy))
+
+    payments_http = retryd.adapters.AiohttpClient(payments, policy, session)
+    response = await payments_http.get(url)     # the body is read: await response.json()
+
+requests, httpx, urllib3 and aiohttp are imported when their adapter is first used, so this
+module works without them. HTTPXTransport is synchronous: its retry loop runs in the calling
 thread.
 """
 
+import inspect
 import threading
 
 from ._client import CallFailed, Rejected
 from ._policy import Policy
 
-__all__ = ["HTTPXTransport", "RequestsAdapter", "Urllib3PoolManager"]
+__all__ = ["AiohttpClient", "AsyncHTTPXTransport", "HTTPXTransport", "RequestsAdapter",
+           "Urllib3PoolManager"]
 
 DEFAULT_IDEMPOTENCY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key")
 DEFAULT_DEADLINE_HEADER = "grpc-timeout"
@@ -101,11 +112,7 @@ def run(dependency, policy, method, has_key, send, discard, replayable=True, env
     exception); discard(response) closes a response that is being retried. See the module
     documentation for what is returned and raised.
     """
-    policy = policy or Policy()
-    policy = policy.replace(method=str(method),
-                            idempotency_key=bool(policy.idempotency_key or has_key))
-    if not replayable:
-        policy = policy.replace(max_attempts=1)
+    policy = _policy_for(policy, method, has_key, replayable)
     previous = []
 
     def attempt(a):
@@ -128,6 +135,50 @@ def run(dependency, policy, method, has_key, send, discard, replayable=True, env
             raise
         failure = e  # a retry refused: the last attempt's outcome stands
     # Outside the except clauses, so that what is raised below keeps its own context.
+    return _last_attempts(failure)
+
+
+def _policy_for(policy, method, has_key, replayable):
+    policy = policy or Policy()
+    policy = policy.replace(method=str(method),
+                            idempotency_key=bool(policy.idempotency_key or has_key))
+    return policy if replayable else policy.replace(max_attempts=1)
+
+
+async def run_async(dependency, policy, method, has_key, send, discard, replayable=True,
+                    env=None):
+    """run for asyncio: send(attempt) is a coroutine function, discard(response) may return an
+    awaitable; the loop is dep.call_async. Returns and raises as run does."""
+    policy = _policy_for(policy, method, has_key, replayable)
+    previous = []
+
+    async def attempt(a):
+        while previous:
+            stale = previous.pop()
+            try:
+                closing = discard(stale)
+                if inspect.isawaitable(closing):
+                    await closing
+            except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
+                pass
+        response = await send(a)
+        previous.append(response)
+        return response
+
+    try:
+        return await dependency.call_async(attempt, policy, env=env)
+    except CallFailed as e:
+        failure = e
+    except Rejected as e:
+        if e.result is None or e.result.attempts == 0:
+            raise
+        failure = e
+    return _last_attempts(failure)
+
+
+def _last_attempts(failure):
+    """What the caller gets when the loop stopped without a success: the last attempt's
+    exception raised again, or its response, tagged with the CallResult."""
     result = failure.result
     if result.exception is not None:
         _tag(result.exception, result)
@@ -225,25 +276,11 @@ def _make_httpx_transport():
             self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
             self.transport = transport if transport is not None else httpx.HTTPTransport()
 
-        def _request(self, request, attempt):
-            headers = self._with_deadline(request.headers, attempt)
-            extensions = dict(request.extensions)
-            timeout = extensions.get("timeout")
-            if attempt.timeout is not None:
-                timeout = dict(timeout or {})
-                for key in ("connect", "read", "write", "pool"):
-                    timeout[key] = _cap(timeout.get(key), attempt.timeout)
-                extensions["timeout"] = timeout
-            if headers is request.headers and extensions == request.extensions:
-                return request
-            return httpx.Request(request.method, request.url, headers=headers,
-                                 stream=request.stream, extensions=extensions)
-
         def handle_request(self, request):
             return run(self.dependency, self.policy, request.method,
                        _has_header(request.headers, self.idempotency_headers),
                        lambda attempt: self.transport.handle_request(
-                           self._request(request, attempt)),
+                           _httpx_attempt(self, request, attempt)),
                        lambda response: response.close(),
                        replayable=isinstance(request.stream, httpx.ByteStream),
                        env=self.env)
@@ -252,6 +289,126 @@ def _make_httpx_transport():
             self.transport.close()
 
     return HTTPXTransport
+
+
+def _httpx_attempt(options, request, attempt):
+    """`request` with the attempt's time as its timeouts' cap and in the deadline header."""
+    import httpx
+    headers = options._with_deadline(request.headers, attempt)
+    extensions = dict(request.extensions)
+    timeout = extensions.get("timeout")
+    if attempt.timeout is not None:
+        timeout = dict(timeout or {})
+        for key in ("connect", "read", "write", "pool"):
+            timeout[key] = _cap(timeout.get(key), attempt.timeout)
+        extensions["timeout"] = timeout
+    if headers is request.headers and extensions == request.extensions:
+        return request
+    return httpx.Request(request.method, request.url, headers=headers,
+                         stream=request.stream, extensions=extensions)
+
+
+def _make_async_httpx_transport():
+    import httpx
+
+    class AsyncHTTPXTransport(_Options, httpx.AsyncBaseTransport):
+        """An httpx async transport that sends each request through a dependency's retry loop
+        (dep.call_async), over `transport` (default httpx.AsyncHTTPTransport()):
+
+            client = httpx.AsyncClient(transport=AsyncHTTPXTransport(payments, policy))
+        """
+
+        def __init__(self, dependency, policy=None, transport=None, *,
+                     idempotency_headers=DEFAULT_IDEMPOTENCY_HEADERS,
+                     deadline_header=DEFAULT_DEADLINE_HEADER, env=None):
+            self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
+            self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request):
+            return await run_async(
+                self.dependency, self.policy, request.method,
+                _has_header(request.headers, self.idempotency_headers),
+                lambda attempt: self.transport.handle_async_request(
+                    _httpx_attempt(self, request, attempt)),
+                lambda response: response.aclose(),
+                replayable=isinstance(request.stream, httpx.ByteStream),
+                env=self.env)
+
+        async def aclose(self):
+            await self.transport.aclose()
+
+    return AsyncHTTPXTransport
+
+
+def _make_aiohttp_client():
+    import aiohttp
+
+    class AiohttpClient(_Options):
+        """Sends requests over an aiohttp.ClientSession through a dependency's retry loop
+        (dep.call_async):
+
+            payments_http = AiohttpClient(payments, policy, session)
+            response = await payments_http.post(url, json=order)
+            body = await response.json()
+
+        request(method, url, **kwargs) and get, post, put, patch, delete, head take what
+        session.request takes. Each attempt reads the response body (the attempt's time covers
+        it, and a body cut off midway is the attempt's failure): the connection is free again
+        when the response is returned, and its read(), text() and json() answer from memory. Each attempt's `timeout` is
+        capped at the time it has. A body that cannot be sent twice (a stream, a file) gets one
+        attempt. Returns and raises as the other adapters do.
+        """
+
+        def __init__(self, dependency, policy=None, session=None, *,
+                     idempotency_headers=DEFAULT_IDEMPOTENCY_HEADERS,
+                     deadline_header=DEFAULT_DEADLINE_HEADER, env=None):
+            if session is None:
+                raise TypeError("AiohttpClient needs the aiohttp.ClientSession to send on")
+            self._init_retryd(dependency, policy, idempotency_headers, deadline_header, env)
+            self.session = session
+
+        async def request(self, method, url, **kwargs):
+            headers = kwargs.pop("headers", None)
+            timeout = kwargs.pop("timeout", None)
+            data = kwargs.get("data")
+            replayable = data is None or isinstance(data, (bytes, str, dict, list, tuple))
+
+            async def send_one(attempt):
+                sent = self._with_deadline(dict(headers) if headers else {}, attempt)
+                limited = timeout
+                if attempt.timeout is not None:
+                    total = timeout.total if isinstance(timeout, aiohttp.ClientTimeout) else timeout
+                    limited = aiohttp.ClientTimeout(total=_cap(total, attempt.timeout))
+                response = await self.session.request(
+                    method, url, headers=sent or None,
+                    **({} if limited is None else {"timeout": limited}), **kwargs)
+                await response.read()  # at the end of the body aiohttp frees the connection
+                return response
+
+            return await run_async(self.dependency, self.policy, method,
+                                   _has_header(headers, self.idempotency_headers), send_one,
+                                   lambda response: response.release(), replayable=replayable,
+                                   env=self.env)
+
+        async def get(self, url, **kwargs):
+            return await self.request("GET", url, **kwargs)
+
+        async def head(self, url, **kwargs):
+            return await self.request("HEAD", url, **kwargs)
+
+        async def post(self, url, **kwargs):
+            return await self.request("POST", url, **kwargs)
+
+        async def put(self, url, **kwargs):
+            return await self.request("PUT", url, **kwargs)
+
+        async def patch(self, url, **kwargs):
+            return await self.request("PATCH", url, **kwargs)
+
+        async def delete(self, url, **kwargs):
+            return await self.request("DELETE", url, **kwargs)
+
+    return AiohttpClient
 
 
 def _make_urllib3_pool_manager():
@@ -320,6 +477,8 @@ def _make_urllib3_pool_manager():
 
 
 _FACTORIES = {
+    "AiohttpClient": _make_aiohttp_client,
+    "AsyncHTTPXTransport": _make_async_httpx_transport,
     "RequestsAdapter": _make_requests_adapter,
     "HTTPXTransport": _make_httpx_transport,
     "Urllib3PoolManager": _make_urllib3_pool_manager,

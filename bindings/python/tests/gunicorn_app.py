@@ -11,6 +11,8 @@ else in each worker.
                      the host's retry budget pays for it
     /hold?hold=0|1   admit on "slow" (bulkhead of 1); with hold=1, write $APP_HOLD_DIR/hold-PID
                      and keep the lease until $APP_HOLD_DIR/release exists
+    /probe           GET $APP_DOWNSTREAM/probe through "probe" with requests on retryd's adapter,
+                     one attempt per call
 """
 
 import json
@@ -22,6 +24,23 @@ import retryd
 
 client = retryd.Client(segment=os.environ["RETRYD_SEGMENT"], fallback_to_local=False)
 HOLD_DIR = os.environ["APP_HOLD_DIR"]
+DOWNSTREAM = os.environ.get("APP_DOWNSTREAM", "")
+_session = None
+
+
+def _probe():
+    global _session
+    import requests
+    if _session is None:
+        _session = requests.Session()
+        _session.trust_env = False
+        _session.mount(DOWNSTREAM, retryd.adapters.RequestsAdapter(
+            client.dependency("probe"), retryd.Policy(max_attempts=1, deadline=30.0)))
+    try:
+        response = _session.get(DOWNSTREAM + "probe", timeout=30)
+        return {"outcome": "success" if response.status_code == 200 else "failure"}
+    except retryd.Rejected as e:
+        return {"outcome": e.reason}
 
 
 def _admit(dep_name, sleep, fail):
@@ -78,6 +97,8 @@ def app(environ, start_response):
         body = _retry()
     elif path == "/hold":
         body = _hold(query.get("hold", ["1"])[0] == "1")
+    elif path == "/probe":
+        body = _probe()
     else:
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]

@@ -1,8 +1,10 @@
-"""retryd.adapters with the real clients (requests, httpx, urllib3) against a real HTTP server
+"""retryd.adapters with the real clients (requests, httpx, urllib3; httpx's AsyncClient and
+aiohttp through dep.call_async) against a real HTTP server
 on 127.0.0.1 and a real segment: a refused connection is retried, a 503's Retry-After is waited
 for, a 4xx is returned and not held against the breaker, a POST without an idempotency key is
 not repeated after a timeout, and a refused first attempt sends nothing."""
 
+import asyncio
 import http.server
 import os
 import pathlib
@@ -172,17 +174,70 @@ class Urllib3Driver:
         self.pool.clear()
 
 
-DRIVERS = {"requests": RequestsDriver, "httpx": HTTPXDriver, "urllib3": Urllib3Driver}
+# The asyncio adapters, each request run to its end on the driver's own event loop.
+class AsyncHTTPXDriver:
+    def __init__(self, dep, policy, base):
+        import httpx
+        self.timeout_error = httpx.TimeoutException
+        self.connect_error = httpx.ConnectError
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(
+            transport=retryd.adapters.AsyncHTTPXTransport(dep, policy), trust_env=False,
+            timeout=30)
+
+    def request(self, method, url, headers=None, body=None):
+        r = self.loop.run_until_complete(
+            self.client.request(method, url, headers=headers, content=body))
+        return r, r.status_code, r.content
+
+    def close(self):
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
+
+
+class AiohttpDriver:
+    def __init__(self, dep, policy, base):
+        import aiohttp
+        self.timeout_error = asyncio.TimeoutError
+        self.connect_error = aiohttp.ClientConnectorError
+        self.loop = asyncio.new_event_loop()
+
+        async def session():
+            return aiohttp.ClientSession(trust_env=False)
+
+        self.session = self.loop.run_until_complete(session())
+        self.http = retryd.adapters.AiohttpClient(dep, policy, self.session)
+
+    def request(self, method, url, headers=None, body=None):
+        import aiohttp
+
+        async def send():
+            r = await self.http.request(method, url, headers=headers, data=body,
+                                        timeout=aiohttp.ClientTimeout(total=30))
+            return r, r.status, await r.read()
+
+        return self.loop.run_until_complete(send())
+
+    def close(self):
+        self.loop.run_until_complete(self.session.close())
+        self.loop.close()
+
+
+# name: (the module the client comes in, the driver)
+DRIVERS = {"requests": ("requests", RequestsDriver), "httpx": ("httpx", HTTPXDriver),
+           "urllib3": ("urllib3", Urllib3Driver), "httpx-async": ("httpx", AsyncHTTPXDriver),
+           "aiohttp": ("aiohttp", AiohttpDriver)}
 
 
 @pytest.fixture(params=sorted(DRIVERS))
 def adapter(request, server):
     """make(dep, policy) -> a driver of the parameter's client, closed at teardown."""
-    pytest.importorskip(request.param, reason=f"python3-{request.param} is not installed")
+    module, driver_class = DRIVERS[request.param]
+    pytest.importorskip(module, reason=f"python3-{module} is not installed")
     made = []
 
     def make(dep, policy):
-        driver = DRIVERS[request.param](dep, policy, server.base)
+        driver = driver_class(dep, policy, server.base)
         made.append(driver)
         return driver
 
@@ -355,7 +410,7 @@ def test_retry_refused_by_budget_raises_the_clients_error(adapter, server, budge
 def test_adapters_module_imports_no_http_client():
     # The clients are imported when an adapter is first used, so the package works without them.
     code = ("import sys, retryd, retryd.adapters; "
-            "print(sorted(m for m in ('requests', 'httpx', 'urllib3') if m in sys.modules))")
+            "print(sorted(m for m in ('requests', 'httpx', 'urllib3', 'aiohttp') if m in sys.modules))")
     package_dir = str(pathlib.Path(retryd.__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PYTHONPATH": package_dir})

@@ -1,9 +1,12 @@
 """gunicorn workers on one host share one segment: the real daemon on a private segment, the
-real gunicorn (sync and gthread workers, each with and without --preload) serving
-gunicorn_app.py, and retryctl reading what the workers did.
+real gunicorn serving gunicorn_app.py (sync and gthread workers, each with and without
+--preload), and the asyncio apps: FastAPI (asgi_app.py) under gunicorn's uvicorn workers and
+aiohttp (aiohttp_app.py) under its aiohttp workers, four workers each; retryctl reads what the
+workers did.
 
 Every worker is a registered process of its own; the workers trip one breaker and spend one
-retry budget together, and the segment's counters sum all their calls; a worker killed with
+retry budget together, and the segment's counters sum all their calls; after the downstream
+recovers, one probe reaches it while every other worker is refused; a worker killed with
 SIGKILL while it holds a bulkhead lease gets it back from the daemon, which judges workers
 alive by /proc in the by-name mode used here (README, Trust model).
 
@@ -22,20 +25,33 @@ import socket
 import subprocess
 import threading
 import time
+import typing
 
 import pytest
 
 import retryd
 from conftest import ROOT, dependency_status, retryctl_json, retryctl_path
+from test_adapters import Reply, Server
 
-WORKERS = 3
 TIMEOUT = 60.0  # seconds, for every condition polled
 
+
+class Variant(typing.NamedTuple):
+    args: list
+    app: str = "gunicorn_app:app"
+    workers: int = 3
+    module: str = ""  # what the app needs beyond gunicorn (a Debian package's module)
+
+
 VARIANTS = {
-    "sync": ["--worker-class", "sync"],
-    "sync-preload": ["--worker-class", "sync", "--preload"],
-    "gthread": ["--worker-class", "gthread", "--threads", "2"],
-    "gthread-preload": ["--worker-class", "gthread", "--threads", "2", "--preload"],
+    "sync": Variant(["--worker-class", "sync"]),
+    "sync-preload": Variant(["--worker-class", "sync", "--preload"]),
+    "gthread": Variant(["--worker-class", "gthread", "--threads", "2"]),
+    "gthread-preload": Variant(["--worker-class", "gthread", "--threads", "2", "--preload"]),
+    "fastapi-uvicorn": Variant(["--worker-class", "uvicorn.workers.UvicornWorker"],
+                               "asgi_app:app", 4, "uvicorn"),
+    "aiohttp": Variant(["--worker-class", "aiohttp.GunicornWebWorker"], "aiohttp_app:app", 4,
+                       "aiohttp"),
 }
 
 CONFIG = """\
@@ -65,6 +81,16 @@ min_retries_per_sec = 0
 min_calls = 100000
 bulkhead_limit = 1
 bulkhead_timeout = "1h"
+
+[dependency.probe]
+min_calls = 4
+failure_rate_threshold = 50
+window = "1h"
+open_for = "1s"
+open_for_max = "1s"
+open_jitter = "0ms"
+close_after = 1
+probe_timeout = "1h"
 """
 
 
@@ -115,9 +141,11 @@ def _children(pid):
 class Gunicorn:
     """The daemon, its segment and a gunicorn serving gunicorn_app on a socket of ours."""
 
-    def __init__(self, variant, tmp):
+    def __init__(self, variant, tmp, downstream):
         self.variant = variant
+        self.spec = VARIANTS[variant]
         self.tmp = tmp
+        self.downstream = downstream
         self.segment = f"retryd-pytest-gunicorn-{os.getpid()}-{variant}"
         self.hold_dir = tmp / "hold"
         self.hold_dir.mkdir()
@@ -147,6 +175,7 @@ class Gunicorn:
             "RETRYD_LIBRARY": os.path.abspath(os.environ.get("RETRYD_LIBRARY")
                                               or retryd.library_path()),
             "APP_HOLD_DIR": str(self.hold_dir),
+            "APP_DOWNSTREAM": self.downstream.base,
             "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings" / "python"),
                                            str(pathlib.Path(__file__).resolve().parent)]),
         })
@@ -155,9 +184,9 @@ class Gunicorn:
         # The listening socket is handed over (fd://), so the port is never free for another
         # process to take between choosing it and gunicorn binding it.
         self.master = subprocess.Popen(
-            [gunicorn, "--workers", str(WORKERS), *VARIANTS[self.variant],
+            [gunicorn, "--workers", str(self.spec.workers), *self.spec.args,
              "--bind", f"fd://{fd}", "--timeout", "300", "--graceful-timeout", "5",
-             "--log-level", "warning", "gunicorn_app:app"],
+             "--log-level", "warning", self.spec.app],
             cwd=self.tmp, env=env, pass_fds=[fd], stdout=log, stderr=log)
         self.workers()
         poll(lambda: self._answers(), "gunicorn to answer")
@@ -185,8 +214,8 @@ class Gunicorn:
             if not self.alive():
                 pytest.fail("gunicorn exited: " + (self.tmp / "gunicorn.log").read_text())
             kids = _children(self.master.pid)
-            return kids if len(kids) == WORKERS else None
-        return poll(ready, f"{WORKERS} gunicorn workers")
+            return kids if len(kids) == self.spec.workers else None
+        return poll(ready, f"{self.spec.workers} gunicorn workers")
 
     def get(self, path, timeout=TIMEOUT):
         """GET `path` on a connection of its own (a kept-alive one would stay with one
@@ -253,12 +282,17 @@ def served(request, tmp_path_factory):
         retryd.library_path()
     except retryd.LibraryNotFound as e:
         pytest.skip(str(e))
-    g = Gunicorn(request.param, tmp_path_factory.mktemp(f"gunicorn-{request.param}"))
+    if VARIANTS[request.param].module:
+        pytest.importorskip(VARIANTS[request.param].module)
+    downstream = Server()
+    downstream.listen()
+    g = Gunicorn(request.param, tmp_path_factory.mktemp(f"gunicorn-{request.param}"), downstream)
     try:
         g.start(daemon_binary, gunicorn)
         yield g
     finally:
         g.stop()
+        downstream.close()
 
 
 def registered(segment):
@@ -277,9 +311,9 @@ def test_every_worker_serves_and_is_a_registered_process_of_its_own(served):
     assert workers <= set(listed), listed
     # One registry slot each: no worker shares its parent's (or another worker's) identity.
     slots = [listed[pid]["slot"] for pid in workers]
-    assert len(set(slots)) == WORKERS
+    assert len(set(slots)) == served.spec.workers
     status = retryctl_json(served.segment, "status")
-    assert status["processes"]["live"] >= WORKERS
+    assert status["processes"]["live"] >= served.spec.workers
     backend = dependency_status(served.segment, "backend")
     assert backend["counters"]["first_attempts"] >= len(answers)
 
@@ -322,6 +356,45 @@ def test_workers_share_one_retry_budget(served):
     assert status["retries"]["denied"] == sum(a["stop"] == "budget_empty" for a in answers)
     assert status["counters"]["first_attempts"] == len(answers)
     assert status["retry_budget"]["tokens_available"] < 1
+
+
+def test_one_probe_reaches_the_recovered_downstream(served):
+    """The downstream fails until the breaker trips; then it recovers, holding its first answer
+    2 s: that request is the probe, and the requests the workers get meanwhile are refused as
+    half-open busy, none sent."""
+    hold = 2.0
+    downstream = served.downstream
+    downstream.script("/probe", Reply(500, b"down"))
+    workers = served.workers()
+    served.spread("/probe", lambda a: any(x["outcome"] == "open" for x in a),
+                  "the workers to trip the breaker")
+    tripped = len(downstream.requests_to("/probe"))
+    downstream.script("/probe", Reply(200, b"up", delay=hold), Reply(200, b"up"))
+    poll(lambda: dependency_status(served.segment, "probe")["breaker"]["half_open_in_ms"] == 0,
+         "the open period to end")
+
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(served.get("/probe")), daemon=True)
+    thread.start()
+    poll(lambda: len(downstream.requests_to("/probe")) > tripped, "the probe to arrive")
+    probe_at = downstream.requests_to("/probe")[tripped]["time"]
+    concurrency = 2 * served.spec.workers
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        def timed(_):
+            answer = served.get("/probe")
+            return answer, time.monotonic()
+        burst = list(pool.map(timed, range(concurrency)))
+    thread.join(TIMEOUT)
+    assert first["outcome"] == "success", first
+    # Answered while the probe was out: refused, nothing sent.
+    while_out = [a for a, at in burst if at < probe_at + hold]
+    assert while_out and all(a["outcome"] == "half_open_busy" for a in while_out), burst
+    assert {a["pid"] for a, _ in burst} | {first["pid"]} <= workers
+    arrived = downstream.requests_to("/probe")[tripped:]
+    assert [r for r in arrived if r["time"] < probe_at + hold] == arrived[:1]
+    status = dependency_status(served.segment, "probe")
+    assert status["breaker"]["state"] == "closed"
+    assert status["rejections"]["half_open_busy"] >= len(while_out)
 
 
 def test_killed_worker_gives_its_lease_back(served):

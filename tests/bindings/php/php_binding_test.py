@@ -181,6 +181,11 @@ UNIT_DEPS = {
                            "min_retries_per_sec": 0},
     "unit_fork_bulkhead": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
     "unit_fork_parent": {"bulkhead_limit": 1, "bulkhead_timeout": "24h"},
+    "unit_state": {"min_calls": 2, "failure_rate_threshold": 50, "open_for": "1s",
+                   "open_for_max": "1s", "open_jitter": "0s", "close_after": 1,
+                   "probe_timeout": "60s"},
+    "unit_state_call": {"min_calls": 2, "failure_rate_threshold": 50, "open_for": "60s",
+                        "open_for_max": "60s"},
 }
 
 
@@ -285,7 +290,8 @@ def cmd_unit(args):
         daemon = Daemon(args.daemon, tmp, UNIT_DEPS)
         try:
             env = dict(os.environ, RETRYD_SOCKET=daemon.sock, RETRYD_PHP_EXTENSION=ext)
-            for name in ("test_admit.php", "test_call.php", "test_guzzle.php"):
+            for name in ("test_admit.php", "test_call.php", "test_guzzle.php",
+                         "test_state_change.php"):
                 r = php(ext, str(BINDING / "tests" / name), env)
                 if r.returncode == 0:
                     passed += 1

@@ -1,0 +1,58 @@
+'use strict';
+// The C headers' values this package uses (retryd.h, retryd_policy.h, retryd_call.h), copied by
+// hand so that the JavaScript reads on its own; test/constants.test.js holds every one against
+// the headers and against the values the addon was compiled with.
+
+module.exports = Object.freeze({
+  // retryd.h
+  OK: 0,
+  EINVAL: -1,
+  ENOENT: -2,
+  EPERM: -3,
+  EINCOMPATIBLE: -4,
+  EFULL: -5,
+  EIO: -6,
+  ADMITTED: 0,
+  ADMITTED_PROBE: 1,
+  REJECTED_OPEN: 2,
+  REJECTED_HALF_OPEN_BUSY: 3,
+  REJECTED_BULKHEAD_FULL: 4,
+  REJECTED_BUDGET_EMPTY: 5,
+  SUCCESS: 0,
+  FAILURE: 1,
+  IGNORED: 2,
+  STATE_CLOSED: 0,
+  STATE_OPEN: 1,
+  STATE_HALF_OPEN: 2,
+  // retryd_policy.h
+  JITTER_NONE: 0,
+  JITTER_FULL: 1,
+  JITTER_EQUAL: 2,
+  JITTER_DECORRELATED: 3,
+  ERROR_NONE: 0,
+  ERROR_DNS: 1,
+  ERROR_CONNECT_REFUSED: 2,
+  ERROR_CONNECTION_RESET: 3,
+  ERROR_TLS: 4,
+  ERROR_TIMEOUT: 5,
+  ERROR_OTHER: 6,
+  ATTEMPT_SUCCESS: 0,
+  ATTEMPT_RETRYABLE: 1,
+  ATTEMPT_TERMINAL: 2,
+  BREAKER_OUTCOME_SUCCESS: 0,
+  BREAKER_OUTCOME_FAILURE: 1,
+  BREAKER_OUTCOME_IGNORED: 2,
+  // retryd_call.h
+  STOP_NONE: 0,
+  STOP_SUCCESS: 1,
+  STOP_TERMINAL: 2,
+  STOP_ATTEMPTS_EXHAUSTED: 3,
+  STOP_REJECTED: 4,
+  STOP_DEADLINE: 5,
+  STOP_RETRY_AFTER_TOO_LONG: 6,
+  STOP_CANCELLED: 7,
+  STOP_ABORTED: 8,
+  STEP_STOP: 0,
+  STEP_ATTEMPT: 1,
+  STEP_WAIT: 2,
+});
