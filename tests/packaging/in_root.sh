@@ -224,7 +224,7 @@ done
 kill -QUIT "$nginx"
 wait "$nginx" || die "nginx did not stop cleanly on SIGQUIT"
 # The workers' stderr is the error log: a line of the library's would be there too.
-if grep -v '\[notice\]' "$dir/nginx-error.log" | grep -q .; then
+if grep -qv '\[notice\]' "$dir/nginx-error.log"; then
   cat "$dir/nginx-error.log"
   die "nginx's error log has warnings, errors or lines of the library"
 fi
