@@ -20,7 +20,7 @@
 -- misuse (a bad argument, a closed client) raises an error naming the problem.
 --
 -- Every admitted permit must be completed exactly once. One that never is (a handler that
--- raised, a request whose coroutine nginx dropped) is completed by a finalizer when the
+-- raised, a request whose Lua thread nginx abandoned) is completed by a finalizer when the
 -- garbage collector frees it, as "ignored": its abandonment says nothing known about the
 -- dependency (a bug in the handler, a client that went away), so it must not count toward the
 -- breaker, where one handler's bug would trip it for every worker on the host; and an ignored
