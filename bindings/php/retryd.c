@@ -358,7 +358,8 @@ static void observe_state(proc_client* pc, int32_t id, zend_string* name) {
     ZVAL_COPY(&fn, &sub->fn); /* the subscription may go while it runs */
     ZVAL_UNDEF(&ret);
     call_user_function(NULL, NULL, &fn, &ret, 3, args);
-    if (EG(exception)) {
+    int leaving = EG(exception) && zend_is_unwind_exit(EG(exception));
+    if (EG(exception) && !leaving) {
       zend_object* ex = EG(exception);
       GC_ADDREF(ex);
       zend_clear_exception();
@@ -374,6 +375,9 @@ static void observe_state(proc_client* pc, int32_t id, zend_string* name) {
     zval_ptr_dtor(&ret);
     zval_ptr_dtor(&fn);
     for (int a = 0; a < 3; a++) zval_ptr_dtor(&args[a]);
+    /* exit() in a subscriber: the script ends; the exit stays pending for the engine (it is
+     * not a Throwable to report), and no other subscriber runs. */
+    if (leaving) return;
   }
 }
 
@@ -849,10 +853,17 @@ static void take_exception(call_state* s) {
   s->exc = e;
 }
 
+/* The script is ending while the loop runs (exit(), or a fatal error held until the loop
+ * returns): no more attempts go out. */
+static int call_ending(const call_state* s) {
+  return s->bailout || (EG(exception) && zend_is_unwind_exit(EG(exception)));
+}
+
 static int attempt_cb(void* ctx, uint32_t attempt, int64_t remaining_ms,
                       retryd_attempt_result_t* out) {
   call_state* s = ctx;
   int rc = 0;
+  if (call_ending(s)) return 1;
   state_clear_attempt(s);
   zend_try {
     zval args[2], ret;
@@ -868,6 +879,8 @@ static int attempt_cb(void* ctx, uint32_t attempt, int64_t remaining_ms,
     s->fci.retval = &ret;
     if (zend_call_function(&s->fci, &s->fcc) != SUCCESS && !EG(exception)) {
       rc = 1;
+    } else if (EG(exception) && zend_is_unwind_exit(EG(exception))) {
+      rc = 1;  /* exit() in the attempt: left pending, the loop ends, the script exits */
     } else if (EG(exception)) {
       take_exception(s);
       rc = classify_exception(s, out);
@@ -889,7 +902,7 @@ static int attempt_cb(void* ctx, uint32_t attempt, int64_t remaining_ms,
 static void observer_cb(void* ctx, const retryd_attempt_info_t* info) {
   (void)info;
   call_state* s = ctx;
-  if (s->bailout) return;
+  if (call_ending(s)) return;
   zend_try {
     observe_state(s->dep->pc, s->dep->id, s->dep->name);
   } zend_catch {
@@ -936,6 +949,11 @@ PHP_METHOD(Retryd_Dependency, call) {
     zval_ptr_dtor(&s.value);
     if (s.exc) OBJ_RELEASE(s.exc);
     zend_bailout();
+  }
+  if (EG(exception) && zend_is_unwind_exit(EG(exception))) {  /* exit(): let it end the script */
+    zval_ptr_dtor(&s.value);
+    if (s.exc) OBJ_RELEASE(s.exc);
+    RETURN_THROWS();
   }
   if (rc != RETRYD_OK && res.stop == 0) {
     zval_ptr_dtor(&s.value);

@@ -51,7 +51,7 @@ declare -A deb=(
   [retryd]=$out/retryd_${version}_$arch.deb
   [libretryd0]=$out/libretryd0_${version}_$arch.deb
   [libretryd-dev]=$out/libretryd-dev_${version}_$arch.deb
-  [python3-retryd]=$out/python3-retryd_${version}_all.deb
+  [python3-retryd]=$out/python3-retryd_${version}_$arch.deb
   [ruby-retryd]=$out/ruby-retryd_${version}_all.deb
   [php-retryd]=$out/php-retryd_${version}_$arch.deb
   [lua-retryd]=$out/lua-retryd_${version}_all.deb
@@ -117,12 +117,13 @@ expect libretryd-dev "${headers[@]}" "$libdir/libretryd.so -> libretryd.so.0" \
   "$libdir/cmake/retryd/retrydConfig.cmake" "$libdir/cmake/retryd/retrydConfigVersion.cmake" \
   "$libdir/cmake/retryd/retrydTargets.cmake"
 expect_none libretryd-dev "libretryd\.so\.|^usr/s?bin/"
-modules=()
+pyext=usr/lib/python3/dist-packages/retryd/_speedups.abi3.so
+modules=("$pyext")
 for m in "$src"/bindings/python/retryd/*.py; do
   modules+=("usr/lib/python3/dist-packages/retryd/$(basename "$m")")
 done
 expect python3-retryd "${modules[@]}"
-expect_none python3-retryd "\.so|ruby|php"
+expect_none python3-retryd "libretryd|\.c$|ruby|php"
 rb_files=("$vendor_ruby/retryd.rb")
 for f in "$src"/bindings/ruby/lib/retryd/*.rb; do
   rb_files+=("$vendor_ruby/retryd/$(basename "$f")")
@@ -195,6 +196,9 @@ depends_on() {
   done
 }
 depends_on ruby-retryd "libretryd0 (>= $version)" ruby-ffi "ruby"
+# The Python extension's ${shlibs:Depends} (libc6: it links no libretryd, which the module
+# loads at run time: the Depends above) and ${python3:Depends}.
+depends_on python3-retryd "libretryd0 (>= $version)" libc6 python3
 # The FFI is LuaJIT's: OpenResty's (nginx's Lua module links it) or LuaJIT's own.
 depends_on lua-retryd "libretryd0 (>= $version)" libluajit2-5.1-2 libluajit-5.1-2
 # ${php:Depends}: the PHP API the extension was built for and php-common (phpenmod, phpquery);
@@ -251,13 +255,23 @@ else
   fail "the CMake project of tests/packaging/consumer does not build against libretryd-dev"
 fi
 
-step "the Python module loads libretryd by its soname"
+step "the Python module loads libretryd by its soname, and admits through its C Permit"
 soname=$(objdump -p "$root/$libdir/libretryd.so.$version" | awk '$1 == "SONAME" { print $2 }')
-loaded=$(env -u RETRYD_LIBRARY LD_LIBRARY_PATH="$root/$libdir" \
+loaded=$(env -u RETRYD_LIBRARY -u RETRYD_PYTHON_EXTENSION -u RETRYD_PYTHON_PURE \
+  -u RETRYD_SOCKET -u RETRYD_SEGMENT LD_LIBRARY_PATH="$root/$libdir" \
   PYTHONPATH="$root/usr/lib/python3/dist-packages" PYTHONDONTWRITEBYTECODE=1 \
-  python3 -c 'import retryd; print(retryd.library_path())' 2>&1)
-[ "$loaded" = "$soname" ] ||
-  fail "python3-retryd: loaded '$loaded', not the library's soname '$soname'"
+  python3 -c 'import retryd
+client = retryd.Client(segment="retryd-check-packages-none")
+with client.dependency("check").admit() as permit:
+    print(retryd.library_path(), type(permit).__module__)' 2>"$work/python.err")
+[ "$loaded" = "$soname retryd._speedups" ] ||
+  fail "python3-retryd: loaded '$loaded', not the library's soname '$soname' and the C Permit:" \
+       "$(cat "$work/python.err")"
+dynamic=$(objdump -p "$root/$pyext")
+if grep -qE "^ *(RPATH|RUNPATH) |^ *NEEDED +libretryd" <<<"$dynamic"; then
+  fail "python3-retryd: _speedups.abi3.so links libretryd or has an RPATH:" \
+       "$(grep -E "^ *(RPATH|RUNPATH|NEEDED) " <<<"$dynamic")"
+fi
 
 step "the Ruby library loads from vendor_ruby and libretryd by its soname; its gemspec"
 # RUBYLIB stands for vendor_ruby, which is on Ruby's load path where the package is installed.

@@ -21,7 +21,7 @@ trap '"$src/tests/packaging/minimal_root.sh" --remove "$out"' EXIT
 version=$(sed -nE 's/^project\(retryd VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 arch=$(dpkg-architecture -qDEB_HOST_ARCH)
 wanted=("retryd_${version}_$arch.deb" "libretryd0_${version}_$arch.deb"
-        "libretryd-dev_${version}_$arch.deb" "python3-retryd_${version}_all.deb"
+        "libretryd-dev_${version}_$arch.deb" "python3-retryd_${version}_$arch.deb"
         "ruby-retryd_${version}_all.deb" "php-retryd_${version}_$arch.deb"
         "lua-retryd_${version}_all.deb")
 stage=$root/tmp/retryd-test

@@ -90,13 +90,15 @@ if grep -q "NEEDED.*libretryd" <<<"$(objdump -p "$dir/consumer-build/consumer_st
   die "consumer_static needs libretryd.so: retryd::retryd_static is not the static library"
 fi
 
-step "python3: import retryd; retryd.Client()"
+step "python3: import retryd; retryd.Client(); an admission through the C Permit"
 python3 -c '
 import retryd
 client = retryd.Client()
 print("library", retryd.library_path(), "local" if client.local else "attached")
 assert retryd.library_path() == "libretryd.so.0", retryd.library_path()
 assert not client.local, "the client did not attach to the daemon"
+with client.dependency("python").admit() as permit:
+    assert type(permit).__module__ == "retryd._speedups", type(permit)
 ' || die "the Python client did not open on the daemon"
 
 step "ruby: require \"retryd\" from vendor_ruby; gem list; Retryd::Client.new"

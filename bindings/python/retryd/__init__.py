@@ -1,9 +1,9 @@
 """retryd: host-wide retry budgets and circuit breakers for Python workers.
 
-A binding (ctypes, no compiled extension) of libretryd's C ABI. Each worker process opens a
-Client; every attempt of every call to a downstream dependency is admitted by the host's
-shared segment and reported back to it, so that the limits hold for all the workers on the
-host together:
+A binding of libretryd's C ABI over ctypes, whose hot path (dep.admit() and its Permit) is a C
+extension, retryd._speedups, where it is built. Each worker process opens a Client; every
+attempt of every call to a downstream dependency is admitted by the host's shared segment and
+reported back to it, so that the limits hold for all the workers on the host together:
 
     import retryd
 
@@ -32,7 +32,8 @@ PoolManager that run each request through a dependency's retry loop:
     session.mount("https://orders/", retryd.adapters.RequestsAdapter(orders, policy))
 
 The library is found through $RETRYD_LIBRARY, then ctypes.util.find_library("retryd"), then
-next to this package and in the source tree's build directories.
+next to this package and in the source tree's build directories. RETRYD_PYTHON_PURE=1 runs the
+ctypes Permit even where the C one is built.
 
 Thread safety: Client, Dependency and the calls are thread-safe; a Permit belongs to one
 attempt. Fork safety: a child created by os.fork() or multiprocessing (fork start method)

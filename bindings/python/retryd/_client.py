@@ -4,7 +4,11 @@ import ctypes
 import dataclasses
 import os
 import functools
+import importlib
+import importlib.util
 import logging
+import operator
+import sys
 import threading
 import time
 import types
@@ -145,6 +149,11 @@ class Client:
             rc = self._lib.retryd_open(ctypes.byref(opts), ctypes.byref(handle))
         if rc != _native.OK:
             raise ClientError(rc, _native.last_error())
+        if _speedups is not None:
+            # The C Permit calls the library this package loaded: one lookup, one library.
+            _speedups.bind(ctypes.cast(self._lib.retryd_admit, ctypes.c_void_p).value,
+                           ctypes.cast(self._lib.retryd_complete, ctypes.c_void_p).value,
+                           Error, Rejected, _ADMISSIONS, OUTCOMES)
         self._handle = handle.value
         self._deps = {}
         self._lock = threading.Lock()
@@ -213,19 +222,24 @@ class Client:
 
 class Permit:
     """An admitted attempt, from dep.admit(). Report how it ended exactly once: by leaving its
-    `with` block (success on a normal exit, failure on an exception) or by complete().
-    fail(), ignored() and succeed() choose the outcome reported at exit, whatever happens."""
+    `with` or `async with` block (success on a normal exit, failure on an exception) or by
+    complete(). fail(), ignored() and succeed() choose the outcome reported at exit, whatever
+    happens.
 
-    __slots__ = ("_dep", "_raw", "_start", "_outcome", "_done", "attempt")
+    This is the ctypes implementation. retryd._speedups has the same in C, and where it is
+    built retryd.Permit and Dependency.admit are its (see _speedups_module below)."""
 
-    def __init__(self, dep, attempt):
+    __slots__ = ("_dep", "_raw", "_start", "_outcome", "_done", "_attempt")
+
+    def __init__(self, dep, attempt=0):
         self._dep = dep
         self._raw = _native.Permit()
         self._outcome = None
         self._done = False
-        self.attempt = attempt
+        self._attempt = _attempt_number(attempt)
         lib = dep._client._lib
-        decision = lib.retryd_admit(dep._client._checked(), dep._id, attempt, ctypes.byref(self._raw))
+        decision = lib.retryd_admit(dep._client._checked(), dep._id, self._attempt,
+                                    ctypes.byref(self._raw))
         self._start = time.monotonic_ns()
         if dep._watched:
             try:
@@ -242,6 +256,11 @@ class Permit:
             if decision < 0:
                 raise Error(f"{dep.name}: invalid dependency handle")
             raise Rejected(_ADMISSIONS.get(decision, str(decision)), dep.name)
+
+    @property
+    def attempt(self):
+        """The attempt's number (0: first attempt, 1: first retry...)."""
+        return self._attempt
 
     @property
     def probe(self):
@@ -266,11 +285,11 @@ class Permit:
         ignored(), succeed(); default success) now. A second call is a no-op."""
         if self._done:
             return
-        self._done = True
-        if isinstance(outcome, str):
-            outcome = OUTCOMES[outcome]
         if outcome is None:
             outcome = self._outcome if self._outcome is not None else _native.SUCCESS
+        else:
+            outcome = _outcome_number(outcome)  # a bad one raises with the permit still open
+        self._done = True
         latency = max(0, time.monotonic_ns() - self._start)
         client = self._dep._client
         client._lib.retryd_complete(client._checked(), ctypes.byref(self._raw), outcome, latency)
@@ -287,12 +306,73 @@ class Permit:
             self.complete(_native.FAILURE if exc_type is not None else _native.SUCCESS)
         return False
 
-    # `async with dep.admit()`: the same, in a coroutine (admission and completion never block).
+    # admit and complete never block: `async with` is `with`, awaited.
     async def __aenter__(self):
         return self
 
     async def __aexit__(self, exc_type, exc, tb):
         return self.__exit__(exc_type, exc, tb)
+
+
+def _attempt_number(attempt):
+    try:
+        number = operator.index(attempt)
+    except TypeError:
+        raise TypeError(f"attempt must be an int, not {attempt!r}") from None
+    if not 0 <= number <= 0xFFFFFFFF:
+        raise ValueError(f"attempt must be from 0 to 4294967295, not {attempt!r}")
+    return number
+
+
+def _outcome_number(outcome):
+    if isinstance(outcome, str):
+        if outcome not in OUTCOMES:
+            raise ValueError(
+                f'outcome must be "success", "failure" or "ignored", not {outcome!r}')
+        return OUTCOMES[outcome]
+    if not isinstance(outcome, int):
+        raise TypeError(f"outcome must be a str or an int, not {outcome!r}")
+    if outcome not in OUTCOME_NAMES:
+        raise ValueError(
+            f"outcome must be 0 (success), 1 (failure) or 2 (ignored), not {outcome!r}")
+    return outcome
+
+
+def _speedups_module():
+    """retryd._speedups, the Permit in C, or None: the ctypes Permit above serves instead.
+
+    RETRYD_PYTHON_PURE=1 chooses the ctypes one (tests run both). The module is looked up in
+    the package (an installed or in-place build), else at the path in RETRYD_PYTHON_EXTENSION
+    (a build tree's, as the test suite's); a module named there that does not load is an
+    error, one that is simply not built is not.
+    """
+    pure = os.environ.get("RETRYD_PYTHON_PURE", "")
+    if pure not in ("", "0", "1"):
+        raise ImportError(f"RETRYD_PYTHON_PURE must be 0 or 1, not {pure!r}")
+    if pure == "1":
+        return None
+    name = __package__ + "._speedups"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
+    path = os.environ.get("RETRYD_PYTHON_EXTENSION")
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise ImportError(f"RETRYD_PYTHON_EXTENSION={path}: not a Python extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+_speedups = _speedups_module()
+_PythonPermit = Permit
+if _speedups is not None:
+    Permit = _speedups.Permit  # noqa: F811 - the same class, in C
 
 
 class Subscription:
@@ -432,6 +512,9 @@ class Dependency:
         """Asks whether attempt number `attempt` (0: first attempt, 1: first retry...) may go
         out now. Returns a Permit (a context manager) or raises Rejected with the reason."""
         return Permit(self, attempt)
+
+    if _speedups is not None:
+        admit = _speedups.admit_method(admit)  # the same, in C
 
     def call(self, fn, policy=None, *, env=None, **overrides):
         """Calls fn(attempt) under the retry policy and returns its value.

@@ -44,6 +44,7 @@ module works without them. HTTPXTransport is synchronous: its retry loop runs in
 thread.
 """
 
+import asyncio
 import inspect
 import threading
 
@@ -116,12 +117,7 @@ def run(dependency, policy, method, has_key, send, discard, replayable=True, env
     previous = []
 
     def attempt(a):
-        while previous:
-            stale = previous.pop()
-            try:
-                discard(stale)
-            except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
-                pass
+        _discard_all(previous, discard)
         response = send(a)
         previous.append(response)
         return response
@@ -134,8 +130,34 @@ def run(dependency, policy, method, has_key, send, discard, replayable=True, env
         if e.result is None or e.result.attempts == 0:
             raise
         failure = e  # a retry refused: the last attempt's outcome stands
+    except BaseException:
+        _discard_all(previous, discard)  # the call ended otherwise: no response is returned
+        raise
     # Outside the except clauses, so that what is raised below keeps its own context.
     return _last_attempts(failure)
+
+
+def _discard_all(responses, discard):
+    """Closes responses nobody will get (the call ended by a KeyboardInterrupt, an observer's
+    exception), so that their connections go back to the pool."""
+    while responses:
+        stale = responses.pop()
+        try:
+            discard(stale)
+        except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
+            pass
+
+
+async def _discard_all_async(responses, discard):
+    """_discard_all for the asyncio adapters, whose close may be a coroutine."""
+    while responses:
+        stale = responses.pop()
+        try:
+            closing = discard(stale)
+            if inspect.isawaitable(closing):
+                await closing
+        except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
+            pass
 
 
 def _policy_for(policy, method, has_key, replayable):
@@ -153,14 +175,7 @@ async def run_async(dependency, policy, method, has_key, send, discard, replayab
     previous = []
 
     async def attempt(a):
-        while previous:
-            stale = previous.pop()
-            try:
-                closing = discard(stale)
-                if inspect.isawaitable(closing):
-                    await closing
-            except Exception:  # noqa: BLE001 - a response that fails to close is dropped anyway
-                pass
+        await _discard_all_async(previous, discard)
         response = await send(a)
         previous.append(response)
         return response
@@ -173,6 +188,12 @@ async def run_async(dependency, policy, method, has_key, send, discard, replayab
         if e.result is None or e.result.attempts == 0:
             raise
         failure = e
+    except BaseException:
+        # Cancelled (or a late exception): no response is returned, so each one is closed and
+        # its connection goes back to the pool. The closing is shielded from the cancellation
+        # that brought us here.
+        await asyncio.shield(_discard_all_async(previous, discard))
+        raise
     return _last_attempts(failure)
 
 
@@ -340,6 +361,19 @@ def _make_async_httpx_transport():
     return AsyncHTTPXTransport
 
 
+def _aiohttp_timeout(timeout, session_timeout, limit):
+    """An aiohttp.ClientTimeout for one attempt: the request's `timeout` (a ClientTimeout or a
+    number of seconds), else the session's, with each part capped at `limit` seconds, so the
+    tighter of the two always bounds the attempt."""
+    import aiohttp
+    base = timeout if timeout is not None else session_timeout
+    if not isinstance(base, aiohttp.ClientTimeout):
+        base = aiohttp.ClientTimeout(total=base)
+    return aiohttp.ClientTimeout(
+        total=_cap(base.total, limit), connect=_cap(base.connect, limit),
+        sock_read=_cap(base.sock_read, limit), sock_connect=_cap(base.sock_connect, limit))
+
+
 def _make_aiohttp_client():
     import aiohttp
 
@@ -377,8 +411,7 @@ def _make_aiohttp_client():
                 sent = self._with_deadline(dict(headers) if headers else {}, attempt)
                 limited = timeout
                 if attempt.timeout is not None:
-                    total = timeout.total if isinstance(timeout, aiohttp.ClientTimeout) else timeout
-                    limited = aiohttp.ClientTimeout(total=_cap(total, attempt.timeout))
+                    limited = _aiohttp_timeout(timeout, self.session.timeout, attempt.timeout)
                 response = await self.session.request(
                     method, url, headers=sent or None,
                     **({} if limited is None else {"timeout": limited}), **kwargs)
