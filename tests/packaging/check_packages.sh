@@ -2,9 +2,9 @@
 # check_packages.sh: build the Debian packages with scripts/package into OUT_DIR and check
 # them: lintian clean (scripts/package's own verdict), the files each package holds, the
 # Depends computed from the binaries, the maintainer scripts and triggers, and, from the
-# unpacked packages, a CMake project linking both libraries, the Python module and the Ruby
-# library loading the library by its soname, and PHP loading the extension. Every check runs;
-# the failures are listed at the end.
+# unpacked packages, a CMake project linking both libraries, the Python module, the Ruby
+# library and the Lua module loading the library by its soname, and PHP loading the extension.
+# Every check runs; the failures are listed at the end.
 # Usage: check_packages.sh SOURCE_DIR OUT_DIR
 set -uo pipefail
 src=${1:?"usage: check_packages.sh SOURCE_DIR OUT_DIR"}
@@ -54,6 +54,7 @@ declare -A deb=(
   [python3-retryd]=$out/python3-retryd_${version}_$arch.deb
   [ruby-retryd]=$out/ruby-retryd_${version}_all.deb
   [php-retryd]=$out/php-retryd_${version}_$arch.deb
+  [lua-retryd]=$out/lua-retryd_${version}_all.deb
 )
 for pkg in "${!deb[@]}"; do
   if [ ! -f "${deb[$pkg]}" ]; then
@@ -131,6 +132,12 @@ expect ruby-retryd "${rb_files[@]}" "$gemspec"
 expect_none ruby-retryd "\.so|^etc/|python3|php"
 expect php-retryd "$php_extdir/retryd.so" "etc/php/$php_version/mods-available/retryd.ini"
 expect_none php-retryd "libretryd|^usr/include/|python3|ruby|^etc/php/[^/]+/[^m]"
+# The Lua module where LuaJIT's and nginx's Lua module's default path looks: /usr/share/lua/5.1.
+lua_dir=usr/share/lua/5.1
+lua_files=("$lua_dir/retryd.lua")
+for f in "$src"/bindings/lua/retryd/*.lua; do lua_files+=("$lua_dir/retryd/$(basename "$f")"); done
+expect lua-retryd "${lua_files[@]}"
+expect_none lua-retryd "\.so|^etc/|python3|ruby|php|/tests?/|/bench/"
 
 step "control files and maintainer scripts"
 expect_in retryd conffiles /etc/retryd/retryd.toml
@@ -192,6 +199,8 @@ depends_on ruby-retryd "libretryd0 (>= $version)" ruby-ffi "ruby"
 # The Python extension's ${shlibs:Depends} (libc6: it links no libretryd, which the module
 # loads at run time: the Depends above) and ${python3:Depends}.
 depends_on python3-retryd "libretryd0 (>= $version)" libc6 python3
+# The FFI is LuaJIT's: OpenResty's (nginx's Lua module links it) or LuaJIT's own.
+depends_on lua-retryd "libretryd0 (>= $version)" libluajit2-5.1-2 libluajit-5.1-2
 # ${php:Depends}: the PHP API the extension was built for and php-common (phpenmod, phpquery);
 # ${shlibs:Depends}: libretryd0, from debian/libretryd0.shlibs.
 depends_on php-retryd "phpapi-$php_api" "php-common" "libretryd0"
@@ -223,7 +232,7 @@ cmp -s "$work/retryd/usr/share/retryd/retryctl-json-schema.json" \
   "$src/docs/retryctl-json-schema.json" ||
   fail "retryd: /usr/share/retryd/retryctl-json-schema.json is not docs/retryctl-json-schema.json"
 root=$work/root
-for pkg in libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd; do
+for pkg in libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd lua-retryd; do
   dpkg-deb -x "${deb[$pkg]}" "$root"
 done
 pc=$(cat "$root/$libdir/pkgconfig/retryd.pc")
@@ -287,6 +296,24 @@ activated=$(env -u RETRYD_LIBRARY GEM_PATH="$root/usr/share/rubygems-integration
   RUBYLIB="$root/$vendor_ruby" ruby -e 'gem "retryd"; require "retryd"
                                          puts Gem.loaded_specs["retryd"].version' 2>&1)
 [ "$activated" = "$version" ] || fail "ruby-retryd: gem \"retryd\" does not activate: $activated"
+
+step "the Lua module loads in LuaJIT from /usr/share/lua/5.1, and libretryd by its soname"
+# LUA_PATH stands for /usr/share/lua/5.1, which is on LuaJIT's default path: checked here too.
+default_path=$(env -u LUA_PATH luajit -e 'io.write(package.path)' 2>&1)
+grep -qF "/usr/share/lua/5.1/?.lua" <<<"$default_path" ||
+  fail "LuaJIT's default package.path lacks /usr/share/lua/5.1/?.lua: $default_path"
+# A segment nobody made: per-process limits, one admission goes through.
+loaded=$(env -u RETRYD_LIBRARY -u RETRYD_SOCKET -u RETRYD_SEGMENT LD_LIBRARY_PATH="$root/$libdir" \
+  LUA_PATH="$root/$lua_dir/?.lua" luajit -e '
+    local retryd = require "retryd"
+    local client = assert(retryd.open{ segment = "retryd-check-packages-none" })
+    assert(assert(client:dependency("check")):admit()):complete()
+    print(package.searchpath("retryd", package.path), retryd.library_path, retryd._VERSION,
+          client:is_local() and "local" or "attached")' 2>"$work/lua.err")
+want=$(printf '%s\t%s\t%s\t%s' "$root/$lua_dir/retryd.lua" "$soname" "$version" local)
+[ "$loaded" = "$want" ] ||
+  fail "lua-retryd: did not load $lua_dir/retryd.lua and '$soname' and admit: '$loaded'" \
+       "$(cat "$work/lua.err")"
 
 step "the PHP extension: no RPATH, loads in php and calls into libretryd"
 ext=$root/$php_extdir/retryd.so

@@ -2,9 +2,9 @@
 # clean_root.sh: the packages that check_packages.sh built, on a clean Debian 12 host: the
 # minimal root minimal_root.sh made (its path in ROOT_OUT_DIR/root.path), where in_root.sh runs
 # as root under chroot, in a mount namespace of its own (/proc, /sys, the host's /dev, and a
-# /dev/shm of its own): apt-get install of the packages, the daemon, retryctl, C, CMake, Python
-# and Ruby workers, a clustered Puma and php-fpm, and the purge. The root is removed at the end,
-# whatever the outcome: it serves one run.
+# /dev/shm of its own): apt-get install of the packages, the daemon, retryctl, C, CMake, Python,
+# Ruby and Lua workers, a clustered Puma, php-fpm and nginx, and the purge. The root is removed
+# at the end, whatever the outcome: it serves one run.
 # Usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR
 set -euo pipefail
 src=${1:?"usage: clean_root.sh SOURCE_DIR DEBS_DIR ROOT_OUT_DIR"}
@@ -22,7 +22,8 @@ version=$(sed -nE 's/^project\(retryd VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists
 arch=$(dpkg-architecture -qDEB_HOST_ARCH)
 wanted=("retryd_${version}_$arch.deb" "libretryd0_${version}_$arch.deb"
         "libretryd-dev_${version}_$arch.deb" "python3-retryd_${version}_$arch.deb"
-        "ruby-retryd_${version}_all.deb" "php-retryd_${version}_$arch.deb")
+        "ruby-retryd_${version}_all.deb" "php-retryd_${version}_$arch.deb"
+        "lua-retryd_${version}_all.deb")
 stage=$root/tmp/retryd-test
 rm -rf "$stage"
 mkdir -p "$stage"

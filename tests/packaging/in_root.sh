@@ -2,13 +2,13 @@
 # in_root.sh: run by clean_root.sh as root inside a minimal Debian root with no systemd running.
 # Installs the packages in DIR with apt (dependencies from the archive), runs the daemon as the
 # unit's ExecStart line says, as the packaged user, uses it from retryctl and from C, CMake,
-# Python and Ruby workers, a clustered Puma and php-fpm (installed in the root beforehand, as
-# on a host that already serves PHP and Ruby), then purges the packages and checks that nothing
-# of them is left.
+# Python, Ruby and Lua workers, a clustered Puma, php-fpm and nginx (installed in the root
+# beforehand, as on a host that already serves PHP, Ruby and Lua), then purges the packages and
+# checks that nothing of them is left.
 # Usage: in_root.sh DIR   (DIR holds the .debs, the consumer/ project and apps/)
 set -euo pipefail
 dir=${1:?"usage: in_root.sh DIR"}
-packages=(retryd libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd)
+packages=(retryd libretryd0 libretryd-dev python3-retryd ruby-retryd php-retryd lua-retryd)
 php_version=8.2
 export DEBIAN_FRONTEND=noninteractive
 # step NAME: ends the current step, printing how long it took, and starts NAME.
@@ -115,6 +115,18 @@ ruby -e '
   abort "the client did not attach to the daemon" if client.local?
 ' || die "the Ruby client did not open on the daemon"
 
+step "luajit: require \"retryd\" from /usr/share/lua/5.1; retryd.open()"
+luajit -e '
+  local retryd = require "retryd"
+  local client = assert(retryd.open())
+  local module = package.searchpath("retryd", package.path)
+  print(module .. ": library " .. retryd.library_path .. ", " ..
+        (client:is_local() and "local" or "attached"))
+  assert(module == "/usr/share/lua/5.1/retryd.lua", "loaded " .. module)
+  assert(retryd.library_path == "libretryd.so.0", "loaded " .. retryd.library_path)
+  assert(not client:is_local(), "the client did not attach to the daemon")
+' || die "the Lua client did not open on the daemon"
+
 # The servers below run in sessions of their own (setsid), so that their master and its workers
 # or children go together: the master's pid is the process group's.
 # stop_server PID NAME: stops the server PID (SIGTERM to its master, which stops its workers;
@@ -184,6 +196,41 @@ wait_for_socket "$dir/php-fpm.sock" "$fpm" php-fpm "$dir/php-fpm.out"
     die "php-fpm's children did not admit through the daemon"; }
 stop_server "$fpm" php-fpm
 
+step "nginx (2 workers) with the packaged Lua module: a location admitting through retryd"
+# The Lua module loaded Debian's way (modules-enabled/), and no lua_package_path for retryd:
+# nginx finds /usr/share/lua/5.1/retryd.lua by default. The workers run as www-data, in the
+# socket's group (above); the master as root, as under Debian's unit.
+nginx_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+printf '%s\n' "worker_processes 2;" "daemon off;" "user www-data www-data;" \
+  "pid $dir/nginx.pid;" "error_log $dir/nginx-error.log warn;" \
+  "include /etc/nginx/modules-enabled/*.conf;" "events { worker_connections 64; }" \
+  "http {" "  access_log off;" "  lua_package_path \"$app/?.lua;;\";" \
+  "  init_worker_by_lua_block { require(\"nginx_app\").init_worker() }" \
+  "  server {" "    listen 127.0.0.1:$nginx_port reuseport;" \
+  "    location / { content_by_lua_block { require(\"nginx_app\").serve() } }" \
+  "  }" "}" >"$dir/nginx.conf"
+setsid nginx -c "$dir/nginx.conf" -e "$dir/nginx-error.log" >"$dir/nginx.out" 2>&1 &
+nginx=$!
+servers+=("$nginx")
+for _ in $(seq 300); do
+  [ -s "$dir/nginx.pid" ] && python3 -c 'import socket, sys
+socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$nginx_port" 2>/dev/null && break
+  kill -0 "$nginx" 2>/dev/null ||
+    { cat "$dir/nginx.out" "$dir/nginx-error.log"; die "nginx exited"; }
+  sleep 0.1
+done
+"$app/serve_check.py" nginx "127.0.0.1:$nginx_port" "$nginx" 2 clean-root-nginx ||
+  { cat "$dir/nginx.out" "$dir/nginx-error.log"
+    die "nginx's workers did not admit through the daemon"; }
+kill -QUIT "$nginx"
+wait "$nginx" || die "nginx did not stop cleanly on SIGQUIT"
+# The workers' stderr is the error log: a line of the library's would be there too.
+if grep -qv '\[notice\]' "$dir/nginx-error.log"; then
+  cat "$dir/nginx-error.log"
+  die "nginx's error log has warnings, errors or lines of the library"
+fi
+
 step "stop the daemon"
 kill -TERM "$daemon"
 wait "$daemon" || true
@@ -199,6 +246,7 @@ done <"$dir/files"
 for f in /etc/retryd /usr/lib/python3/dist-packages/retryd /usr/include/retryd \
          /etc/systemd/system/multi-user.target.wants/retryd.service /usr/share/retryd \
          /usr/lib/ruby/vendor_ruby/retryd "/etc/php/$php_version/mods-available/retryd.ini" \
+         /usr/share/lua/5.1/retryd.lua /usr/share/lua/5.1/retryd \
          /etc/php/*/*/conf.d/*retryd.ini /var/lib/php/modules/*/*/*/retryd; do
   if [ -e "$f" ] || [ -L "$f" ]; then left+=("$f"); fi
 done

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # minimal_root.sh: the clean Debian 12 host that clean_root.sh installs the packages on. mmdebstrap
 # makes a minimal root (apt, plus g++, cmake and pkgconf to build workers with, php8.2-fpm,
-# libfcgi-bin's cgi-fcgi, puma and bundler to serve PHP and Ruby with) from the archive, in a
-# directory of its own under /tmp (apt downloads as its own user, _apt, who may not enter the
-# build tree), and writes that directory's path to OUT_DIR/root.path. It needs nothing of the
-# packages, so it runs while packaging_debs builds them. Nothing is cached: clean_root.sh
-# removes the root once it has used it, and --remove (the suite's cleanup) removes one left over.
+# libfcgi-bin's cgi-fcgi, puma and bundler to serve PHP and Ruby with, nginx with its Lua module
+# and luajit2 to serve and run Lua with) from the archive, in a directory of its own under /tmp
+# (apt downloads as its own user, _apt, who may not enter the build tree), and writes that
+# directory's path to OUT_DIR/root.path. It needs nothing of the packages, so it runs while
+# packaging_debs builds them. Nothing is cached: clean_root.sh removes the root once it has used
+# it, and --remove (the suite's cleanup) removes one left over.
 # Usage: minimal_root.sh SOURCE_DIR OUT_DIR
 #        minimal_root.sh --remove OUT_DIR
 # The archive: $RETRYD_DEBIAN_MIRROR (default http://deb.debian.org/debian) and
@@ -45,6 +46,7 @@ echo "=== mmdebstrap bookworm ($mirror, $security) into $root"
 if ! TMPDIR=$work mmdebstrap --mode=root --variant=apt --dpkgopt=force-unsafe-io \
      --skip=cleanup/apt/lists \
      --include=g++,cmake,make,pkgconf,php8.2-fpm,libfcgi-bin,puma,bundler \
+     --include=nginx,libnginx-mod-http-lua,luajit2 \
      bookworm "$root" \
      "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
      "deb $security bookworm-security main"; then

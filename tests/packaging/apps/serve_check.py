@@ -5,14 +5,15 @@ daemon counted what it served.
 Usage:
   serve_check.py puma SOCKET MASTER_PID WORKERS DEPENDENCY
   serve_check.py fpm SOCKET SCRIPT MASTER_PID WORKERS DEPENDENCY
+  serve_check.py nginx HOST:PORT MASTER_PID WORKERS DEPENDENCY
 
 Sends one request, then rounds of 2 x WORKERS concurrent requests (HTTP over Puma's Unix
-socket, or FastCGI through cgi-fcgi to php-fpm's) until WORKERS different processes have
-answered, at most 10 rounds. Every answer must come from a child of MASTER_PID whose client is
-attached to the daemon (not on per-process limits). Then `retryctl status --json DEPENDENCY`
-must count exactly one first attempt and one success per request, and `retryctl workers
---json` must list every process that answered as connected through the socket. Prints what it
-saw; exits 1 on the first check that fails, saying which."""
+socket or to nginx's port, or FastCGI through cgi-fcgi to php-fpm's) until WORKERS different
+processes have answered, at most 10 rounds. Every answer must come from a child of MASTER_PID
+whose client is attached to the daemon (not on per-process limits). Then `retryctl status
+--json DEPENDENCY` must count exactly one first attempt and one success per request, and
+`retryctl workers --json` must list every process that answered as connected through the
+socket. Prints what it saw; exits 1 on the first check that fails, saying which."""
 import http.client
 import json
 import os
@@ -53,6 +54,20 @@ def puma_request(sock):
     return body
 
 
+def nginx_request(address):
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/", headers={"Connection": "close"})
+        res = conn.getresponse()
+        body = res.read().decode(errors="replace")
+    finally:
+        conn.close()
+    if res.status != 200:
+        fail(f"nginx answered {res.status}: {body}")
+    return body
+
+
 def fpm_request(sock, script):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SCRIPT_FILENAME": script,
            "REQUEST_METHOD": "GET", "QUERY_STRING": "", "SERVER_PROTOCOL": "HTTP/1.1",
@@ -80,9 +95,13 @@ def main(argv):
     elif len(argv) == 7 and argv[1] == "fpm":
         _, kind, sock, script, master, workers, dependency = argv
         request = lambda: fpm_request(sock, script)  # noqa: E731
+    elif len(argv) == 6 and argv[1] == "nginx":
+        _, kind, address, master, workers, dependency = argv
+        request = lambda: nginx_request(address)  # noqa: E731
     else:
         fail("usage: serve_check.py puma SOCKET MASTER_PID WORKERS DEPENDENCY | "
-             "serve_check.py fpm SOCKET SCRIPT MASTER_PID WORKERS DEPENDENCY")
+             "serve_check.py fpm SOCKET SCRIPT MASTER_PID WORKERS DEPENDENCY | "
+             "serve_check.py nginx HOST:PORT MASTER_PID WORKERS DEPENDENCY")
     master, workers = int(master), int(workers)
 
     # The first request alone: it makes the dependency in the daemon's segment (the packaged
