@@ -24,9 +24,9 @@ retryd_install_deps() {
   fi
   echo "installing: ${missing[*]}"
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  # Some of these packages ship a service (prometheus, installed for its promtool; php-fpm, which
-  # the PHP tests start on their own config): none is started by this install (policy-rc.d, as
-  # in container images), and none is left enabled.
+  # Some of these packages ship a service (prometheus, installed for its promtool; php-fpm and
+  # nginx, which the bindings' tests start on their own configs): none is started by this install
+  # (policy-rc.d, as in container images), and none is left enabled.
   local policy=/usr/sbin/policy-rc.d ours=0
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null &&
@@ -40,6 +40,7 @@ retryd_install_deps() {
   for pkg in "${missing[@]}"; do
     case "$pkg" in
       prometheus) unit=prometheus.service ;;
+      nginx) unit=nginx.service ;;
       php-fpm) unit=$(systemctl list-unit-files 'php*-fpm.service' --no-legend 2>/dev/null |
                       awk '{ print $1; exit }') ;;
       *) continue ;;
