@@ -31,9 +31,9 @@ import pytest
 
 import retryd
 from conftest import ROOT, dependency_status, retryctl_json, retryctl_path
+from prefork_harness import TIMEOUT, children, poll, registered
 from test_adapters import Reply, Server
 
-TIMEOUT = 60.0  # seconds, for every condition polled
 
 
 class Variant(typing.NamedTuple):
@@ -94,18 +94,6 @@ probe_timeout = "1h"
 """
 
 
-def poll(condition, what, timeout=TIMEOUT, interval=0.05):
-    """Returns condition()'s first true value, polling until `timeout`; fails naming `what`."""
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 def _binary(env_name, relative):
     path = os.environ.get(env_name)
     if path:
@@ -120,22 +108,6 @@ def _gunicorn():
         if path and os.access(path, os.X_OK):
             return path
     return None
-
-
-def _children(pid):
-    """The live (not zombie) child processes of `pid`."""
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.add(int(entry))
-    return kids
 
 
 class Gunicorn:
@@ -213,7 +185,7 @@ class Gunicorn:
         def ready():
             if not self.alive():
                 pytest.fail("gunicorn exited: " + (self.tmp / "gunicorn.log").read_text())
-            kids = _children(self.master.pid)
+            kids = children(self.master.pid)
             return kids if len(kids) == self.spec.workers else None
         return poll(ready, f"{self.spec.workers} gunicorn workers")
 
@@ -293,12 +265,6 @@ def served(request, tmp_path_factory):
     finally:
         g.stop()
         downstream.close()
-
-
-def registered(segment):
-    """{pid: entry} of the live processes `retryctl workers` lists."""
-    return {w["pid"]: w for w in retryctl_json(segment, "workers")["workers"]
-            if w["state"] == "live"}
 
 
 def test_every_worker_serves_and_is_a_registered_process_of_its_own(served):
