@@ -1,5 +1,6 @@
 """Client, Dependency and Permit over the C ABI, and the retry loop (dep.call, @dep.retry)."""
 
+import collections.abc
 import ctypes
 import dataclasses
 import os
@@ -373,6 +374,8 @@ _speedups = _speedups_module()
 _PythonPermit = Permit
 if _speedups is not None:
     Permit = _speedups.Permit  # noqa: F811 - the same class, in C
+    # What its __aenter__ and __aexit__ return: a coroutine to asyncio (create_task takes it).
+    collections.abc.Coroutine.register(_speedups.Ready)
 
 
 class Subscription:

@@ -85,8 +85,26 @@ typedef struct {
   PyObject* s_observe_state;
 } module_state;
 
+/* The module state of `type`, or of the first of its bases this module defined (a Python
+ * subclass of Permit has none of its own). */
+static module_state* state_of_type(PyTypeObject* type) {
+  for (PyTypeObject* t = type; t != NULL; t = (PyTypeObject*)PyType_GetSlot(t, Py_tp_base)) {
+    if (PyType_GetFlags(t) & Py_TPFLAGS_HEAPTYPE) {
+      module_state* st = (module_state*)PyType_GetModuleState(t);
+      if (st != NULL) return st;
+      PyErr_Clear();
+    }
+  }
+  PyErr_SetString(PyExc_TypeError, "retryd._speedups: a type this module did not define");
+  return NULL;
+}
+
 static module_state* type_state(PyObject* self) {
-  return (module_state*)PyType_GetModuleState(Py_TYPE(self));
+  PyTypeObject* type = Py_TYPE(self);
+  module_state* st = (module_state*)PyType_GetModuleState(type);
+  if (st != NULL) return st;  /* the Permit itself: one call */
+  PyErr_Clear();
+  return state_of_type(type);
 }
 
 static int64_t now_ns(void) {
@@ -322,7 +340,9 @@ static int parse_admit_args(PyObject* args, PyObject* kwds, const char* format, 
 static PyObject* Permit_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   PyObject *dep, *attempt;
   if (parse_admit_args(args, kwds, "O|O:Permit", &dep, &attempt) < 0) return NULL;
-  return admit((module_state*)PyType_GetModuleState(type), type, dep, attempt);
+  module_state* st = state_of_type(type);
+  if (st == NULL) return NULL;
+  return admit(st, type, dep, attempt);
 }
 
 static int Permit_traverse(PyObject* self, visitproc visit, void* arg) {
@@ -396,6 +416,7 @@ static PyObject* Permit_complete(PyObject* self, PyObject* const* args, Py_ssize
   Permit* p = (Permit*)self;
   if (p->done) Py_RETURN_NONE;
   module_state* st = type_state(self);
+  if (st == NULL) return NULL;
   int outcome = p->outcome != NO_OUTCOME ? p->outcome : SUCCESS;
   if (parse_outcome(st, outcome_obj, &outcome) < 0) return NULL;
   if (finish(st, p, outcome) < 0) return NULL;
@@ -413,7 +434,8 @@ static PyObject* Permit_exit(PyObject* self, PyObject* const* args, Py_ssize_t n
     PyErr_Format(PyExc_TypeError, "__exit__() takes 3 arguments (%zd given)", nargs);
     return NULL;
   }
-  if (finish_at_exit(type_state(self), (Permit*)self, args[0]) < 0) return NULL;
+  module_state* st = type_state(self);
+  if (st == NULL || finish_at_exit(st, (Permit*)self, args[0]) < 0) return NULL;
   Py_RETURN_FALSE;
 }
 
@@ -454,6 +476,49 @@ static PyObject* Ready_next(PyObject* self) {
   return NULL;
 }
 
+static int Ready_clear(PyObject* self);
+
+/* The coroutine protocol, so that asyncio takes it wherever it takes a coroutine
+ * (create_task, ensure_future: the module registers it as a collections.abc.Coroutine). */
+static PyObject* Ready_send(PyObject* self, PyObject* value) {
+  if (value != Py_None && ((Ready*)self)->value != NULL) {
+    PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
+    return NULL;
+  }
+  return Ready_next(self);
+}
+
+static PyObject* Ready_throw(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 3) {
+    PyErr_Format(PyExc_TypeError, "throw() takes 1 to 3 arguments (%zd given)", nargs);
+    return NULL;
+  }
+  Ready_clear(self);  /* thrown into: it never returns its value */
+  PyObject* exc = args[0];
+  if (PyExceptionClass_Check(exc)) {
+    PyObject* value = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    PyErr_SetObject(exc, value);
+  } else if (PyExceptionInstance_Check(exc)) {
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+  } else {
+    PyErr_SetString(PyExc_TypeError, "exceptions must be classes or instances deriving from BaseException");
+  }
+  return NULL;
+}
+
+static PyObject* Ready_close(PyObject* self, PyObject* unused) {
+  (void)unused;
+  Ready_clear(self);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef Ready_methods[] = {
+    {"send", Ready_send, METH_O, NULL},
+    {"throw", (PyCFunction)(void (*)(void))Ready_throw, METH_FASTCALL, NULL},
+    {"close", Ready_close, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static int Ready_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(((Ready*)self)->value);
@@ -475,7 +540,8 @@ static void Ready_dealloc(PyObject* self) {
 
 static PyObject* Permit_aenter(PyObject* self, PyObject* unused) {
   (void)unused;
-  return ready(type_state(self), self);
+  module_state* st = type_state(self);
+  return st == NULL ? NULL : ready(st, self);
 }
 
 static PyObject* Permit_aexit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -484,7 +550,7 @@ static PyObject* Permit_aexit(PyObject* self, PyObject* const* args, Py_ssize_t 
     return NULL;
   }
   module_state* st = type_state(self);
-  if (finish_at_exit(st, (Permit*)self, args[0]) < 0) return NULL;
+  if (st == NULL || finish_at_exit(st, (Permit*)self, args[0]) < 0) return NULL;
   return ready(st, Py_False);
 }
 
@@ -530,7 +596,9 @@ static PyType_Slot Permit_slots[] = {
 static PyType_Spec Permit_spec = {
     .name = "retryd._speedups.Permit",
     .basicsize = sizeof(Permit),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    /* A base type, as the ctypes Permit is a class one may derive from. */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_BASETYPE,
     .slots = Permit_slots,
 };
 
@@ -538,6 +606,7 @@ static PyType_Slot Ready_slots[] = {
     {Py_am_await, Ready_await},
     {Py_tp_iter, Ready_await},
     {Py_tp_iternext, Ready_next},
+    {Py_tp_methods, Ready_methods},
     {Py_tp_dealloc, Ready_dealloc},
     {Py_tp_traverse, Ready_traverse},
     {Py_tp_clear, Ready_clear},
@@ -708,6 +777,7 @@ static int module_exec(PyObject* module) {
   if (st->admit_type == NULL) return -1;
   if (PyModule_AddType(module, (PyTypeObject*)st->permit_type) < 0) return -1;
   if (PyModule_AddType(module, (PyTypeObject*)st->admit_type) < 0) return -1;
+  if (PyModule_AddType(module, (PyTypeObject*)st->ready_type) < 0) return -1;
   PyObject* types = PyImport_ImportModule("types");
   if (types == NULL) return -1;
   st->method_type = PyObject_GetAttrString(types, "MethodType");

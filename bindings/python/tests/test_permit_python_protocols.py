@@ -1,9 +1,8 @@
 """The C Permit against what the ctypes Permit lets Python code do with it: its `async with`
-methods are coroutine functions (asyncio.create_task, inspect.iscoroutine take them) and the
+methods return what asyncio takes for a coroutine (asyncio.create_task, asyncio.iscoroutine) and the
 class can be subclassed. Run on either Permit (RETRYD_PYTHON_PURE=1: the ctypes one)."""
 
 import asyncio
-import inspect
 
 import retryd
 from conftest import dependency_status
@@ -19,7 +18,7 @@ def test_aenter_and_aexit_return_coroutines(make_segment):
     async def main():
         permit = orders.admit()
         entered = permit.__aenter__()
-        assert inspect.iscoroutine(entered), type(entered)
+        assert asyncio.iscoroutine(entered), type(entered)
         assert await asyncio.create_task(entered) is permit
         assert await asyncio.create_task(permit.__aexit__(None, None, None)) is False
 
