@@ -84,8 +84,8 @@ function _M.open(opts)
   opts = opts or {}
   N.check_type("retryd.open: the options", opts, "table")
   N.check_keys("retryd.open", opts, OPEN_OPTIONS)
-  N.check_type("retryd.open: segment", opts.segment, "string", true)
-  N.check_type("retryd.open: socket", opts.socket, "string", true)
+  N.check_string("retryd.open: segment", opts.segment, true)
+  N.check_string("retryd.open: socket", opts.socket, true)
   N.check_type("retryd.open: fallback_to_local", opts.fallback_to_local, "boolean", true)
   if not C then
     return nil, N.load_error, "ENOENT"
@@ -103,41 +103,52 @@ function _M.open(opts)
   if rc ~= K.OK then
     return nil, N.last_error(), CODES[rc] or tostring(rc)
   end
-  -- The handle lives in a cell that permits point to: close() empties it, so a permit
-  -- completed later sees a closed client instead of freed memory.
-  local cell = ffi.new("retryd_client_t*[1]")
-  cell[0] = out[0]
-  ffi.gc(cell, function(c)
-    if c[0] ~= nil then
-      C.retryd_close(c[0])
-      c[0] = nil
+  -- The handle and what still needs it (retryd_lua_client_t): permits and calls in progress
+  -- point to this state; close() only marks it, and the handle is closed when the last of them
+  -- ends (N.settle), or when the collector frees the state, which nothing then needs.
+  local state = ffi.new("retryd_lua_client_t")
+  state.handle = out[0]
+  ffi.gc(state, function(s)
+    local h = s.handle
+    if h ~= nil then
+      s.handle = nil
+      C.retryd_close(h)
     end
   end)
-  local client = setmetatable({ cell = cell, deps = {} }, Client)
-  -- The finalizers of this client's permits and calls: each holds the client (through this
-  -- closure), so the client is never closed by the collector while one of them is pending.
+  local client = setmetatable({ state = state, deps = {} }, Client)
+  -- The finalizers of this client's permits and calls. Each refers to `client`, and the
+  -- collector keeps a finalizer (and what it refers to) until it has run: a permit or a call
+  -- keeps its client alive, however soon the caller drops the client itself. (The handle is
+  -- still checked: at exit, lua_close runs every finalizer, in no set order.)
   client.finalize_permit = function(p)
+    local s = client.state
     if not p.done then
       p.done = true
-      local h = p.cell[0]
+      local h = s.handle
       if h ~= nil then
         local ns = now_ns() - p.start_ns
         C.retryd_complete(h, p.raw, K.IGNORED, ns > 0 and ns or 0)
       end
+      s.permits = s.permits - 1
+      N.settle(s)
     end
   end
   client.finalize_call = function(call)
-    if client.cell[0] ~= nil then
+    local s = client.state
+    if s.handle ~= nil then
       C.retryd_steps_cancel(call, K.IGNORED)
       C.retryd_steps_end(call, nil)
     end
+    s.calls = s.calls - 1
+    N.settle(s)
   end
   return client
 end
 
 function Client:handle()
-  local h = self.cell[0]
-  if h == nil then
+  local s = self.state
+  local h = s.handle
+  if s.closing or h == nil then
     error("retryd: the client is closed", 0)
   end
   return h
@@ -151,7 +162,7 @@ end
 --- client:dependency(name) returns the dependency `name` (resolved once, then cached), or
 -- nil, the reason and "EINVAL" for a bad name (the message says which names are good).
 function Client:dependency(name)
-  N.check_type("client:dependency: the name", name, "string")
+  N.check_string("client:dependency: the name", name)
   local dep = self.deps[name]
   if dep then
     return dep
@@ -166,13 +177,18 @@ function Client:dependency(name)
   return dep
 end
 
---- client:close() unregisters this process and frees the client; idempotent. Permits not
--- completed are abandoned (their leases expire); completing one afterwards raises an error.
+--- client:close() unregisters this process and frees the client; idempotent. Nothing new
+-- starts after it (admit, dep:call, client:dependency, dep:state raise "the client is
+-- closed"), but what is under way still needs the client, which stays open until the last of
+-- it ends: a permit admitted before still completes (reported, its lease given back), by
+-- permit:complete or its finalizer, and a dep:call in progress ends at its next wait or
+-- admission, cancelled, returning its last attempt's values. (In nginx, a request may close
+-- the worker's client while another request of that worker waits inside dep:call.)
 function Client:close()
-  local h = self.cell[0]
-  if h ~= nil then
-    self.cell[0] = nil
-    C.retryd_close(h)
+  local s = self.state
+  if not s.closing then
+    s.closing = true
+    N.settle(s)
   end
 end
 
@@ -192,17 +208,19 @@ function Dependency:admit(attempt)
                      tostring(attempt))
   end
   local client = self.client
-  local h = client.cell[0]
-  if h == nil then
+  local s = client.state
+  local h = s.handle
+  if s.closing or h == nil then
     error("retryd: the client is closed", 0)
   end
   local p = permit_ct()
   local d = C.retryd_admit(h, self.id, attempt, p.raw)
   if d == K.ADMITTED or d == K.ADMITTED_PROBE then
     p.start_ns = now_ns()
-    p.cell = client.cell
+    p.client = s
     p.attempt = attempt
     p.probe = d == K.ADMITTED_PROBE
+    s.permits = s.permits + 1
     return ffi.gc(p, client.finalize_permit)
   end
   -- The contract: every admission is completed (for a refusal, a no-op).
@@ -216,7 +234,8 @@ end
 --- permit:complete(outcome, latency_ms) reports how the attempt ended: "success" (default),
 -- "failure" (counts toward the breaker) or "ignored" (the caller's fault, a 4xx: the breaker
 -- does not see it), and how long it took in milliseconds (default: the time since the
--- admission, measured by the permit). A second call is a no-op.
+-- admission, measured by the permit). A second call is a no-op. After client:close() it still
+-- reports: the client is freed once its last permit is completed.
 function Permit.complete(p, outcome, latency_ms)
   if p.done then
     return
@@ -235,13 +254,20 @@ function Permit.complete(p, outcome, latency_ms)
   else
     ns = latency_ms > 0 and math.min(latency_ms * 1e6, 2 ^ 63) or 0
   end
-  p.done = true
-  ffi.gc(p, nil)
-  local h = p.cell[0]
-  if h == nil then
+  -- p.client is a plain pointer: the client is held by the permit's finalizer, which is
+  -- cleared only once the client is no longer used here.
+  local s = p.client
+  local h = s.handle
+  if h == nil then -- only while lua_close runs the finalizers
     error("retryd: permit:complete: the client is closed", 0)
   end
+  p.done = true
   C.retryd_complete(h, p.raw, o, ns)
+  s.permits = s.permits - 1
+  if s.closing then
+    N.settle(s)
+  end
+  ffi.gc(p, nil)
 end
 
 local permit_methods = { complete = Permit.complete }

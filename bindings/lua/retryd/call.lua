@@ -153,7 +153,7 @@ local function native_policy(policy)
   if policy.expected_attempt ~= nil then
     c.expected_attempt_ms = math.max(0, ms("expected_attempt", policy.expected_attempt))
   end
-  N.check_type("dep:call: policy.method", policy.method, "string", true)
+  N.check_string("dep:call: policy.method", policy.method, true)
   -- retryd_steps_begin copies the method: the Lua string need not outlive it.
   c.method = policy.method
   c.has_idempotency_key = policy.idempotency_key and 1 or 0
@@ -242,10 +242,12 @@ local function fill(out, r)
     ra = nil
   elseif ra ~= nil then
     ra = tostring(ra)
+    N.check_string("dep:call: policy.inspect's retry_after", ra)
     out.retry_after = ra
   end
   if date ~= nil then
     date = tostring(date)
+    N.check_string("dep:call: policy.inspect's date", date)
     out.date = date
   end
   if r.class ~= nil then
@@ -315,6 +317,9 @@ end
 -- (breaker open, probe busy, bulkhead full: serve a fallback), nil, "gave up: deadline" when no
 -- time was left for one. An error fn raises ends the call (its attempt reported as a failure)
 -- and is raised again.
+-- A call whose client is closed meanwhile (client:close(), say by another request of the same
+-- nginx worker while this one waits) ends at its next wait or admission, as "cancelled", with
+-- its last attempt's values; the client stays open until it has.
 function M.call(self, fn, policy, env)
   N.check_type("dep:call: fn", fn, "function")
   policy = policy or {}
@@ -328,6 +333,7 @@ function M.call(self, fn, policy, env)
   end
   local client = self.client
   local h = client:handle()
+  local state = client.state
   local cpolicy = native_policy(policy)
   local inspect = policy.inspect or M.inspect
   local observer = policy.observer
@@ -346,6 +352,8 @@ function M.call(self, fn, policy, env)
     error("retryd: " .. self.name .. ": retryd_steps_begin failed: " ..
           ffi.string(C.retryd_strerror(rc)) .. " (check the policy)", 0)
   end
+  -- Counted until it ends, the client stays open for it (client:close()).
+  state.calls = state.calls + 1
   local call = ffi.gc(box[0], client.finalize_call)
   local step = ffi.new("retryd_step_t")
   local out = ffi.new("retryd_attempt_result_t")
@@ -366,8 +374,19 @@ function M.call(self, fn, policy, env)
     return r
   end
 
+  -- A client closed meanwhile (by the observer, fn, or another request while this one
+  -- waits) ends the call as cancelled before anything more is sent: the attempt admitted, or
+  -- the wait before the next one, is cancelled, and no other admission is asked for.
+  local function closed()
+    if state.closing then
+      C.retryd_steps_cancel(call, K.IGNORED)
+      return true
+    end
+    return false
+  end
+
   local next_step = admit_next()
-  while next_step == K.STEP_ATTEMPT do
+  while next_step == K.STEP_ATTEMPT and not closed() do
     local remaining = step.remaining_ms
     local timeout = remaining ~= NO_TIMEOUT and tonumber(remaining) / 1000 or nil
     local attempt = { number = step.attempt, probe = step.probe ~= 0, timeout = timeout,
@@ -391,7 +410,7 @@ function M.call(self, fn, policy, env)
     next_step = report(call, out, raised and 1 or 0, step)
     keep[1], keep[2] = nil, nil
     observe()
-    if next_step ~= K.STEP_WAIT then
+    if next_step ~= K.STEP_WAIT or closed() then
       break
     end
     local sok, go = pcall(sleep, tonumber(step.wait_ns) / 1e9)
@@ -400,12 +419,17 @@ function M.call(self, fn, policy, env)
       C.retryd_steps_cancel(call, K.IGNORED)
       break
     end
+    if closed() then
+      break
+    end
     next_step = admit_next()
   end
 
   local cres = ffi.new("retryd_call_result_t")
   ffi.gc(call, nil)
   finish(call, cres)
+  state.calls = state.calls - 1
+  N.settle(state)
   for _, cb in ipairs(callbacks or {}) do cb:free() end
   local result = result_table(cres)
   if raised then

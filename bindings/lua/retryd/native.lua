@@ -113,11 +113,20 @@ int retryd_steps_report(retryd_steps_t* call, const retryd_attempt_result_t* res
 void retryd_steps_cancel(retryd_steps_t* call, int outcome);
 void retryd_steps_end(retryd_steps_t* call, retryd_call_result_t* result);
 
-/* This module's own: an admitted attempt. `cell` is its client's handle cell (nil once the
-   client is closed); it is read only while the permit is not done. */
+/* This module's own. A client: its handle and what still needs it. close() sets `closing`;
+   the handle is closed (and set to NULL) once no call is in progress and every admitted
+   permit is completed, for each of them still reports through it and gives its lease back. */
+typedef struct retryd_lua_client {
+  retryd_client_t* handle;
+  uint32_t calls;
+  uint32_t permits;
+  bool closing;
+} retryd_lua_client_t;
+/* An admitted attempt. `client` is read only while the permit is not done: until then the
+   permit's finalizer holds the client, so the pointer is good. */
 typedef struct retryd_lua_permit {
   retryd_permit_t raw;
-  retryd_client_t** cell;
+  retryd_lua_client_t* client;
   int64_t start_ns;
   uint32_t attempt;
   bool probe;
@@ -232,6 +241,28 @@ function N.check_type(what, value, want, optional)
   if value == nil and optional then return end
   if type(value) ~= want then
     N.argument_error("%s must be a %s, got %s", what, want, type(value))
+  end
+end
+
+-- N.check_string: a string, which the C library will read up to its first NUL: one holding a
+-- NUL is refused rather than taken for its prefix (a name counted on another dependency's
+-- breaker, a path cut short).
+function N.check_string(what, value, optional)
+  N.check_type(what, value, "string", optional)
+  local at = value and value:find("\0", 1, true)
+  if at then
+    N.argument_error("%s holds a NUL byte (at byte %d): the C library would read it only " ..
+                     "up to there", what, at)
+  end
+end
+
+-- N.settle(state): closes the client once close() asked for it and nothing needs it any more
+-- (retryd_lua_client_t).
+function N.settle(state)
+  if state.closing and state.calls == 0 and state.permits == 0 and state.handle ~= nil then
+    local h = state.handle
+    state.handle = nil
+    N.C.retryd_close(h)
   end
 end
 

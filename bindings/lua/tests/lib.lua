@@ -5,6 +5,9 @@
 --   local T = require "lib"
 --   T.test("name", function() T.eq(got, want, "what") end)
 --   T.run()   -- runs them in order, prints each, exits 1 if any failed
+--
+-- With $RETRYD_LUA_TEST set, T.run runs only the test of that name (a driver runs a test that
+-- may kill its process in a process of its own); `luajit FILE --list` prints the names.
 local ffi = require "ffi"
 
 ffi.cdef [[
@@ -98,8 +101,18 @@ end
 
 function T.run()
   local file = arg and arg[0] or "?"
+  if arg and arg[1] == "--list" then
+    for _, t in ipairs(T.tests) do
+      print(t.name)
+    end
+    os.exit(0)
+  end
+  local only = os.getenv("RETRYD_LUA_TEST")
   local passed, failed = 0, 0
   for _, t in ipairs(T.tests) do
+    if only and only ~= "" and t.name ~= only then
+      goto continue
+    end
     local ok, err = xpcall(t.fn, debug.traceback)
     if ok then
       passed = passed + 1
@@ -109,6 +122,11 @@ function T.run()
       print("FAIL " .. t.name .. ": " .. tostring(err))
     end
     collectgarbage()
+    ::continue::
+  end
+  if only and only ~= "" and passed + failed == 0 then
+    print("no test named " .. only)
+    os.exit(1)
   end
   print(string.format("%s: %d passed, %d failed", file, passed, failed))
   os.exit(failed == 0 and 0 or 1)

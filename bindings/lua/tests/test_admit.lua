@@ -149,16 +149,36 @@ T.test("an abandoned probe hands its place to the next caller, not reopening", f
   client:close()
 end)
 
-T.test("a closed client: admit raises; a pending permit's complete raises", function()
+T.test("a closed client: admit raises; a permit admitted before completes, its lease back", function()
   local client = attach()
-  local dep = assert(client:dependency("unit_admit"))
+  local dep = assert(client:dependency("unit_bulkhead"))
   local permit = assert(dep:admit())
+  local other = attach()
+  local other_dep = assert(other:dependency("unit_bulkhead"))
+  T.eq(select(2, other_dep:admit()), "bulkhead_full", "the lease is held")
   client:close()
   T.raises("retryd: the client is closed", dep.admit, dep)
-  T.raises("the client is closed", permit.complete, permit)
   T.raises("the client is closed", dep.state, dep)
   T.raises("the client is closed", client.dependency, client, "other")
-  collectgarbage() -- its finalizer does nothing now, and raises nothing
+  T.raises("the client is closed", client.is_local, client)
+  T.eq(client.state.handle ~= nil, true, "still open for its permit")
+  permit:complete()
+  T.eq(client.state.handle == nil, true, "freed with its last permit completed")
+  assert(other_dep:admit()):complete() -- the lease was given back
+  -- Dropped instead of completed, a permit is completed by its finalizer, which frees the
+  -- client closed before it.
+  local closing = attach()
+  do
+    local held = assert(assert(closing:dependency("unit_bulkhead")):admit())
+    closing:close()
+    T.eq(closing.state.handle ~= nil, true, "open for its dropped permit")
+    held = nil
+  end
+  collectgarbage()
+  collectgarbage()
+  T.eq(closing.state.handle == nil, true, "freed by the permit's finalizer")
+  assert(other_dep:admit()):complete()
+  other:close()
 end)
 
 T.test("bad arguments name the problem", function()

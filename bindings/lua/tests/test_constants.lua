@@ -157,7 +157,7 @@ T.test("every struct and function declared is the header's, word for word", func
   local c_structs, c_functions = cdef_declarations()
   local structs, functions = 0, 0
   for alias, decl in pairs(c_structs) do
-    if alias ~= "retryd_lua_permit_t" then -- the module's own
+    if alias ~= "retryd_lua_permit_t" and alias ~= "retryd_lua_client_t" then -- the module's own
       T.ok(h_structs[alias] ~= nil, alias .. " is declared in the headers")
       T.eq(decl, h_structs[alias], alias)
       structs = structs + 1

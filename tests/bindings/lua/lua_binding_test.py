@@ -6,6 +6,7 @@ whose workers share one host-wide breaker and one retry budget through a real re
   lua_binding_test.py constants --luajit FILE
   lua_binding_test.py unit      --luajit FILE --daemon FILE
   lua_binding_test.py nginx     --nginx FILE --daemon FILE --retryctl FILE
+  lua_binding_test.py nginx-close --nginx FILE --daemon FILE --retryctl FILE
 
 The library is $RETRYD_LIBRARY (ctest sets it to the build's). Every wait polls its condition
 with a generous timeout: the machine may be loaded.
@@ -63,8 +64,9 @@ def lua_env(extra=None):
     return env
 
 
-def luajit(binary, script, env, **kw):
-    return subprocess.run([binary, str(BINDING / "tests" / script)], env=env, timeout=300, **kw)
+def luajit(binary, script, env, args=(), **kw):
+    return subprocess.run([binary, str(BINDING / "tests" / script), *args], env=env, timeout=300,
+                          **kw)
 
 
 # ---- daemon ----------------------------------------------------------------------------------
@@ -164,19 +166,45 @@ def run_local(binary, env):
     return None
 
 
+def exit_status(returncode):
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exited {returncode}"
+
+
+def run_isolated(binary, script, env):
+    """Each test of `script` in a process of its own, so that one that crashes the process
+    (SIGSEGV) is reported by name and does not hide the others. Returns the names failed."""
+    names = luajit(binary, script, env, stdout=subprocess.PIPE, text=True,
+                   args=["--list"]).stdout.splitlines()
+    failed = []
+    for name in names:
+        r = luajit(binary, script, dict(env, RETRYD_LUA_TEST=name))
+        if r.returncode != 0:
+            log(f"FAIL {script}: {name}: {exit_status(r.returncode)}")
+            failed.append(name)
+    if not names:
+        failed.append(f"{script}: no tests listed")
+    return failed
+
+
 def cmd_unit(args):
     failed = passed = 0
     with tempfile.TemporaryDirectory(prefix="retryd-lua-unit-") as tmp:
         daemon = Daemon(args.daemon, tmp, UNIT_DEPS)
         try:
             env = lua_env({"RETRYD_SOCKET": daemon.sock})
-            for name in ("test_admit.lua", "test_call.lua"):
+            for name in ("test_admit.lua", "test_call.lua", "test_nul_bytes.lua"):
                 r = luajit(args.luajit, name, env)
                 if r.returncode == 0:
                     passed += 1
                 else:
                     failed += 1
-                    log(f"FAIL {name}: exited {r.returncode}")
+                    log(f"FAIL {name}: {exit_status(r.returncode)}")
+            if run_isolated(args.luajit, "test_client_lifetime.lua", env):
+                failed += 1
+            else:
+                passed += 1
             err = run_local(args.luajit, env)
             if err is None:
                 passed += 1
@@ -315,6 +343,16 @@ http {{
                 require("nginx_app").budget()
             }}
         }}
+        location = /waiting {{
+            content_by_lua_block {{
+                require("nginx_app").waiting()
+            }}
+        }}
+        location = /close {{
+            content_by_lua_block {{
+                require("nginx_app").close()
+            }}
+        }}
         location /upstream/ {{
             internal;
             proxy_pass http://127.0.0.1:{upstream}/;
@@ -326,7 +364,7 @@ http {{
 
 
 class Nginx:
-    def __init__(self, binary, tmp, env):
+    def __init__(self, binary, tmp, env, workers=WORKERS):
         self.prefix = pathlib.Path(tmp) / "nginx"
         (self.prefix / "tmp").mkdir(parents=True)
         self.port = free_port()
@@ -337,7 +375,7 @@ class Nginx:
                     f"{grp.getgrgid(os.getegid()).gr_name};")
         self.conf = self.prefix / "nginx.conf"
         self.conf.write_text(NGINX_CONF.format(
-            workers=WORKERS, prefix=self.prefix, user=user, binding=BINDING, here=HERE,
+            workers=workers, prefix=self.prefix, user=user, binding=BINDING, here=HERE,
             port=self.port, upstream=env["UPSTREAM_PORT"]))
         self.error_log = self.prefix / "error.log"
         self.out = open(self.prefix / "nginx.out", "w")
@@ -659,15 +697,75 @@ def run_budget_test(nginx, ctl, upstream, pids):
         f"returning its last 503; the upstream got {at_upstream} = {first} + {granted}")
 
 
+def cmd_nginx_close(args):
+    """One nginx worker: a request inside dep:call, waiting in ngx.sleep before its retry,
+    while another request of the same worker closes the worker's client. The call must end,
+    cancelled, with its last response (the one 503 it got) and no retry sent, and the worker
+    must not die of it: nginx's error log holds no 'exited on signal'."""
+    with tempfile.TemporaryDirectory(prefix="retryd-lua-nginx-close-") as tmp:
+        os.chmod(tmp, 0o755)
+        daemon = Daemon(args.daemon, tmp, {"downstream": DOWNSTREAM, "budget": BUDGET})
+        nginx = None
+        try:
+            nginx = Nginx(args.nginx, tmp, {
+                "RETRYD_SOCKET": daemon.sock,
+                "RETRYD_LIBRARY": os.environ.get("RETRYD_LIBRARY", ""),
+                "UPSTREAM_PORT": str(free_port()),
+            }, workers=1)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(raw_get, nginx.port, "/waiting?wait=1")
+                # The call's first attempt is out and its wait begun before the close.
+                wait_for("the call to wait before its retry", lambda: (
+                    lambda d: d["retries"]["first_attempts"] >= 1)(Ctl(args.retryctl,
+                                                                       daemon.sock).dep("budget")))
+                closed = raw_get(nginx.port, "/close")
+                log(f"/close: {closed.splitlines()[0] if closed else '(no answer)'}")
+                answer = waiting.result(TIMEOUT)
+            log(f"/waiting, its client closed during its wait: "
+                f"{answer.splitlines()[0] if answer else '(connection closed, no answer)'}")
+            # Stopped first: the master has then reaped its workers and logged how they ended.
+            nginx.stop()
+            crashed = [l for l in nginx.error_log.read_text().splitlines()
+                       if "exited on signal" in l]
+            if crashed:
+                fail("a worker died when its client was closed during dep:call:\n" +
+                     "\n".join(crashed))
+            if not answer:
+                fail("the request inside dep:call got no answer")
+            body = json.loads(answer.split("\r\n\r\n", 1)[1])
+            if (body.get("stop"), body.get("sent"), body.get("status")) != ("cancelled", 1, 503):
+                fail(f"the call whose client was closed during its wait should end cancelled "
+                     f"after its one attempt, with its 503: {body}")
+        finally:
+            if nginx:
+                nginx.stop()
+            daemon.stop()
+    log("lua_nginx_close_test: 1 passed, 0 failed")
+
+
+def raw_get(port, path):
+    """GET `path` over HTTP/1.0; the whole answer as text, or "" if the connection closed
+    without one (a worker that died)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: test\r\n\r\n".encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data.decode(errors="replace")
+            data += chunk
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=["constants", "unit", "nginx"])
+    p.add_argument("step", choices=["constants", "unit", "nginx", "nginx-close"])
     p.add_argument("--luajit", default="luajit")
     p.add_argument("--nginx", default="nginx")
     p.add_argument("--daemon")
     p.add_argument("--retryctl")
     args = p.parse_args()
-    {"constants": cmd_constants, "unit": cmd_unit, "nginx": cmd_nginx}[args.step](args)
+    {"constants": cmd_constants, "unit": cmd_unit, "nginx": cmd_nginx,
+     "nginx-close": cmd_nginx_close}[args.step](args)
 
 
 if __name__ == "__main__":

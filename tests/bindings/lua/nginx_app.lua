@@ -4,6 +4,10 @@
 --             ngx.location.capture to the upstream, completed with its outcome;
 --   /budget   (access_by_lua) one call of dep:call, each attempt a cosocket request to the
 --             upstream, the waits ngx.sleep's;
+--   /waiting  (content_by_lua) one call of dep:call whose attempts send nothing and fail, so
+--             that it spends ?wait= seconds in ngx.sleep before its retry;
+--   /close    (content_by_lua) closes the worker's client (a worker detaching from retryd
+--             while another of its requests is inside dep:call);
 -- each answering one line of JSON: the worker's pid and what the request did.
 local retryd = require "retryd"
 
@@ -117,6 +121,21 @@ function _M.budget()
   answer({ sent = result.attempts, status = res and res.status, err = err, stop = result.stop,
            rejected = result.rejection })
   return ngx.exit(ngx.HTTP_OK)
+end
+
+function _M.waiting()
+  local wait = tonumber(ngx.var.arg_wait) or 1
+  local res, err, result = budget:call(function()
+    return { status = 503, headers = {} }
+  end, { max_attempts = 2, base = wait, cap = wait, jitter = "none" })
+  -- reply, not answer: the client may be closed by now, and client:is_local() would raise.
+  reply({ pid = ngx.worker.pid(), sent = result.attempts, status = res and res.status or NULL,
+          err = err or NULL, stop = result.stop })
+end
+
+function _M.close()
+  client:close()
+  reply({ pid = ngx.worker.pid(), closed = true })
 end
 
 return _M
