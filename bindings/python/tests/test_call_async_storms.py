@@ -321,9 +321,15 @@ def test_aiohttp_many_retries_of_a_stalled_body_leave_no_socket_open(quiet):
     errors, open_during = asyncio.run(main())
     print(f"aiohttp stalled bodies: {calls} calls, {server.requests} attempts, "
           f"{server.accepted} connections accepted, {open_during} still open in the session")
+    end = time.monotonic() + 30  # the server's accepting thread may lag on a loaded machine
+    while server.accepted < calls * 3 and time.monotonic() < end:
+        time.sleep(0.01)
     server.close()
     assert errors == calls
-    assert server.requests == calls * 3
+    # Every attempt connected; on a loaded machine an attempt's 0.1 s may run out before the
+    # server's thread has read its request, so the requests read may be fewer.
+    assert server.accepted == calls * 3
+    assert server.requests <= server.accepted
     assert open_during == 0, f"{open_during} connections left open by retried attempts"
 
 
