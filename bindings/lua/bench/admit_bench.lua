@@ -42,7 +42,7 @@ local dep = assert(client:dependency("bench"))
 
 local C = ffi.C
 local lib = N.C
-local handle, id = client.cell[0], dep.id
+local handle, id = client.state.handle, dep.id
 local raw = ffi.new("retryd_permit_t")
 
 local loops = {
