@@ -29,32 +29,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BINDING = ROOT / "bindings" / "lua"
 HERE = pathlib.Path(__file__).resolve().parent
-TIMEOUT = 60.0
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    sys.exit(1)
-
-
-def wait_for(what, cond, timeout=TIMEOUT, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+sys.path.insert(0, str(HERE.parent))
+from driver import TIMEOUT, Daemon, fail, free_port, log, wait_for  # noqa: E402
 
 
 def lua_env(extra=None):
@@ -70,51 +50,6 @@ def luajit(binary, script, env, args=(), **kw):
 
 
 # ---- daemon ----------------------------------------------------------------------------------
-
-def answers(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-class Daemon:
-    """retryd on a config of ours, attaching workers through a socket in `tmp`."""
-
-    def __init__(self, binary, tmp, deps):
-        self.sock = str(pathlib.Path(tmp) / "retryd.sock")
-        config = pathlib.Path(tmp) / "retryd.toml"
-        text = f'[daemon]\nsocket = "{self.sock}"\ntick = "10ms"\n'
-        for name, settings in deps.items():
-            text += f"\n[dependency.{name}]\n"
-            for k, v in settings.items():
-                text += f"{k} = {json.dumps(v)}\n"
-        config.write_text(text)
-        self.log_path = pathlib.Path(tmp) / "retryd.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([binary, f"--config={config}"], stdout=self.log,
-                                     stderr=self.log)
-
-        def up():
-            if self.proc.poll() is not None:
-                fail("retryd exited: " + self.log_path.read_text())
-            return answers(self.sock)
-        wait_for("retryd to answer on its socket", up)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
 
 # ---- constants and unit tests ----------------------------------------------------------------
 
@@ -287,14 +222,6 @@ class Upstream:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 NGINX_CONF = """\
