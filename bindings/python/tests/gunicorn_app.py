@@ -21,6 +21,7 @@ import time
 import urllib.parse
 
 import retryd
+from app_lease import hold_lease
 
 client = retryd.Client(segment=os.environ["RETRYD_SEGMENT"], fallback_to_local=False)
 HOLD_DIR = os.environ["APP_HOLD_DIR"]
@@ -66,25 +67,6 @@ def _retry():
         return {"stop": e.reason, "attempts": e.result.attempts}
 
 
-def _hold(hold):
-    try:
-        with client.dependency("slow").admit():
-            if hold:
-                partial = os.path.join(HOLD_DIR, f".partial-{os.getpid()}")
-                with open(partial, "w") as f:
-                    f.write(str(os.getpid()))
-                # Renamed into place, so the test reads it whole or not at all.
-                os.rename(partial, os.path.join(HOLD_DIR, f"hold-{os.getpid()}"))
-                end = time.monotonic() + 300
-                while not os.path.exists(os.path.join(HOLD_DIR, "release")):
-                    if time.monotonic() > end:
-                        break
-                    time.sleep(0.05)
-        return {"outcome": "success"}
-    except retryd.Rejected as e:
-        return {"outcome": e.reason}
-
-
 def app(environ, start_response):
     query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
     sleep = float(query.get("sleep", ["0"])[0])
@@ -96,7 +78,7 @@ def app(environ, start_response):
     elif path == "/retry":
         body = _retry()
     elif path == "/hold":
-        body = _hold(query.get("hold", ["1"])[0] == "1")
+        body = hold_lease(client, HOLD_DIR, query.get("hold", ["1"])[0] == "1")
     elif path == "/probe":
         body = _probe()
     else:

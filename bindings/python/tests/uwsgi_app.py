@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 
 import retryd
+from app_lease import hold_lease
 
 client = retryd.Client(segment=os.environ["RETRYD_SEGMENT"], fallback_to_local=False)
 DOWNSTREAM = os.environ["APP_DOWNSTREAM"]
@@ -51,25 +52,6 @@ def _call(name, policy):
         return {"outcome": e.reason, "attempts": e.result.attempts}
 
 
-def _hold(hold):
-    try:
-        with client.dependency("slow").admit():
-            if hold:
-                partial = os.path.join(HOLD_DIR, f".partial-{os.getpid()}")
-                with open(partial, "w") as f:
-                    f.write(str(os.getpid()))
-                # Renamed into place, so the test reads it whole or not at all.
-                os.rename(partial, os.path.join(HOLD_DIR, f"hold-{os.getpid()}"))
-                end = time.monotonic() + 300
-                while not os.path.exists(os.path.join(HOLD_DIR, "release")):
-                    if time.monotonic() > end:
-                        break
-                    time.sleep(0.05)
-        return {"outcome": "success"}
-    except retryd.Rejected as e:
-        return {"outcome": e.reason}
-
-
 ONE_ATTEMPT = retryd.Policy(max_attempts=1)
 RETRIES = retryd.Policy(max_attempts=10, base=0.001, cap=0.001, deadline=60.0)
 
@@ -82,7 +64,7 @@ def application(environ, start_response):
         body = _call(path[1:], RETRIES if path == "/budget" else ONE_ATTEMPT)
         time.sleep(sleep)
     elif path == "/hold":
-        body = _hold(query.get("hold", ["1"])[0] == "1")
+        body = hold_lease(client, HOLD_DIR, query.get("hold", ["1"])[0] == "1")
     else:
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
