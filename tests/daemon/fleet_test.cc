@@ -739,8 +739,13 @@ TEST_F(FleetTest, ADaemonWhoseStoreIsUnreachableSaysSo) {
       StartHosts(1, "redis = \"" + address + "\"\ntimeout = \"250ms\"\n", "fleet = true\n"));
   Host& h = hosts_[0];
   const std::string outage = "fleet: cannot reach the store: " + address + ": ";
-  ASSERT_TRUE(WaitUntil([&] { return h.daemon->Log().find(outage) != std::string::npos; },
-                        10'000))
+  // The fleet's first attempt runs beside the daemon's start: the outage may be logged before
+  // or after the ready line, so wait for both.
+  ASSERT_TRUE(WaitUntil([&] {
+    const std::string log = h.daemon->Log();
+    return log.find(outage) != std::string::npos &&
+           log.find("daemon: ready, pid ") != std::string::npos;
+  }, 10'000))
       << h.daemon->Log();
   std::string log = h.daemon->Log();
   EXPECT_NE(LineOf(log, outage).find(": deciding locally (every breaker, probe and floor is this "

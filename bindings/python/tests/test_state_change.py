@@ -7,9 +7,12 @@ import pytest
 
 import retryd
 
-# Trips on the second failure; open for 100 ms with no jitter; one probe success closes.
-QUICK = {"min_calls": 2, "open_for": "100ms", "open_for_max": "100ms", "open_jitter": "0ms",
+# Trips on the second failure; open for 400 ms with no jitter (long enough for the rejections
+# a test makes right after the trip on a loaded machine); one probe success closes.
+QUICK = {"min_calls": 2, "open_for": "400ms", "open_for_max": "400ms", "open_jitter": "0ms",
          "close_after": 1}
+# Trips as QUICK does, then stays open for the whole test however slow the machine.
+STAYS_OPEN = dict(QUICK, open_for="1h", open_for_max="1h")
 
 
 class CountingLib:
@@ -48,7 +51,7 @@ def test_callback_sees_open_half_open_and_closed(make_segment):
         with pytest.raises(retryd.Rejected):
             orders.admit()
     assert seen == [("orders", "closed", "open")]
-    time.sleep(0.15)
+    time.sleep(0.45)
     with orders.admit() as permit:  # the probe: the admission made the breaker half-open
         assert permit.probe
         assert seen[-1] == ("orders", "open", "half_open")
@@ -73,7 +76,7 @@ def test_dep_call_reports_transitions(make_segment):
     with pytest.raises((ConnectionRefusedError, retryd.CallFailed, retryd.Rejected)):
         orders.call(down, max_attempts=1)
     assert seen == [("closed", "open")]
-    time.sleep(0.15)
+    time.sleep(0.45)
     assert orders.call(lambda _attempt: "ok", max_attempts=1) == "ok"
     assert seen == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
     client.close()
@@ -114,7 +117,7 @@ def test_a_subscriber_that_raises_is_logged_and_the_call_goes_on(make_segment, c
 
 
 def test_no_subscriber_no_state_read(make_segment):
-    seg = make_segment(orders=QUICK, users=QUICK)
+    seg = make_segment(orders=STAYS_OPEN, users=QUICK)
     client = retryd.Client(segment=seg.name, fallback_to_local=False)
     counting = CountingLib(client._lib)
     client._lib = counting
@@ -177,7 +180,7 @@ def test_a_subscriber_raising_past_exception_gives_the_admission_back(make_segme
 
     sub = orders.on_state_change(stop_at_half_open)
     fail(orders, 2)
-    time.sleep(0.15)
+    time.sleep(0.45)
     with pytest.raises(Stop):
         orders.admit()  # the probe admitted, then the subscriber raised
     sub.unsubscribe()

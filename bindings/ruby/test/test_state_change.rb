@@ -10,9 +10,12 @@ class StateChangeTest < Minitest::Test
 
   class Down < StandardError; end
 
-  # Trips on the second failure; open for 100 ms with no jitter; one probe success closes.
-  QUICK = { min_calls: 2, open_for: "100ms", open_for_max: "100ms", open_jitter: "0ms",
+  # Trips on the second failure; open for 400 ms with no jitter (long enough for the rejections
+  # a test makes right after the trip on a loaded machine); one probe success closes.
+  QUICK = { min_calls: 2, open_for: "400ms", open_for_max: "400ms", open_jitter: "0ms",
             close_after: 1 }.freeze
+  # Trips as QUICK does, then stays open for the whole test however slow the machine.
+  STAYS_OPEN = QUICK.merge(open_for: "1h", open_for_max: "1h").freeze
 
   def client_for(seg)
     Retryd::Client.new(segment: seg.name, fallback_to_local: false)
@@ -50,7 +53,7 @@ class StateChangeTest < Minitest::Test
     assert_equal [["orders", :closed, :open]], seen
     3.times { assert_raises(Retryd::Rejected) { orders.admit { flunk "must not run" } } }
     assert_equal [["orders", :closed, :open]], seen # rejections change nothing
-    sleep 0.15
+    sleep 0.45
     orders.admit do |permit| # the probe: the admission made the breaker half-open
       assert permit.probe?
       assert_equal ["orders", :open, :half_open], seen.last
@@ -73,7 +76,7 @@ class StateChangeTest < Minitest::Test
       end
     end
     assert_equal [%i[closed open]], seen
-    sleep 0.15
+    sleep 0.45
     assert_equal :ok, orders.call(max_attempts: 1) { :ok }
     assert_equal [%i[closed open], %i[open half_open], %i[half_open closed]], seen
     client.close
@@ -117,7 +120,7 @@ class StateChangeTest < Minitest::Test
   end
 
   def test_no_subscriber_no_state_read
-    seg = make_segment(orders: QUICK, users: QUICK)
+    seg = make_segment(orders: STAYS_OPEN, users: QUICK)
     client = client_for(seg)
     orders = client.dependency("orders")
     users = client.dependency("users")
@@ -168,7 +171,7 @@ class StateChangeTest < Minitest::Test
     orders = client.dependency("orders")
     sub = orders.subscribe { |_name, _old, new| raise Stop if new == :half_open }
     fail_calls(orders, 2)
-    sleep 0.15
+    sleep 0.45
     assert_raises(Stop) { orders.admit { flunk "must not run" } } # the probe, then the raise
     sub.unsubscribe
     # The probe's lease came back: the breaker takes the next probe at once and closes.
