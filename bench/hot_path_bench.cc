@@ -49,8 +49,10 @@
 #include "bench/bench_segment.h"
 #include "retryd/client.h"
 #include "shm/admission.h"
+#include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/retry_budget.h"
+#include "shm/segment.h"
 
 namespace retryd::bench {
 namespace {
@@ -79,7 +81,7 @@ struct RetrydFixture {
   RetrydFixture() {
     std::snprintf(g_shm_path, sizeof(g_shm_path), "/%s", segment.name().c_str());
     first_slot = segment.Put("first-attempt", DefaultPolicy());
-    first_index = uint32_t(first_slot - segment.segment().dependency(0));
+    first_index = uint32_t(segment.segment().Find("first-attempt"));
     retry_slot = segment.Put("retry", RetryPolicy());
     segment.Put("open", TripOnFirstFailurePolicy(kOneDayMs));
     segment.Put("half-open", TripOnFirstFailurePolicy(1));
@@ -271,7 +273,7 @@ void ShmAdmitComplete(benchmark::State& state, bool striped) {
   shm::Permit p;
   uint64_t unexpected = 0;
   for (auto _ : state) {
-    caller.stripe = striped ? shm::CurrentCpu() : shm::kNoStripe;
+    caller.OnCpu(striped ? shm::CurrentCpu() : shm::kNoStripe);
     if (shm::Admit(*f.first_slot, f.first_index, 0, now_ns, caller, &p) != shm::Decision::kAdmitted) {
       ++unexpected;
     }
@@ -284,6 +286,45 @@ void BM_Shm_AdmitCompleteFixedClock(benchmark::State& state) { ShmAdmitComplete(
 void BM_Shm_AdmitCompleteSharedWords(benchmark::State& state) { ShmAdmitComplete(state, false); }
 BENCHMARK(BM_Shm_AdmitCompleteSharedWords);
 BENCHMARK(BM_Shm_AdmitCompleteFixedClock);
+
+// What the decisions off the common path pay for the stripes they fold, by the stripes a slot
+// has (the host's CPUs): a failure's window read (every stripe's window line, twice) and a
+// retry's fold of the deposits (every stripe's deposit words), on a private segment of that many
+// stripes, every stripe having counted calls. Here each line is in this core's cache; on a big
+// host a line another core wrote comes from that core's.
+void ShmFold(benchmark::State& state, bool window) {
+  const uint32_t stripes = uint32_t(state.range(0));
+  shm::Policy policy = DefaultPolicy();
+  policy.retry_burst = 1;  // full after one fold: every fold finds only what was deposited since
+  std::unique_ptr<shm::Segment> seg = shm::Segment::CreatePrivate(1, 1, policy, stripes);
+  uint32_t index = 0;
+  if (Status s = seg->PutDependency("fold", policy, &index); !s.ok()) Die(s.ToString());
+  shm::DependencySlot& slot = *seg->dependency(index);
+  const uint64_t now_ns = shm::CoarseNowNs();
+  shm::Caller caller{0, 0, 1};
+  caller.stripe_mode = shm::StripeMode::kAtomic;
+  for (uint32_t i = 0; i < stripes; ++i) {
+    caller.OnCpu(uint16_t(i));
+    shm::Permit p;
+    shm::Admit(slot, index, 0, now_ns, caller, &p);
+    shm::Complete(slot, &p, shm::Outcome::kSuccess, 1'000'000, now_ns, caller);
+  }
+  uint64_t calls = 0;
+  for (auto _ : state) {
+    if (window) {
+      calls += shm::ReadWindow(slot, now_ns).calls;
+    } else {
+      shm::FoldDeposits(slot);
+    }
+  }
+  benchmark::DoNotOptimize(calls);
+  if (window && calls == 0) Fail(state, "the window read no calls");
+  state.counters["stripes"] = stripes;
+}
+void BM_Shm_FailureWindowRead(benchmark::State& state) { ShmFold(state, true); }
+void BM_Shm_RetryDepositFold(benchmark::State& state) { ShmFold(state, false); }
+BENCHMARK(BM_Shm_FailureWindowRead)->Arg(2)->Arg(32)->Arg(96)->Arg(192)->Arg(1024);
+BENCHMARK(BM_Shm_RetryDepositFold)->Arg(2)->Arg(32)->Arg(96)->Arg(192)->Arg(1024);
 
 // --- Baselines ------------------------------------------------------------------------------
 

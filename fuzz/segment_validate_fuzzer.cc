@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const retryd::Status s = Segment::Validate(buf.get(), size);
   if (s.ok()) {
     const auto* h = reinterpret_cast<const SegmentHeader*>(buf.get());
-    const uint64_t want = SegmentSize(h->max_dependencies.load(), h->max_processes.load());
+    const uint64_t want = SegmentSize(h->max_dependencies.load(), h->max_processes.load(),
+                                      h->stripes_per_slot.load());
     if (size < sizeof(SegmentHeader) || size < want) std::abort();
     if (h->magic.load() != kMagic || h->layout_version.load() != kLayoutVersion) std::abort();
   } else if (s.message().empty()) {

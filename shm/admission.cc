@@ -9,6 +9,16 @@
 #include "shm/retry_budget.h"
 
 namespace retryd::shm {
+
+Stripe* UseStripe(DependencySlot& slot, uint32_t i) {
+  if (i >= StripeCount(slot)) return nullptr;
+  uint32_t used = slot.stripes_used.load(kRelaxed);
+  while (used <= i && !slot.stripes_used.compare_exchange_weak(used, i + 1,
+                                                               std::memory_order_acq_rel, kRelaxed)) {
+  }
+  return &StripeAt(slot, i);
+}
+
 namespace admission_internal {
 namespace {
 
@@ -27,8 +37,8 @@ uint64_t MakeLease(uint16_t owner, uint16_t tag, uint32_t now_ms, uint32_t timeo
 // killed between the two loses what it took: the budget grants less, never more.
 void FoldDeposits(DependencySlot& slot, uint32_t burst) {
   uint64_t gained = 0;
-  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    Stripe& s = slot.stripes[i];
+  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+    Stripe& s = StripeAt(slot, i);
     uint64_t taken = s.deposits_taken.load(kRelaxed);
     for (;;) {
       const uint64_t made = s.deposits.load(kRelaxed);
@@ -86,7 +96,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
     }
     if (slot.probe_leases[i].load(std::memory_order_acquire) != lease) continue;
     p->probe_lease = lease;
-    p->probe_index = uint16_t(i);
+    p->probe_index = uint8_t(i);
     p->breaker_seq = b.seq;
     p->flags |= kPermitProbe;
     return Decision::kAdmittedProbe;
@@ -122,7 +132,7 @@ bool TakeBulkhead(DependencySlot& slot, uint32_t limit, uint64_t now_ns, Caller&
   }
   if (i < 0) return false;
   p->bulkhead_lease = lease;
-  p->bulkhead_index = uint16_t(i);
+  p->bulkhead_index = uint8_t(i);
   p->flags |= kPermitBulkhead;
   return true;
 }
@@ -162,7 +172,7 @@ void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow,
     }
   } else if (outcome != Outcome::kIgnored) {
     RecordOutcome(slot, now_ns, outcome == Outcome::kFailure, slow, caller.rng, caller.stripe,
-                  caller.stripe_mode);
+                  caller.stripe_mode, caller.cpu);
   }
   ReleaseLeases(slot, p);
 }
@@ -243,8 +253,8 @@ void StorePolicyOf(DependencySlot& slot, const Policy& policy) {
 }
 
 void DropStripeDeposits(DependencySlot& slot) {
-  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    Stripe& s = slot.stripes[i];
+  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+    Stripe& s = StripeAt(slot, i);
     uint64_t taken = s.deposits_taken.load(kRelaxed);
     for (uint64_t made; (made = s.deposits.load(kRelaxed)) > taken;) {
       if (s.deposits_taken.compare_exchange_weak(taken, made, kRelaxed)) break;

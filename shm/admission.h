@@ -54,8 +54,11 @@ struct Permit {
   uint32_t generation;   // slot generation at admit: a reassigned slot ignores the permit
   uint64_t probe_lease;  // the lease word taken, 0 if none
   uint64_t bulkhead_lease;
-  uint16_t probe_index;
-  uint16_t bulkhead_index;
+  uint8_t probe_index;     // < kMaxProbes
+  uint8_t bulkhead_index;  // < kMaxBulkhead
+  // The CPU the caller ran on at admit (Caller::cpu), or kNoStripe: where Complete's common path
+  // writes without reading the CPU again (CompleteOnStripe).
+  uint16_t cpu;
   uint16_t breaker_seq;  // breaker transition seq the probe was granted under
   uint8_t flags;         // kPermit*
   uint8_t decision;      // Decision
@@ -67,13 +70,25 @@ inline constexpr uint8_t kPermitRecord = 1u << 3;  // record the outcome (not di
 static_assert(sizeof(Permit) == 32);
 
 // Per-thread context of the caller: who owns the leases, a random state for jitter, and the
-// stripe it writes (stripes.h): the CPU it runs on, read just before the call, or kNoStripe.
+// stripe it writes (stripes.h): that of the CPU it runs on, read just before the call, or
+// kNoStripe. In kPerCpu mode the stripe's words are written only while the thread runs on `cpu`
+// (OnCpu sets both); the stripe is the CPU's own, except under a test's `stripe_base`.
 struct Caller {
   uint16_t owner;      // process registry owner id (kUnknownOwner if unregistered)
   uint16_t lease_tag;  // bumped per lease to keep lease words unique
   uint32_t rng;        // xorshift state, nonzero
   uint16_t stripe = kNoStripe;
   StripeMode stripe_mode = StripeMode::kPerCpu;
+  uint16_t cpu = kNoStripe;  // kPerCpu: the CPU the stripe's sequences commit on
+
+  // OnCpu: the caller runs on `c` (CurrentCpu, stripes.h) and writes its stripe. A test maps CPU
+  // c onto stripe `stripe_base` + c, so that a host of 2 CPUs writes the stripes of CPU 1,000
+  // (kNoStripe past kMaxStripes).
+  void OnCpu(uint16_t c, uint32_t stripe_base = 0) {
+    cpu = c;
+    stripe = c != kNoStripe && c + stripe_base < kMaxStripes ? uint16_t(c + stripe_base)
+                                                              : kNoStripe;
+  }
 };
 
 // Admit decides whether attempt number `attempt` (0: first attempt) of a call to the
@@ -97,6 +112,13 @@ inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t gene
                              uint32_t attempt, uint64_t (*now_ns)(), Caller& caller,
                              Permit* permit);
 
+// CompleteOnStripe is Complete's common path alone: a success, not slow, holding no lease, in
+// the window period the caller's stripe holds, written in that stripe. True if it completed the
+// permit; false if it did nothing and Complete must. `caller` needs no lease tag or random state
+// (the client passes the CPU the permit was admitted on, not read again: on another CPU now, the
+// sequences refuse and Complete takes it). Thread-safe.
+inline bool CompleteOnStripe(DependencySlot& slot, Permit* permit, Outcome outcome,
+                             uint64_t latency_ns, uint64_t now_ns, const Caller& caller);
 // Complete records how the admitted attempt in *permit ended and releases its leases.
 // `latency_ns` decides whether the call was slow, and counts in the latency histogram
 // (latency.h). A probe's outcome reaches the breaker only if

@@ -11,15 +11,17 @@ namespace admission_internal {
 
 inline void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
 
-// The caller's stripe of `slot`, or nullptr when it writes the shared words (stripes.h).
+// The caller's stripe of `slot`, or nullptr when it writes the shared words (stripes.h). A
+// stripe's first writer counts it in the slot's stripes_used (UseStripe, out of line).
 inline Stripe* StripeOf(DependencySlot& slot, const Caller& caller) {
-  return caller.stripe < StripeCount(slot) ? &slot.stripes[caller.stripe] : nullptr;
+  if (__builtin_expect(caller.stripe < UsedStripes(slot), 1)) return &StripeAt(slot, caller.stripe);
+  return caller.stripe < StripeCount(slot) ? UseStripe(slot, caller.stripe) : nullptr;
 }
 
 // CountStriped counts one `c` (a striped counter) in the caller's stripe, or the shared word.
 inline void CountStriped(DependencySlot& slot, const Caller& caller, Counter c) {
   if (Stripe* s = StripeOf(slot, caller);
-      s != nullptr && StripeAdd(*StripedCounter(*s, c), 1, caller.stripe, caller.stripe_mode)) {
+      s != nullptr && StripeAdd(*StripedCounter(*s, c), 1, caller.cpu, caller.stripe_mode)) {
     return;
   }
   Count(slot, c);
@@ -36,9 +38,9 @@ inline void CountLatency(DependencySlot& slot, uint64_t latency_ns) {
 inline void CountSuccess(DependencySlot& slot, const Caller& caller, uint64_t latency_ns) {
   if (Stripe* s = StripeOf(slot, caller);
       s != nullptr && StripeAdd(s->successes_by_latency[LatencyBucket(latency_ns)], 1,
-                                caller.stripe, caller.stripe_mode)) {
+                                caller.cpu, caller.stripe_mode)) {
     const uint64_t us = LatencyUs(latency_ns);
-    if (!StripeAdd(s->success_latency_us, us, caller.stripe, caller.stripe_mode)) {
+    if (!StripeAdd(s->success_latency_us, us, caller.cpu, caller.stripe_mode)) {
       slot.latency_sum_us.fetch_add(us, kRelaxed);
     }
     return;
@@ -53,7 +55,7 @@ inline void Deposit(DependencySlot& slot, const Caller& caller, uint32_t ratio_m
                     uint32_t burst) {
   if (ratio_milli == 0 || RetryBudget::Full(slot.budget.load(kRelaxed), burst)) return;
   if (Stripe* s = StripeOf(slot, caller);
-      s != nullptr && StripeAdd(s->deposits, ratio_milli, caller.stripe, caller.stripe_mode)) {
+      s != nullptr && StripeAdd(s->deposits, ratio_milli, caller.cpu, caller.stripe_mode)) {
     return;
   }
   slot.budget.fetch_add(ratio_milli, kRelaxed);
@@ -91,6 +93,7 @@ template <typename NowFn>
                                                 Caller& caller, Permit* p) {
   *p = Permit{};
   p->dependency = index;
+  p->cpu = caller.cpu;
   p->generation = generation == kReadGeneration ? slot.generation.load(kRelaxed)
                                                 : uint32_t(generation);
   const Mode mode = Mode(slot.mode.load(kRelaxed));
@@ -180,10 +183,33 @@ template <typename NowFn>
   return admission_internal::AdmitImpl(slot, index, generation, attempt, now_ns, caller, p);
 }
 
+[[gnu::always_inline]] inline bool CompleteOnStripe(DependencySlot& slot, Permit* p,
+                                                    Outcome outcome, uint64_t latency_ns,
+                                                    uint64_t now_ns, const Caller& caller) {
+  using namespace admission_internal;
+  // Active, recording, on the slot's own generation; a success that is not slow; no lease.
+  if ((p->flags & (kPermitActive | kPermitRecord | kPermitProbe | kPermitBulkhead)) !=
+          (kPermitActive | kPermitRecord) ||
+      outcome != Outcome::kSuccess || slot.generation.load(kRelaxed) != p->generation) {
+    return false;
+  }
+  const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
+  if (slow_ms != 0 && latency_ns >= uint64_t{slow_ms} * 1'000'000u) return false;
+  if (StripeOf(slot, caller) == nullptr ||
+      !RecordSuccessInStripePeriod(slot, now_ns, caller.stripe, caller.cpu, caller.stripe_mode)) {
+    return false;
+  }
+  p->flags &= uint8_t(~kPermitActive);
+  CountSuccess(slot, caller, latency_ns);
+  return true;
+}
+
 [[gnu::always_inline]] inline void Complete(DependencySlot& slot, Permit* p, Outcome outcome,
                                             uint64_t latency_ns, uint64_t now_ns,
                                             Caller& caller) {
   using namespace admission_internal;
+  // The common path: a success, not slow, holding no lease, recorded in its stripe's period.
+  if (__builtin_expect(CompleteOnStripe(slot, p, outcome, latency_ns, now_ns, caller), 1)) return;
   if (!(p->flags & kPermitActive)) return;
   p->flags &= uint8_t(~kPermitActive);
   // A slot reassigned since admit: give back the leases (their words are unique), record nothing.
@@ -194,16 +220,6 @@ template <typename NowFn>
   const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
   const bool slow =
       slow_ms != 0 && outcome != Outcome::kIgnored && latency_ns >= uint64_t{slow_ms} * 1'000'000u;
-  // The common path: a success, not slow, holding no lease, recorded in its stripe's period.
-  if (__builtin_expect(outcome == Outcome::kSuccess && !slow &&
-                           !(p->flags & (kPermitProbe | kPermitBulkhead)) &&
-                           StripeOf(slot, caller) != nullptr &&
-                           RecordSuccessInStripePeriod(slot, now_ns, caller.stripe,
-                                                       caller.stripe_mode),
-                       1)) {
-    CountSuccess(slot, caller, latency_ns);
-    return;
-  }
   CompleteSlow(slot, p, outcome, slow, latency_ns, now_ns, caller);
 }
 

@@ -1,5 +1,7 @@
 #include "shm/breaker.h"
 
+#include <alloca.h>
+
 #include <algorithm>
 #include <optional>
 
@@ -256,14 +258,14 @@ void EndHandover(Stripe& st, uint64_t w) {
 }
 
 // RecordStripeSuccess records one success (not slow) at `now_ns` in stripe `i`, written in
-// `mode`; false when the shared buckets must take it instead: the stripe or the window's head
+// `mode` (kPerCpu: on CPU `cpu`); false when the shared buckets must take it instead: the stripe or the window's head
 // holds a later period (this call's clock read lags it), or it could not be written. A
 // saturated stripe counts no more in its period (stripes.h). The first success
 // of a later period hands the stripe's count over to the shared bucket of its period, if that
 // is still in the window.
-bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, StripeMode mode,
-                         uint32_t& rng) {
-  Stripe& st = slot.stripes[i];
+bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, uint16_t cpu,
+                         StripeMode mode, uint32_t& rng) {
+  Stripe& st = StripeAt(slot, i);
   const uint64_t now_ms = now_ns / 1'000'000u;
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
@@ -274,7 +276,8 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
         // Full: the count goes to the shared bucket of its period, and the stripe counts on.
         if (!BeginHandover(st, w, now_ms, period, s)) return false;
         const int r = StripeCompareStore(st.window, w,
-                                         StripeWindow::Make(StripeWindow::End40(w), 1), i, mode);
+                                         StripeWindow::Make(StripeWindow::End40(w), 1), cpu,
+                                         mode);
         if (r != 0) EndHandover(st, w);
         if (r < 0) return false;
         if (r > 0) continue;
@@ -287,7 +290,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
         EndHandover(st, w);
         return true;
       }
-      const int r = StripeCompareStore(st.window, w, w + 1, i, mode);
+      const int r = StripeCompareStore(st.window, w, w + 1, cpu, mode);
       if (r < 0) return false;
       if (r == 0) return true;
       continue;  // preempted by another thread of this CPU: look again
@@ -307,7 +310,7 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
     const bool hands_over = !empty && period - old < s.buckets;
     if (hands_over && !BeginHandover(st, w, now_ms, period, s)) return false;
     const int r = StripeCompareStore2(st.window, w, StripeWindow::Make(end_ms, 1), st.window_start,
-                                      start_ms, i, mode);
+                                      start_ms, cpu, mode);
     if (r != 0 && hands_over) EndHandover(st, w);
     if (r < 0) return false;
     if (r > 0) continue;
@@ -339,10 +342,10 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, Stri
 void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
-  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    slot.stripes[i].handovers.fetch_add(1, kRelaxed);  // a read across this reads again
-    const uint64_t start_ms = slot.stripes[i].window_start.load(kRelaxed);
-    std::atomic<uint64_t>& word = slot.stripes[i].window;
+  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+    StripeAt(slot, i).handovers.fetch_add(1, kRelaxed);  // a read across this reads again
+    const uint64_t start_ms = StripeAt(slot, i).window_start.load(kRelaxed);
+    std::atomic<uint64_t>& word = StripeAt(slot, i).window;
     uint64_t w = word.load(kRelaxed);
     while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
     }
@@ -439,26 +442,41 @@ void StartEpoch(DependencySlot& slot) {
 }
 
 // StartWindowAnew empties the window for a new shape: no bucket counts (the head's bits are
-// cleared), and no stripe holds a period. A stripe's start is set out of reach before its count
-// is taken, so that a success racing this on the stripe's CPU, which may store its count back
-// (stripes.h), finds its period no longer held and goes to the shared buckets.
+// cleared), and no stripe holds a period of the old shape. In three steps, so that the window
+// never holds the failures of a moment without its successes, however long this takes (a
+// thousand stripes, or a scheduler that stops it midway):
+//   1. every stripe's start is put out of reach: from then on no success adds to a stripe's
+//      present period (it starts a new one, or goes to the shared buckets: stripes.h), so a
+//      count still held from here is of successes before this step;
+//   2. the buckets (failures) are emptied: the head's epoch moves on;
+//   3. every stripe still out of reach is emptied. One a success restarted since step 1 holds
+//      only successes after it (those between steps 1 and 2 err toward staying closed) and
+//      keeps them: emptied, they would have left the failures of the same moment, counted in
+//      the new buckets, without them, and tripped a healthy dependency.
+// A reader that finds a stripe emptied finds the head changed when it looks again (ReadWindow),
+// and never counts the old failures without the successes beside them.
 void StartWindowAnew(DependencySlot& slot) {
   // The new shape is stored before the stripes are emptied, and read by a stripe's first
   // success after it stores a period (RecordStripeSuccess): both read-modify-write the head in
   // between, so the later of the two sees what the earlier stored.
-  // The buckets (failures) go before the stripes (successes): a reader that finds a stripe
-  // emptied finds the head changed when it looks again (ReadWindow), and never counts the old
-  // failures without the successes beside them.
+  const uint32_t n = UsedStripes(slot);
+  for (uint32_t i = 0; i < n; ++i) {
+    StripeAt(slot, i).handovers.fetch_add(1, kRelaxed);  // a read across this reads again
+    StripeAt(slot, i).window_start.store(~uint64_t{0}, kRelaxed);
+  }
   StartEpoch(slot);
-  for (uint32_t i = 0, n = StripeCount(slot); i < n; ++i) {
-    slot.stripes[i].handovers.fetch_add(1, kRelaxed);  // a read across this reads again
-    slot.stripes[i].window_start.store(~uint64_t{0}, kRelaxed);
-    std::atomic<uint64_t>& word = slot.stripes[i].window;
-    uint64_t w = word.load(kRelaxed);
-    while (w != 0 && !word.compare_exchange_weak(w, 0, std::memory_order_release,
-                                                 std::memory_order_relaxed)) {
+  for (uint32_t i = 0; i < n; ++i) {
+    Stripe& st = StripeAt(slot, i);
+    st.handovers.fetch_add(1, kRelaxed);
+    std::atomic<uint64_t>& word = st.window;
+    uint64_t w = word.load(std::memory_order_acquire);
+    // The start is stored before the window word that goes with it (StripeCompareStore2): a
+    // start read after the word is at least that word's.
+    while (w != 0 && st.window_start.load(kRelaxed) == ~uint64_t{0} &&
+           !word.compare_exchange_weak(w, 0, std::memory_order_release,
+                                       std::memory_order_acquire)) {
     }
-    slot.stripes[i].handing.store(0, kRelaxed);
+    st.handing.store(0, kRelaxed);
   }
 }
 
@@ -637,16 +655,21 @@ uint64_t StripeCalls(uint64_t word, uint64_t start_ms, uint64_t now_ns, uint64_t
 std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns,
                                           uint64_t& head) {
   const WindowShape s = Shape(slot);
-  const uint32_t stripes = StripeCount(slot);
-  uint64_t handovers[kMaxStripes];
-  uint64_t before[kMaxStripes];
-  uint64_t starts[kMaxStripes];
-  uint64_t handing[kMaxStripes];
+  // The stripes ever written: one that starts being written during the read (its first
+  // successes) is seen by the look at stripes_used after the buckets, and the read is not counted.
+  const uint32_t stripes = UsedStripes(slot);
+  // Four words a stripe, on the reader's stack: 32 bytes per CPU of the host (32 KiB at
+  // kMaxStripes).
+  auto* const seen = static_cast<uint64_t*>(alloca(sizeof(uint64_t) * 4 * (stripes ? stripes : 1)));
+  uint64_t* const handovers = seen;
+  uint64_t* const before = seen + stripes;
+  uint64_t* const starts = seen + 2 * stripes;
+  uint64_t* const handing = seen + 3 * stripes;
   // The stripes' counts of handovers before the head: every restart moves them on (as well as
   // the head's 4-bit epoch, which 16 restarts bring back), so that a read with stripes sees any
   // restart after this, however many.
   for (uint32_t i = 0; i < stripes; ++i) {
-    handovers[i] = slot.stripes[i].handovers.load(std::memory_order_acquire);
+    handovers[i] = StripeAt(slot, i).handovers.load(std::memory_order_acquire);
   }
   head = slot.window_head.load(std::memory_order_acquire);
   PauseForTest(WindowReadPause::kHeadRead);
@@ -654,9 +677,9 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
   for (uint32_t i = 0; i < stripes; ++i) {
-    before[i] = slot.stripes[i].window.load(std::memory_order_acquire);
-    starts[i] = slot.stripes[i].window_start.load(std::memory_order_relaxed);
-    handing[i] = slot.stripes[i].handing.load(std::memory_order_acquire);
+    before[i] = StripeAt(slot, i).window.load(std::memory_order_acquire);
+    starts[i] = StripeAt(slot, i).window_start.load(std::memory_order_relaxed);
+    handing[i] = StripeAt(slot, i).handing.load(std::memory_order_acquire);
   }
   PauseForTest(WindowReadPause::kStripesRead);
   WindowStats w;
@@ -676,11 +699,12 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
     }
   }
   PauseForTest(WindowReadPause::kBucketsRead);
+  if (UsedStripes(slot) != stripes) return std::nullopt;
   for (uint32_t i = 0; i < stripes; ++i) {
-    const uint64_t after = slot.stripes[i].window.load(std::memory_order_acquire);
+    const uint64_t after = StripeAt(slot, i).window.load(std::memory_order_acquire);
     if (StripeWindow::End40(after) != StripeWindow::End40(before[i]) ||
         StripeWindow::Count(after) < StripeWindow::Count(before[i]) ||
-        slot.stripes[i].handovers.load(std::memory_order_acquire) != handovers[i]) {
+        StripeAt(slot, i).handovers.load(std::memory_order_acquire) != handovers[i]) {
       return std::nullopt;
     }
     // The period's start read with the first read: the same period (its end, above, has not
@@ -712,11 +736,12 @@ WindowStats ReadWindow(const DependencySlot& slot, uint64_t now_ns) {
 }
 
 void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng,
-                   uint16_t stripe, StripeMode mode) {
+                   uint16_t stripe, StripeMode mode, uint16_t cpu) {
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
   if (!failure && !slow && stripe < StripeCount(slot) &&
-      RecordStripeSuccess(slot, now_ns, stripe, mode, rng)) {
+      (stripe < UsedStripes(slot) || UseStripe(slot, stripe) != nullptr) &&
+      RecordStripeSuccess(slot, now_ns, stripe, cpu == kNoStripe ? stripe : cpu, mode, rng)) {
     return;
   }
   RecordCall(slot, now_ns, failure, slow, rng);

@@ -346,29 +346,31 @@ extern std::atomic<void (*)(WindowReadPause)> g_read_pause;
 // RecordOutcome records one completed call of a closed breaker (not a probe) in the window and,
 // for a failure or a slow call, trips the breaker if the window says so (kTrip), drawing the
 // open period's jitter from `rng`. A success that is not slow goes to stripe `stripe`, written
-// in `mode`, when the slot has it (stripes.h); everything else to the shared buckets.
-// Thread-safe; `rng` is the calling thread's.
+// in `mode` (kPerCpu: on CPU `cpu`, kNoStripe for the stripe's own), when the slot has it
+// (stripes.h); everything else to the shared buckets. Thread-safe; `rng` is the calling
+// thread's.
 void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slow, uint32_t& rng,
-                   uint16_t stripe = kNoStripe, StripeMode mode = StripeMode::kPerCpu);
+                   uint16_t stripe = kNoStripe, StripeMode mode = StripeMode::kPerCpu,
+                   uint16_t cpu = kNoStripe);
 
 // RecordSuccessInStripePeriod is RecordOutcome's common path, inline: a success that is not slow,
-// on a closed breaker, in the period stripe `stripe` already holds (stripes.h). True if it was
-// recorded; false if RecordOutcome must take it (the one that finds the stripe full included).
-// Thread-safe.
+// on a closed breaker, in the period stripe `stripe` already holds (stripes.h), written on
+// `cpu` in kPerCpu mode. True if it was recorded; false if RecordOutcome must take it (the one
+// that finds the stripe full included). Thread-safe.
 inline bool RecordSuccessInStripePeriod(DependencySlot& slot, uint64_t now_ns, uint16_t stripe,
-                                        StripeMode mode) {
+                                        uint16_t cpu, StripeMode mode) {
   if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
       BreakerState::kClosed) {
     return false;
   }
-  Stripe& s = slot.stripes[stripe];
+  Stripe& s = StripeAt(slot, stripe);
   const uint64_t w = s.window.load(std::memory_order_relaxed);
   if (!StripeWindow::Holds(w, s.window_start.load(std::memory_order_relaxed),
                            now_ns / 1'000'000u)) {
     return false;
   }
   if (StripeWindow::Count(w) >= StripeWindow::kStripeWindowMax) return false;  // full: shared
-  return StripeCompareStore(s.window, w, w + 1, stripe, mode) == 0;
+  return StripeCompareStore(s.window, w, w + 1, cpu, mode) == 0;
 }
 
 // ShouldTrip: calls >= min_calls and a rate at or over its threshold.

@@ -36,8 +36,8 @@ constexpr uint64_t kCreateLockStaleMs = 1'000;
 void StartCountsAtZero(DependencySlot& d) {
   uint64_t first_attempts = 0, successes = 0, latency_us = 0;
   uint64_t by_latency[kLatencyBuckets] = {};
-  for (uint32_t i = 0, n = StripeCount(d); i < n; ++i) {
-    const Stripe& st = d.stripes[i];
+  for (uint32_t i = 0, n = UsedStripes(d); i < n; ++i) {
+    const Stripe& st = StripeAt(d, i);
     first_attempts += st.first_attempts.load(kRelaxed);
     latency_us += st.success_latency_us.load(kRelaxed);
     for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
@@ -198,8 +198,8 @@ int32_t Segment::Find(std::string_view name) const {
   const uint32_t n =
       std::min(header_->dependency_high_water.load(std::memory_order_acquire), max_dependencies_);
   for (uint32_t i = 0; i < n; ++i) {
-    if (SlotState(dependencies_[i].state.load(std::memory_order_acquire)) == SlotState::kActive &&
-        NameIs(dependencies_[i], name)) {
+    if (SlotState(SlotAt(i).state.load(std::memory_order_acquire)) == SlotState::kActive &&
+        NameIs(SlotAt(i), name)) {
       return int32_t(i);
     }
   }
@@ -235,8 +235,8 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   // The same name, active or retired, keeps its slot and its live state.
   int32_t found = -1, free_slot = -1, retired_slot = -1;
   for (uint32_t i = 0; i < high; ++i) {
-    const SlotState st = SlotState(dependencies_[i].state.load(kRelaxed));
-    if (st != SlotState::kFree && NameIs(dependencies_[i], name)) {
+    const SlotState st = SlotState(SlotAt(i).state.load(kRelaxed));
+    if (st != SlotState::kFree && NameIs(SlotAt(i), name)) {
       found = int32_t(i);
       break;
     }
@@ -244,12 +244,12 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
     if (st == SlotState::kRetired && retired_slot < 0) retired_slot = int32_t(i);
   }
   if (found >= 0 && keep_active &&
-      SlotState(dependencies_[found].state.load(kRelaxed)) == SlotState::kActive) {
+      SlotState(SlotAt(found).state.load(kRelaxed)) == SlotState::kActive) {
     *index = uint32_t(found);  // another creator was first: its policy stands
     return Status::Ok();
   }
   if (found >= 0) {
-    DependencySlot& d = dependencies_[found];
+    DependencySlot& d = SlotAt(found);
     StorePolicyOf(d, policy);  // deposits folded under their cap, a new window shape started
     d.mode_setter.store(0, kRelaxed);  // the config's mode: no process to name
     d.mode.store(uint32_t(policy.mode), std::memory_order_release);
@@ -262,7 +262,7 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
     return Status::Full("dependency table full (" + std::to_string(max_dependencies_) +
                         " slots): raise [daemon] max_dependencies");
   }
-  DependencySlot& d = dependencies_[free_slot];
+  DependencySlot& d = SlotAt(free_slot);
   d.state.store(uint32_t(SlotState::kFree), kRelaxed);
   d.generation.fetch_add(1, kRelaxed);
   uint64_t words[6];
@@ -286,14 +286,13 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   for (auto& b : d.buckets) b.store(0, kRelaxed);
   for (auto& l : d.probe_leases) l.store(0, kRelaxed);
   for (auto& l : d.bulkhead_leases) l.store(0, kRelaxed);
-  // The stripes the slot uses (its stripe_count): the host's CPUs as the slot's first writer
-  // saw them, kept for every later name. Nothing reads or writes the others, and leaving them
-  // untouched keeps their pages out of memory on a host with fewer CPUs than kMaxStripes. The
-  // stripes' words keep what earlier names counted, and the shared words start at minus their
-  // sums (StartCountsAtZero): a count changed by a writer that sees another number of CPUs
-  // (a container's) would pair those words with other stripes than their sums were taken
-  // over, and a reader in between would add them up to less than zero.
-  if (d.stripe_count.load(kRelaxed) == 0) d.stripe_count.store(HostStripes(), kRelaxed);
+  // The stripes the slot uses (its stripe_count): every stripe the segment gives a slot (the
+  // CPUs its creator's kernel can have), set by the slot's first writer and kept for every later
+  // name. The stripes' words keep what earlier names counted, and the shared words start at
+  // minus their sums (StartCountsAtZero): a count changed later would pair those words with
+  // other stripes than their sums were taken over, and a reader in between would add them up to
+  // less than zero.
+  if (d.stripe_count.load(kRelaxed) == 0) d.stripe_count.store(stripes_per_slot_, kRelaxed);
   StartCountsAtZero(d);
   DropStripeDeposits(d);
   StartWindowAnew(d);
@@ -340,9 +339,31 @@ void Segment::Retire(uint32_t index) {
   }
 }
 
+// PossibleCpus: one past the highest CPU number in the kernel's list of possible CPUs (as
+// "0-127" or "0,2-5"), or 0 if it cannot be read.
+long PossibleCpus() {
+  std::FILE* f = std::fopen("/sys/devices/system/cpu/possible", "re");
+  if (f == nullptr) return 0;
+  char text[256] = {};
+  const bool read = std::fgets(text, sizeof(text), f) != nullptr;
+  std::fclose(f);
+  if (!read) return 0;
+  long highest = -1;
+  for (const char* p = text; *p != 0 && *p != '\n';) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p || n < 0) return 0;
+    highest = std::max(highest, n);
+    p = end;
+    if (*p == '-' || *p == ',') ++p;
+  }
+  return highest + 1;
+}
+
 uint32_t HostStripes() {
   static const uint32_t stripes = [] {
-    const long cpus = sysconf(_SC_NPROCESSORS_CONF);
+    long cpus = PossibleCpus();
+    if (cpus <= 0) cpus = sysconf(_SC_NPROCESSORS_CONF);
     return uint32_t(std::clamp<long>(cpus, 1, kMaxStripes));
   }();
   return stripes;

@@ -105,8 +105,8 @@ inline LatencyHistogram ReadLatency(const DependencySlot& slot) {
     h.buckets[b] = slot.latency[b].load(std::memory_order_relaxed);
   }
   h.sum_us = slot.latency_sum_us.load(std::memory_order_relaxed);
-  for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
-    const Stripe& st = slot.stripes[s];
+  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+    const Stripe& st = StripeAt(slot, s);
     for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
       h.buckets[b] += st.successes_by_latency[b].load(std::memory_order_relaxed);
     }

@@ -5,12 +5,19 @@
 // standard-layout struct of lock-free `std::atomic` words at fixed offsets; nothing holds a
 // pointer. Any change to a struct below changes `kLayoutVersion`.
 //
-//   [ SegmentHeader | DependencySlot x max_dependencies | ProcessSlot x max_processes ]
+//   [ SegmentHeader | (DependencySlot + Stripe x stripes) x max_dependencies |
+//     ProcessSlot x max_processes | room ]
 //
 // Layout 4 gave each DependencySlot its per-CPU stripes (kMaxStripes lines, stripes.h): 3,712
 // bytes a slot, where layout 3 had 1,664. Layout 5 keeps the sizes and gives each window bucket
 // word a scale (breaker.h), taking 4 bits of its period number. Layout 7 adds the latency
-// histogram (latency.h): 3 lines a stripe and 3 shared lines, 8,000 bytes a slot.
+// histogram (latency.h): 3 lines a stripe and 3 shared lines, 8,000 bytes a slot. Layout 8
+// gives every CPU the host can have its stripe, up to kMaxStripes: the stripes follow their
+// slot (SlotStride), as many as the segment's creator decided (SegmentHeader::stripes_per_slot,
+// the kernel's possible CPUs), where layout 7 held 32 in every slot; a slot alone is 1,856
+// bytes, and 192 more per stripe. The segment ends with `room` (SegmentSize): unused bytes, never
+// touched (so never given memory), that keep whatever a stripe count clamped to kMaxStripes
+// reaches inside the mapping.
 //
 // Thread safety: every field is an atomic word; no lock protects anything. Words written only
 // by the daemon (policy, name, table flags) are read by clients with relaxed or acquire loads.
@@ -28,7 +35,7 @@
 namespace retryd::shm {
 
 inline constexpr uint64_t kMagic = 0x3144595254455221ull;  // "!RETRYD1" little-endian
-inline constexpr uint32_t kLayoutVersion = 7;
+inline constexpr uint32_t kLayoutVersion = 8;
 inline constexpr size_t kCacheLine = 64;
 
 inline constexpr uint32_t kMaxNameLen = 47;      // bytes, without the terminating NUL
@@ -37,7 +44,7 @@ inline constexpr uint32_t kMaxProbes = 8;        // half-open probe leases per d
 inline constexpr uint32_t kMaxBulkhead = 128;    // bulkhead leases per dependency
 inline constexpr uint32_t kMaxDependencies = 65535;
 inline constexpr uint32_t kMaxProcesses = 65534; // lease owner ids are 16 bits, 0 is "none"
-inline constexpr uint32_t kMaxStripes = 32;      // per-CPU stripes per dependency (stripes.h)
+inline constexpr uint32_t kMaxStripes = 1024;    // per-CPU stripes per dependency (stripes.h)
 inline constexpr uint32_t kLatencyBuckets = 16;  // latency histogram buckets (latency.h)
 
 // Operating mode of one dependency (DependencySlot::mode).
@@ -107,9 +114,14 @@ struct alignas(kCacheLine) DependencySlot {
   std::atomic<uint32_t> name_len;     // 0..kMaxNameLen
   std::atomic<uint64_t> name_words[6];  // name bytes, NUL padded
   // Lines 1-2: policy; then the number of stripes in use (stripes.h), set when the slot is
-  // assigned a name: the host's CPUs, at most kMaxStripes.
+  // assigned a name: the host's CPUs, at most the segment's stripes_per_slot.
   alignas(kCacheLine) PolicyWords policy;
   std::atomic<uint32_t> stripe_count;
+  // The stripes ever written, from stripe 0 (stripes.h): one past the highest stripe a writer
+  // has taken (UseStripe), at most stripe_count. Readers fold these only, so that a host whose
+  // kernel can bring more CPUs online than run callers (a VM's) neither reads nor, in a memfd,
+  // gives memory to the stripes of CPUs that never called the dependency. Only grows.
+  std::atomic<uint32_t> stripes_used;
   // Line 3: the breaker state word, the retry budget word, the window's head (which buckets
   // hold the window's periods) and the breaker word's time in full (see breaker.h,
   // retry_budget.h). Written at most once per bucket period or transition; read with the
@@ -143,8 +155,7 @@ struct alignas(kCacheLine) DependencySlot {
   // (latency.h). Written with atomic adds, off the common path.
   alignas(kCacheLine) std::atomic<uint64_t> latency[kLatencyBuckets];
   std::atomic<uint64_t> latency_sum_us;
-  // Lines 29-124: one stripe (3 lines) per CPU.
-  alignas(kCacheLine) Stripe stripes[kMaxStripes];
+  // From line 29 on, past the struct: the slot's stripes, 3 lines each (StripeAt, stripes.h).
 };
 
 // One attached process: the owner of the leases it takes.
@@ -175,6 +186,10 @@ struct alignas(kCacheLine) SegmentHeader {
   std::atomic<uint32_t> max_processes;
   std::atomic<uint64_t> total_size;
   std::atomic<uint64_t> created_unix_ms;
+  // The stripes after every dependency slot (1..kMaxStripes): dependency_slot_size is
+  // SlotStride(stripes_per_slot).
+  std::atomic<uint32_t> stripes_per_slot;
+  std::atomic<uint32_t> reserved0;
   // Line 1: read on the hot path, written rarely.
   alignas(kCacheLine) std::atomic<uint32_t> retired;   // nonzero: attach elsewhere
   std::atomic<uint32_t> flags;                          // kFlag*
@@ -250,11 +265,11 @@ static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
 static_assert(offsetof(SegmentHeader, fleet_leases) + 8 <= 6 * kCacheLine);
 static_assert(sizeof(Stripe) == 3 * kCacheLine);
 static_assert(offsetof(Stripe, successes_by_latency) == kCacheLine);
-static_assert(sizeof(DependencySlot) == (29 + 3 * kMaxStripes) * kCacheLine);
-static_assert(sizeof(DependencySlot) == 8000);
-static_assert(offsetof(DependencySlot, stripe_count) + 4 <= 3 * kCacheLine);
+static_assert(sizeof(DependencySlot) == 29 * kCacheLine);
+static_assert(sizeof(DependencySlot) == 1856);
+static_assert(offsetof(SegmentHeader, reserved0) + 4 <= kCacheLine);
+static_assert(offsetof(DependencySlot, stripes_used) + 4 <= 3 * kCacheLine);
 static_assert(offsetof(DependencySlot, latency) == 26 * kCacheLine);
-static_assert(offsetof(DependencySlot, stripes) == 29 * kCacheLine);
 static_assert(offsetof(DependencySlot, name_words) == 16);
 static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);
 static_assert(offsetof(DependencySlot, breaker) == 3 * kCacheLine);
@@ -268,10 +283,25 @@ static_assert(offsetof(DependencySlot, bulkhead_leases) == 10 * kCacheLine);
 static_assert(offsetof(ProcessSlot, comm) == 24);
 static_assert(sizeof(ProcessSlot) == kCacheLine);
 
+// The bytes from one dependency slot to the next in a segment of `stripes` stripes a slot.
+constexpr uint64_t SlotStride(uint32_t stripes) {
+  return sizeof(DependencySlot) + uint64_t{stripes} * sizeof(Stripe);
+}
+
+// The room at a segment's end: what kMaxStripes stripes after the last dependency slot would
+// reach past the slot's own stripes and the process table. Never touched.
+constexpr uint64_t SegmentRoom(uint32_t max_processes, uint32_t stripes) {
+  const uint64_t reach = uint64_t{kMaxStripes - (stripes < kMaxStripes ? stripes : kMaxStripes)} *
+                         sizeof(Stripe);
+  const uint64_t processes = uint64_t{max_processes} * sizeof(ProcessSlot);
+  return reach > processes ? reach - processes : 0;
+}
+
 // Total bytes of a segment with these capacities.
-constexpr uint64_t SegmentSize(uint32_t max_dependencies, uint32_t max_processes) {
-  return sizeof(SegmentHeader) + uint64_t{max_dependencies} * sizeof(DependencySlot) +
-         uint64_t{max_processes} * sizeof(ProcessSlot);
+constexpr uint64_t SegmentSize(uint32_t max_dependencies, uint32_t max_processes,
+                               uint32_t stripes) {
+  return sizeof(SegmentHeader) + uint64_t{max_dependencies} * SlotStride(stripes) +
+         uint64_t{max_processes} * sizeof(ProcessSlot) + SegmentRoom(max_processes, stripes);
 }
 
 }  // namespace retryd::shm

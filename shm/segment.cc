@@ -1,5 +1,7 @@
 #include "shm/segment.h"
 
+#include "shm/stripes.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -96,6 +98,11 @@ Status TakeDaemonLock(int fd, std::string_view name) {
       "); stop it first or use another --segment");
 }
 
+// StripesFor: the stripes a segment created with `asked` (CreateOptions::stripes) gives a slot.
+uint32_t StripesFor(uint32_t asked) {
+  return asked == 0 ? HostStripes() : std::min(asked, kMaxStripes);
+}
+
 }  // namespace
 
 Segment::~Segment() = default;
@@ -144,7 +151,6 @@ Status Segment::ValidateLayout(const void* base, uint64_t size) {
     uint64_t got, want;
   } sizes[] = {
       {"header size", h.header_size.load(kRelaxed), sizeof(SegmentHeader)},
-      {"dependency slot size", h.dependency_slot_size.load(kRelaxed), sizeof(DependencySlot)},
       {"process slot size", h.process_slot_size.load(kRelaxed), sizeof(ProcessSlot)},
   };
   for (const auto& s : sizes) {
@@ -155,11 +161,21 @@ Status Segment::ValidateLayout(const void* base, uint64_t size) {
   }
   const uint32_t deps = h.max_dependencies.load(kRelaxed);
   const uint32_t procs = h.max_processes.load(kRelaxed);
-  if (deps == 0 || deps > kMaxDependencies || procs == 0 || procs > kMaxProcesses) {
+  const uint32_t stripes = h.stripes_per_slot.load(kRelaxed);
+  if (deps == 0 || deps > kMaxDependencies || procs == 0 || procs > kMaxProcesses ||
+      stripes == 0 || stripes > kMaxStripes) {
     return Status::Incompatible("corrupt capacities: " + std::to_string(deps) + " dependencies, " +
-                                std::to_string(procs) + " processes");
+                                std::to_string(procs) + " processes, " + std::to_string(stripes) +
+                                " stripes a dependency");
   }
-  const uint64_t want = SegmentSize(deps, procs);
+  if (h.dependency_slot_size.load(kRelaxed) != SlotStride(stripes)) {
+    return Status::Incompatible("dependency slot size " +
+                                std::to_string(h.dependency_slot_size.load(kRelaxed)) +
+                                " differs from this library's " +
+                                std::to_string(SlotStride(stripes)) + " for " +
+                                std::to_string(stripes) + " stripes");
+  }
+  const uint64_t want = SegmentSize(deps, procs, stripes);
   if (h.total_size.load(kRelaxed) != want) {
     return Status::Incompatible("corrupt header: total size " +
                                 std::to_string(h.total_size.load(kRelaxed)) + ", expected " +
@@ -176,20 +192,23 @@ void Segment::BindTables() {
   auto* base = reinterpret_cast<char*>(header_);
   max_dependencies_ = header_->max_dependencies.load(kRelaxed);
   max_processes_ = header_->max_processes.load(kRelaxed);
-  dependencies_ = reinterpret_cast<DependencySlot*>(base + sizeof(SegmentHeader));
-  processes_ = reinterpret_cast<ProcessSlot*>(base + sizeof(SegmentHeader) +
-                                              uint64_t{max_dependencies_} * sizeof(DependencySlot));
+  stripes_per_slot_ = header_->stripes_per_slot.load(kRelaxed);
+  slot_stride_ = SlotStride(stripes_per_slot_);
+  dependency_base_ = base + sizeof(SegmentHeader);
+  processes_ = reinterpret_cast<ProcessSlot*>(dependency_base_ +
+                                              uint64_t{max_dependencies_} * slot_stride_);
 }
 
 void Segment::Initialize(const Policy& defaults, uint32_t flags) {
   SegmentHeader& h = *header_;
   h.layout_version.store(kLayoutVersion, kRelaxed);
   h.header_size.store(sizeof(SegmentHeader), kRelaxed);
-  h.dependency_slot_size.store(sizeof(DependencySlot), kRelaxed);
+  h.dependency_slot_size.store(uint32_t(SlotStride(stripes_per_slot_)), kRelaxed);
   h.process_slot_size.store(sizeof(ProcessSlot), kRelaxed);
   h.max_dependencies.store(max_dependencies_, kRelaxed);
   h.max_processes.store(max_processes_, kRelaxed);
-  h.total_size.store(SegmentSize(max_dependencies_, max_processes_), kRelaxed);
+  h.stripes_per_slot.store(stripes_per_slot_, kRelaxed);
+  h.total_size.store(SegmentSize(max_dependencies_, max_processes_, stripes_per_slot_), kRelaxed);
   h.created_unix_ms.store(UnixNowMs(), kRelaxed);
   h.flags.store(flags, kRelaxed);
   StorePolicy(defaults, h.defaults);
@@ -199,11 +218,12 @@ void Segment::Initialize(const Policy& defaults, uint32_t flags) {
 }
 
 std::unique_ptr<Segment> Segment::CreatePrivate(uint32_t max_dependencies, uint32_t max_processes,
-                                                const Policy& defaults) {
+                                                const Policy& defaults, uint32_t stripes) {
   std::unique_ptr<Segment> seg(new Segment);
   seg->max_dependencies_ = std::clamp<uint32_t>(max_dependencies, 1, kMaxDependencies);
   seg->max_processes_ = std::clamp<uint32_t>(max_processes, 1, kMaxProcesses);
-  seg->size_ = SegmentSize(seg->max_dependencies_, seg->max_processes_);
+  seg->stripes_per_slot_ = StripesFor(stripes);
+  seg->size_ = SegmentSize(seg->max_dependencies_, seg->max_processes_, seg->stripes_per_slot_);
   seg->mapping_.reset(
       new Mapping{bip::shared_memory_object(), bip::anonymous_shared_memory(seg->size_)});
   seg->header_ = static_cast<SegmentHeader*>(seg->mapping_->region.get_address());
@@ -254,12 +274,28 @@ constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 Status CheckCapacity(const CreateOptions& opt) {
   if (opt.max_dependencies == 0 || opt.max_dependencies > kMaxDependencies ||
-      opt.max_processes == 0 || opt.max_processes > kMaxProcesses) {
+      opt.max_processes == 0 || opt.max_processes > kMaxProcesses || opt.stripes > kMaxStripes) {
     return Status::InvalidArgument("capacity out of range: max_dependencies 1.." +
                                    std::to_string(kMaxDependencies) + ", max_processes 1.." +
-                                   std::to_string(kMaxProcesses));
+                                   std::to_string(kMaxProcesses) + ", stripes 0.." +
+                                   std::to_string(kMaxStripes));
   }
   return Status::Ok();
+}
+
+// SameCapacities: `seg` has the capacities `opt` asks for; else `why` says what changed.
+bool SameCapacities(const Segment& seg, const CreateOptions& opt, std::string* why) {
+  const uint32_t stripes = StripesFor(opt.stripes);
+  if (seg.max_dependencies() == opt.max_dependencies &&
+      seg.max_processes() == opt.max_processes && seg.stripes_per_slot() == stripes) {
+    return true;
+  }
+  *why = "capacity changed (" + std::to_string(seg.max_dependencies()) + " -> " +
+         std::to_string(opt.max_dependencies) + " dependencies, " +
+         std::to_string(seg.max_processes()) + " -> " + std::to_string(opt.max_processes) +
+         " processes, " + std::to_string(seg.stripes_per_slot()) + " -> " +
+         std::to_string(stripes) + " stripes a dependency)";
+  return false;
 }
 
 // Mappable hands a plain descriptor to Boost.Interprocess's mapped_region.
@@ -281,7 +317,8 @@ Status Segment::CreateSealed(const CreateOptions& opt, std::unique_ptr<Segment>*
   std::unique_ptr<Segment> seg(new Segment);
   seg->max_dependencies_ = opt.max_dependencies;
   seg->max_processes_ = opt.max_processes;
-  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes);
+  seg->stripes_per_slot_ = StripesFor(opt.stripes);
+  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes, seg->stripes_per_slot_);
   seg->mapping_.reset(new Mapping);
   const int fd = memfd_create(("retryd:" + opt.name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::IoError(Quoted(opt.name) + ": memfd_create: " + std::strerror(errno));
@@ -320,13 +357,9 @@ Status Segment::AdoptSealed(int fd, const CreateOptions& opt, std::unique_ptr<Se
   if (Status s = MapSealed(fd, Access::kReadWrite, opt.name, /*adopt=*/true, &seg); !s.ok()) {
     return s;
   }
-  if (seg->max_dependencies() != opt.max_dependencies ||
-      seg->max_processes() != opt.max_processes) {
+  if (std::string why; !SameCapacities(*seg, opt, &why)) {
     *out = std::move(seg);  // the caller retires it
-    return Status::Incompatible("capacity changed (" + std::to_string((*out)->max_dependencies()) +
-                                " -> " + std::to_string(opt.max_dependencies) + " dependencies, " +
-                                std::to_string((*out)->max_processes()) + " -> " +
-                                std::to_string(opt.max_processes) + " processes)");
+    return Status::Incompatible(why);
   }
   if (opt.as_daemon) {
     if (Status st = TakeDaemonLock(fd, opt.name); !st.ok()) return st;
@@ -406,16 +439,13 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
       if (Status st = TakeDaemonLock(existing->fd_, opt.name); !st.ok()) return st;
       existing->holds_daemon_lock_ = true;
     }
-    if (existing->max_dependencies() == opt.max_dependencies &&
-        existing->max_processes() == opt.max_processes) {
+    std::string why;
+    if (SameCapacities(*existing, opt, &why)) {
       *adopted = true;
       *out = std::move(existing);
       return Status::Ok();
     }
-    *note = "capacity changed (" + std::to_string(existing->max_dependencies()) + " -> " +
-            std::to_string(opt.max_dependencies) + " dependencies, " +
-            std::to_string(existing->max_processes()) + " -> " + std::to_string(opt.max_processes) +
-            " processes): retired the old segment";
+    *note = why + ": retired the old segment";
     existing->header().retired.store(1, std::memory_order_release);
     Remove(opt.name);
   } else if (s.code() == Status::Code::kIncompatible) {
@@ -473,7 +503,8 @@ Status Segment::CreateOrAdopt(const CreateOptions& opt, std::unique_ptr<Segment>
   std::unique_ptr<Segment> seg(new Segment);
   seg->max_dependencies_ = opt.max_dependencies;
   seg->max_processes_ = opt.max_processes;
-  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes);
+  seg->stripes_per_slot_ = StripesFor(opt.stripes);
+  seg->size_ = SegmentSize(opt.max_dependencies, opt.max_processes, seg->stripes_per_slot_);
   seg->mapping_.reset(new Mapping);
   try {
     bip::permissions perms(opt.mode);

@@ -29,6 +29,9 @@ struct CreateOptions {
   std::string name = "retryd";        // POSIX shm name, without the leading '/'
   uint32_t max_dependencies = 1024;
   uint32_t max_processes = 4096;
+  // The stripes after every dependency slot: 0 for one per CPU the kernel can bring online
+  // (HostStripes, stripes.h); else at most kMaxStripes (tests give a host of 2 CPUs 1,024).
+  uint32_t stripes = 0;
   uint32_t mode = 0660;               // permission bits of the shm object
   uid_t owner = uid_t(-1);            // -1: leave as created
   gid_t group = gid_t(-1);
@@ -94,9 +97,11 @@ class Segment {
   int PeerDescriptor(Access access) const;
 
   // CreatePrivate returns a process-private segment (anonymous memory) with the same layout,
-  // initialized like a fresh daemon segment with `defaults` and auto-create on.
+  // initialized like a fresh daemon segment with `defaults` and auto-create on; `stripes` as
+  // CreateOptions::stripes.
   static std::unique_ptr<Segment> CreatePrivate(uint32_t max_dependencies,
-                                                uint32_t max_processes, const Policy& defaults);
+                                                uint32_t max_processes, const Policy& defaults,
+                                                uint32_t stripes = 0);
 
   // Validate checks `size` bytes at `base` as a segment header would be checked at attach,
   // reading nothing beyond `size`. Used by Attach and by the fuzzer.
@@ -115,8 +120,10 @@ class Segment {
   }
   // dependency / process return nullptr for an index out of range.
   DependencySlot* dependency(uint32_t index) const {
-    return index < max_dependencies_ ? &dependencies_[index] : nullptr;
+    return index < max_dependencies_ ? &SlotAt(index) : nullptr;
   }
+  // stripes_per_slot: the stripes after every dependency slot (SegmentHeader::stripes_per_slot).
+  uint32_t stripes_per_slot() const { return stripes_per_slot_; }
   ProcessSlot* process(uint32_t index) const {
     return index < max_processes_ ? &processes_[index] : nullptr;
   }
@@ -167,10 +174,12 @@ class Segment {
   struct Mapping;
   std::unique_ptr<Mapping> mapping_;
   SegmentHeader* header_ = nullptr;
-  DependencySlot* dependencies_ = nullptr;
+  char* dependency_base_ = nullptr;  // slot 0; slot i is SlotStride(stripes_per_slot_) further
+  uint64_t slot_stride_ = 0;
   ProcessSlot* processes_ = nullptr;
   uint32_t max_dependencies_ = 0;
   uint32_t max_processes_ = 0;
+  uint32_t stripes_per_slot_ = 0;
   uint64_t size_ = 0;
   int fd_ = -1;
   bool private_ = false;
@@ -178,6 +187,9 @@ class Segment {
   bool holds_daemon_lock_ = false;
   std::string name_;
   void BindTables();
+  DependencySlot& SlotAt(uint32_t index) const {
+    return *reinterpret_cast<DependencySlot*>(dependency_base_ + uint64_t{index} * slot_stride_);
+  }
   // Put is PutDependency; with `keep_active`, a name found active under the lock (created by
   // another creator since the caller looked) keeps its policy and mode.
   Status Put(std::string_view name, const Policy& policy, uint32_t* index, uint32_t lock_wait_ms,

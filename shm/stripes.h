@@ -5,8 +5,9 @@
 // success's latency bucket (which is also the success counter: latency.h), its latency, and the
 // success count of the window's current period (and, while the retry budget is below its cap, a
 // deposit). Shared by every process, those words were the lines every core fought for. Each
-// dependency slot therefore holds one Stripe (three cache lines) per CPU, up to kMaxStripes
-// (DependencySlot::stripes), and a thread running on CPU c writes stripe c.
+// dependency slot is therefore followed by one Stripe (three cache lines) per CPU the host can
+// have (the kernel's possible CPUs, up to kMaxStripes: StripeAt, SegmentHeader::stripes_per_slot),
+// and a thread running on CPU c writes stripe c.
 //
 // Who writes a stripe. A stripe's words are written by code running on its CPU, inside a
 // restartable sequence (rseq(2)): the sequence checks the CPU it runs on and commits with one
@@ -113,10 +114,32 @@ struct StripeWindow {
 };
 
 // The number of stripes a slot's readers fold and its writers may use (DependencySlot::
-// stripe_count, clamped: a scribbled count never reaches past the slot).
+// stripe_count, clamped to kMaxStripes: a scribbled count never reaches past the segment, whose
+// room (SegmentRoom, layout.h) keeps kMaxStripes stripes after any slot inside it).
 inline uint32_t StripeCount(const DependencySlot& slot) {
   const uint32_t n = slot.stripe_count.load(std::memory_order_relaxed);
   return n < kMaxStripes ? n : kMaxStripes;
+}
+
+// UsedStripes: the stripes of `slot` a reader folds (DependencySlot::stripes_used, clamped as
+// StripeCount is). A stripe past it has never been written: it holds nothing to add.
+inline uint32_t UsedStripes(const DependencySlot& slot) {
+  const uint32_t n = slot.stripes_used.load(std::memory_order_acquire);
+  return n < kMaxStripes ? n : kMaxStripes;
+}
+
+// UseStripe: stripe `i` of `slot` for a writer about to write it for the first time: counted in
+// the slot's stripes_used first, so that every reader folds it from then on; nullptr for a
+// stripe past StripeCount(slot). Off the common path (once per stripe in a slot's life).
+// Thread-safe.
+Stripe* UseStripe(DependencySlot& slot, uint32_t i);
+
+// StripeAt: stripe `i` of `slot`, i below StripeCount(slot). The stripes follow the slot.
+inline Stripe& StripeAt(DependencySlot& slot, uint32_t i) {
+  return reinterpret_cast<Stripe*>(&slot + 1)[i];
+}
+inline const Stripe& StripeAt(const DependencySlot& slot, uint32_t i) {
+  return reinterpret_cast<const Stripe*>(&slot + 1)[i];
 }
 
 namespace stripes_internal {
@@ -254,21 +277,25 @@ inline uint16_t CurrentCpu() {
 #endif
 }
 
-// HostStripes: the stripes a slot assigned on this host uses, one per configured CPU (CPU
-// numbers run below it), at most kMaxStripes. Thread-safe.
+// HostStripes: the stripes a segment created on this host gives every slot: one per CPU the
+// kernel can bring online (its possible CPUs, /sys/devices/system/cpu/possible: CPU numbers
+// run below it), at most kMaxStripes. Thread-safe.
 uint32_t HostStripes();
 
-// StripeAdd adds `n` to `word` (a word of stripe `stripe`) in `mode`; false when it could not
-// (the caller then writes the shared word instead).
-inline bool StripeAdd(std::atomic<uint64_t>& word, uint64_t n, uint16_t stripe, StripeMode mode) {
+// The words below are written in `mode`; in kPerCpu, by a sequence that commits only on CPU
+// `cpu`, the CPU the stripe belongs to (Caller::cpu, admission.h).
+
+// StripeAdd adds `n` to `word` (a word of the stripe of CPU `cpu`) in `mode`; false when it
+// could not (the caller then writes the shared word instead).
+inline bool StripeAdd(std::atomic<uint64_t>& word, uint64_t n, uint16_t cpu, StripeMode mode) {
   if (mode == StripeMode::kAtomic) {
     word.fetch_add(n, std::memory_order_relaxed);
     return true;
   }
 #ifdef RETRYD_HAVE_RSEQ
-  return stripes_internal::RseqAdd(word, n, stripe);
+  return stripes_internal::RseqAdd(word, n, cpu);
 #else
-  (void)stripe;
+  (void)cpu;
   return false;
 #endif
 }
@@ -276,21 +303,21 @@ inline bool StripeAdd(std::atomic<uint64_t>& word, uint64_t n, uint16_t stripe, 
 // StripeCompareStore: `word` from `expected` to `desired`; 0 stored, 1 it held another value,
 // -1 could not (the caller then writes the shared word instead).
 inline int StripeCompareStore(std::atomic<uint64_t>& word, uint64_t expected, uint64_t desired,
-                              uint16_t stripe, StripeMode mode) {
+                              uint16_t cpu, StripeMode mode) {
   if (mode == StripeMode::kAtomic) {
     return word.compare_exchange_strong(expected, desired, std::memory_order_relaxed) ? 0 : 1;
   }
 #ifdef RETRYD_HAVE_RSEQ
-  return stripes_internal::RseqCompareStore(word, expected, desired, stripe);
+  return stripes_internal::RseqCompareStore(word, expected, desired, cpu);
 #else
-  (void)expected, (void)desired, (void)stripe;
+  (void)expected, (void)desired, (void)cpu;
   return -1;
 #endif
 }
 
 // StripeCompareStore2: StripeCompareStore that first stores `value` in `other`.
 inline int StripeCompareStore2(std::atomic<uint64_t>& word, uint64_t expected, uint64_t desired,
-                               std::atomic<uint64_t>& other, uint64_t value, uint16_t stripe,
+                               std::atomic<uint64_t>& other, uint64_t value, uint16_t cpu,
                                StripeMode mode) {
   if (mode == StripeMode::kAtomic) {
     if (word.load(std::memory_order_relaxed) != expected) return 1;
@@ -298,9 +325,9 @@ inline int StripeCompareStore2(std::atomic<uint64_t>& word, uint64_t expected, u
     return word.compare_exchange_strong(expected, desired, std::memory_order_relaxed) ? 0 : 1;
   }
 #ifdef RETRYD_HAVE_RSEQ
-  return stripes_internal::RseqCompareStore2(word, expected, desired, other, value, stripe);
+  return stripes_internal::RseqCompareStore2(word, expected, desired, other, value, cpu);
 #else
-  (void)expected, (void)desired, (void)other, (void)value, (void)stripe;
+  (void)expected, (void)desired, (void)other, (void)value, (void)cpu;
   return -1;
 #endif
 }
@@ -325,8 +352,8 @@ inline uint64_t StripeSuccesses(const Stripe& s) {
 inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
   uint64_t v = slot.counters[c].load(std::memory_order_relaxed);
   if (c != kFirstAttempts && c != kSuccesses) return v;
-  for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
-    const Stripe& st = slot.stripes[s];
+  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+    const Stripe& st = StripeAt(slot, s);
     v += c == kSuccesses ? StripeSuccesses(st) : st.first_attempts.load(std::memory_order_relaxed);
   }
   return v;
@@ -336,9 +363,9 @@ inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
 // budget word (retry_budget.h). Thread-safe.
 inline uint64_t PendingDeposits(const DependencySlot& slot) {
   uint64_t pending = 0;
-  for (uint32_t s = 0, n = StripeCount(slot); s < n; ++s) {
-    const uint64_t taken = slot.stripes[s].deposits_taken.load(std::memory_order_relaxed);
-    const uint64_t made = slot.stripes[s].deposits.load(std::memory_order_relaxed);
+  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+    const uint64_t taken = StripeAt(slot, s).deposits_taken.load(std::memory_order_relaxed);
+    const uint64_t made = StripeAt(slot, s).deposits.load(std::memory_order_relaxed);
     if (made > taken) pending += made - taken;
   }
   return pending;

@@ -583,8 +583,10 @@ inline bool ClientImpl::NeedsSlowPath() const {
 
 inline shm::Caller ClientImpl::MakeCaller() const {
   if (t_state.rng == 0) t_state.rng = SeedRandom();
+  shm::Caller caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng};
   // The CPU this thread runs on picks the stripe it writes (shm/stripes.h).
-  return shm::Caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng, shm::CurrentCpu()};
+  caller.OnCpu(shm::CurrentCpu());
+  return caller;
 }
 
 inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
@@ -616,9 +618,19 @@ inline void ClientImpl::CompleteInline(retryd_permit_t* raw, int outcome, uint64
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (!(ps->permit.flags & shm::kPermitActive)) return;
   if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
+  const uint64_t now_ns = shm::CoarseNowNs();
+  // The common path writes the stripe of the CPU admit ran on, without reading it again or
+  // touching the thread's state; a thread moved to another CPU meanwhile is refused there, and
+  // completes below on the CPU it runs on.
+  shm::Caller on_admit_cpu{owner_.load(kRelaxed), 0, 1};
+  on_admit_cpu.OnCpu(ps->permit.cpu);
+  if (__builtin_expect(shm::CompleteOnStripe(*ps->slot, &ps->permit, shm::Outcome(outcome),
+                                             latency_ns, now_ns, on_admit_cpu),
+                       1)) {
+    return;
+  }
   shm::Caller caller = MakeCaller();
-  shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, shm::CoarseNowNs(),
-                caller);
+  shm::Complete(*ps->slot, &ps->permit, shm::Outcome(outcome), latency_ns, now_ns, caller);
   t_state.rng = caller.rng;
 }
 

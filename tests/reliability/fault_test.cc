@@ -419,7 +419,7 @@ TEST(DaemonKillTest, WorkersNeverNoticeAndStateIsAdopted) {
 // clients still on it move to the new one on their next admit. Older layout is the upgrade
 // path: a segment of layout 3 (its slots without the per-CPU stripes) left by the retryd before,
 // whose header keeps `retired` where layout 4 has it.
-enum class Incompatibility { kOtherCapacity, kNewerLayout, kOlderLayout };
+enum class Incompatibility { kOtherCapacity, kNewerLayout, kOlderLayout, kLayout7 };
 class IncompatibleSegmentTest : public ::testing::TestWithParam<Incompatibility> {};
 
 TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
@@ -447,6 +447,13 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
     case Incompatibility::kOlderLayout:
       old_seg->header().layout_version.store(3);  // as the retryd of layout 3 left it
       old_seg->header().dependency_slot_size.store(26 * 64);
+      break;
+    case Incompatibility::kLayout7:
+      // As the retryd of layout 7 left it: 32 stripes inside every 8,000-byte slot, and no
+      // stripe count in the header.
+      old_seg->header().layout_version.store(7);
+      old_seg->header().dependency_slot_size.store(8000);
+      old_seg->header().stripes_per_slot.store(0);
       break;
     case Incompatibility::kOtherCapacity:
       WriteFile(config, ClientConfig(name, 128));  // restarted with another capacity
@@ -492,11 +499,13 @@ TEST_P(IncompatibleSegmentTest, DaemonRetiresItAndClientsMoveOver) {
 INSTANTIATE_TEST_SUITE_P(Incompatibilities, IncompatibleSegmentTest,
                          ::testing::Values(Incompatibility::kOtherCapacity,
                                            Incompatibility::kNewerLayout,
-                                           Incompatibility::kOlderLayout),
+                                           Incompatibility::kOlderLayout,
+                                           Incompatibility::kLayout7),
                          [](const auto& info) {
                            switch (info.param) {
                              case Incompatibility::kNewerLayout: return "NewerLayout";
                              case Incompatibility::kOlderLayout: return "OlderLayout";
+                             case Incompatibility::kLayout7: return "Layout7";
                              default: return "OtherCapacity";
                            }
                          });

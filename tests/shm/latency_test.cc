@@ -111,7 +111,7 @@ TEST(LatencyTest, ProcessesOnEveryCpuCountEveryLatencyExactly) {
   constexpr uint64_t kCalls = 60'000;  // a multiple of 20 and of 3
   const std::vector<pid_t> pids = ForkWorkers([&](int, Caller& caller) {
     for (uint64_t i = 0; i < kCalls; ++i) {
-      caller.stripe = CurrentCpu();
+      testing::OnCpu(caller, CurrentCpu());
       Permit p;
       if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) return 2;
       Complete(slot, &p, kOutcomes[i % 3], kLatencies[i % kLatencies.size()], CoarseNowNs(),
@@ -158,7 +158,7 @@ TEST(LatencyTest, AWorkerKilledMidCallLosesAtMostThatCall) {
       nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   const std::vector<pid_t> pids = ForkWorkers([&](int w, Caller& caller) {
     for (uint64_t i = 0;; ++i) {
-      caller.stripe = CurrentCpu();
+      testing::OnCpu(caller, CurrentCpu());
       Permit p;
       Admit(slot, index, 0, &CoarseNowNs, caller, &p);
       Complete(slot, &p, i % 5 == 0 ? Outcome::kFailure : Outcome::kSuccess, kLatency,
@@ -216,10 +216,10 @@ TEST(LatencyTest, ASlotGivenToAnotherDependencyStartsAtZeroButForTheCallsComplet
         if ((g & 1) != (old_generation & 1) || slot.state.load() != uint32_t(SlotState::kActive)) {
           continue;
         }
-        caller.stripe = CurrentCpu();
+        testing::OnCpu(caller, CurrentCpu());
         Permit p;
         AdmitAsBound(slot, slot_index, g, 0, &CoarseNowNs, caller, &p);
-        caller.stripe = CurrentCpu();
+        testing::OnCpu(caller, CurrentCpu());
         Complete(slot, &p, calls.load() % 8 ? Outcome::kSuccess : Outcome::kFailure,
                  10 * testing::kSec, CoarseNowNs(), caller);
         calls.fetch_add(1, std::memory_order_relaxed);
@@ -288,7 +288,7 @@ TEST(LatencyTest, ASequenceCommittingAcrossTheSlotsReassignmentCountsOneCallInTh
     ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));
     Complete(slot, &p, Outcome::kSuccess, 3 * kMs, CoarseNowNs(), caller);
   }
-  Stripe& st = slot.stripes[0];
+  Stripe& st = StripeAt(slot, 0);
   const uint32_t bucket = LatencyBucket(3 * kMs);
   const uint64_t first_attempts = st.first_attempts.load();
   const uint64_t successes = st.successes_by_latency[bucket].load();
@@ -342,7 +342,7 @@ TEST(LatencyTest, ASequenceCommittingAcrossTheSlotsReassignmentCountsOneCallInTh
 // between the two stores a first-attempt count of minus 6,000.
 TEST(LatencyTest, AWriterSeeingOtherCpusKeepsTheSlotsStripesAndItsCountsStartAtZero) {
   const Policy policy = NeverTrips();
-  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, policy);
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 8, policy, 8);
   uint32_t index = 0;
   ASSERT_TRUE(seg->PutDependency("a", policy, &index).ok());
   DependencySlot& slot = *seg->dependency(index);
@@ -402,10 +402,10 @@ TEST(LatencyTest, ReadersRacingReassignmentsNeverSeeAWrappedOrInheritedCount) {
       for (uint64_t i = 1; !stop.load(std::memory_order_relaxed);) {
         const uint32_t g = slot.generation.load(std::memory_order_acquire);
         if ((g & 1) != old_parity || slot.state.load() != uint32_t(SlotState::kActive)) continue;
-        caller.stripe = CurrentCpu();
+        testing::OnCpu(caller, CurrentCpu());
         Permit p;
         AdmitAsBound(slot, slot_index, g, i++ % 4 == 0 ? 1 : 0, &CoarseNowNs, caller, &p);
-        caller.stripe = CurrentCpu();
+        testing::OnCpu(caller, CurrentCpu());
         Complete(slot, &p, Outcome::kSuccess, 2 * kMs, CoarseNowNs(), caller);
         calls.fetch_add(1, std::memory_order_relaxed);
       }
@@ -480,7 +480,7 @@ TEST(LatencyTest, TheDisabledModeRecordsNoLatency) {
   DependencySlot& slot = *seg->dependency(index);
   slot.mode.store(uint32_t(Mode::kDisabled));
   Caller caller{2, 0, 9};
-  caller.stripe = CurrentCpu();
+  testing::OnCpu(caller, CurrentCpu());
   for (int i = 0; i < 10; ++i) {
     Permit p;
     ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p)));

@@ -184,12 +184,11 @@ class ModelRun {
         now_ms_(shape.start_ms),
         latest_ms_(shape.start_ms),
         model_(shape.policy, shape.start_ms) {
-    seg_ = Segment::CreatePrivate(1, 64, shape.policy);
-    index_ = testing::AddDependency(*seg_, "model", shape.policy);
-    slot_ = seg_->dependency(index_);
     // Four virtual CPUs' stripes (stripes.h): every thread moves among them and the shared
     // words, so the stripes' folds face the model at every step.
-    slot_->stripe_count.store(kVirtualCpus);
+    seg_ = Segment::CreatePrivate(1, 64, shape.policy, testing::StripesFor(kVirtualCpus));
+    index_ = testing::AddDependency(*seg_, "model", shape.policy);
+    slot_ = seg_->dependency(index_);
     shm::Reset(*slot_, now_ns());  // the model starts as a slot just reset
     policy_ = shape.policy;
     for (uint16_t owner = 1; owner <= 4; ++owner) Spawn(owner);
@@ -249,9 +248,9 @@ class ModelRun {
         os << " b" << i << " p" << Bucket::Period(w) << " c" << Bucket::Calls(w) << "\n";
       }
       for (uint32_t i = 0; i < kVirtualCpus; ++i) {
-        const uint64_t w = slot_->stripes[i].window.load();
+        const uint64_t w = testing::StripeOfCpu(*slot_, i).window.load();
         os << " stripe " << i << " end " << StripeWindow::EndMs(w, now_ms_) << " start "
-           << slot_->stripes[i].window_start.load() << " successes " << StripeWindow::Count(w)
+           << testing::StripeOfCpu(*slot_, i).window_start.load() << " successes " << StripeWindow::Count(w)
            << "\n";
       }
     }
@@ -287,7 +286,7 @@ class ModelRun {
     if (live.empty()) return nullptr;
     Thread* t = live[Below(live.size())];
     const uint64_t cpu = Below(kVirtualCpus + 1);
-    t->caller.stripe = cpu == kVirtualCpus ? kNoStripe : uint16_t(cpu);
+    testing::OnCpu(t->caller, cpu == kVirtualCpus ? kNoStripe : uint16_t(cpu));
     t->caller.stripe_mode = StripeMode::kAtomic;
     return t;
   }

@@ -78,7 +78,7 @@ TEST(RseqDescriptorTest, AdmitAndCompleteOnTheStripesLeaveTheDescriptorCleared) 
   DependencySlot& slot = *seg->dependency(index);
   Caller caller{1, 0, 12345};
   for (int i = 0; i < 1000; ++i) {
-    caller.stripe = CurrentCpu();
+    caller.OnCpu(CurrentCpu());
     Permit p;
     ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, uint64_t(i + 1) * 1'000'000, caller, &p)));
     ASSERT_EQ(*RseqCs(), 0u) << "after an admit";

@@ -7,12 +7,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
+#include "shm/latency.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -64,7 +68,7 @@ TEST(SegmentTest, RefusesCorruptSizesAndRetired) {
   good.seg->header().max_dependencies.store(16);
   good.seg->header().total_size.store(1);
   EXPECT_EQ(AttachStatus(good.name).code(), Status::Code::kIncompatible);
-  good.seg->header().total_size.store(SegmentSize(16, 64));
+  good.seg->header().total_size.store(SegmentSize(16, 64, good.seg->stripes_per_slot()));
   EXPECT_TRUE(AttachStatus(good.name).ok());
   good.seg->header().retired.store(1);
   Status s = AttachStatus(good.name);
@@ -94,6 +98,7 @@ TEST(SegmentTest, AdoptKeepsStateAndIncompatibleIsRetired) {
   opt.name = first.name;
   opt.max_dependencies = 16;
   opt.max_processes = 64;
+  opt.stripes = first.seg->stripes_per_slot();
   std::unique_ptr<Segment> again;
   bool adopted = false;
   std::string note;
@@ -111,6 +116,132 @@ TEST(SegmentTest, AdoptKeepsStateAndIncompatibleIsRetired) {
   EXPECT_EQ(first.seg->header().retired.load(), 1u);
   EXPECT_EQ(fresh->Find("orders"), -1);
   EXPECT_TRUE(AttachStatus(first.name).ok());
+}
+
+// The stripes a slot gets are the segment's, decided at its creation: one per CPU the kernel can
+// bring online by default, any number up to kMaxStripes when asked. Another number is another
+// capacity: the old segment is retired and replaced, as for another table size.
+TEST(SegmentTest, TheStripesFollowTheHostAndAnotherCountIsAnotherCapacity) {
+  std::unique_ptr<Segment> host = Segment::CreatePrivate(2, 2, Policy{});
+  EXPECT_EQ(host->stripes_per_slot(), HostStripes());
+  EXPECT_GE(HostStripes(), uint32_t(sysconf(_SC_NPROCESSORS_ONLN)));
+  uint32_t index = 0;
+  ASSERT_TRUE(host->PutDependency("orders", Policy{}, &index).ok());
+  EXPECT_EQ(StripeCount(*host->dependency(index)), HostStripes());
+
+  for (uint32_t stripes : {1u, 33u, 96u, kMaxStripes}) {
+    std::unique_ptr<Segment> seg = Segment::CreatePrivate(3, 2, Policy{}, stripes);
+    ASSERT_EQ(seg->stripes_per_slot(), stripes);
+    EXPECT_EQ(seg->header().dependency_slot_size.load(), SlotStride(stripes));
+    EXPECT_EQ(seg->header().stripes_per_slot.load(), stripes);
+    // The slots follow each other at the stride, their stripes between them.
+    EXPECT_EQ(reinterpret_cast<char*>(seg->dependency(1)) - reinterpret_cast<char*>(seg->dependency(0)),
+              ptrdiff_t(SlotStride(stripes)));
+    ASSERT_TRUE(seg->PutDependency("a", Policy{}, &index).ok());
+    ASSERT_TRUE(seg->PutDependency("b", Policy{}, &index).ok());
+    DependencySlot& b = *seg->dependency(index);
+    EXPECT_EQ(StripeCount(b), stripes);
+    // The last stripe of one slot ends where the next slot begins.
+    DependencySlot& a = *seg->dependency(uint32_t(seg->Find("a")));
+    EXPECT_EQ(reinterpret_cast<char*>(&StripeAt(a, stripes - 1) + 1), reinterpret_cast<char*>(&b));
+    EXPECT_TRUE(Segment::Validate(&seg->header(), SegmentSize(3, 2, stripes)).ok());
+  }
+
+  testing::NamedSegment first("stripes-capacity");
+  CreateOptions opt;
+  opt.name = first.name;
+  opt.max_dependencies = 16;
+  opt.max_processes = 64;
+  opt.stripes = first.seg->stripes_per_slot() + 1;
+  std::unique_ptr<Segment> fresh;
+  bool adopted = true;
+  std::string note;
+  ASSERT_TRUE(Segment::CreateOrAdopt(opt, &fresh, &adopted, &note).ok());
+  EXPECT_FALSE(adopted);
+  EXPECT_NE(note.find(" stripes a dependency): retired"), std::string::npos) << note;
+  EXPECT_EQ(first.seg->header().retired.load(), 1u);
+  EXPECT_EQ(fresh->stripes_per_slot(), opt.stripes);
+
+  opt.stripes = kMaxStripes + 1;
+  EXPECT_EQ(Segment::CreateOrAdopt(opt, &fresh, &adopted, &note).code(),
+            Status::Code::kInvalidArgument);
+}
+
+// A stripe count scribbled in a slot reaches at most kMaxStripes stripes past it: the segment's
+// room keeps every one of them inside the mapping, and the readers that fold them (counters,
+// deposits, the window, the latency histogram) read what is there without faulting.
+TEST(SegmentTest, AScribbledStripeCountNeverReachesPastTheSegment) {
+  for (uint32_t stripes : {1u, 2u, 64u}) {
+    std::unique_ptr<Segment> seg = Segment::CreatePrivate(2, 1, Policy{}, stripes);
+    const uint64_t size = SegmentSize(2, 1, stripes);
+    char* const begin = reinterpret_cast<char*>(&seg->header());
+    DependencySlot& last = *seg->dependency(1);
+    last.state.store(uint32_t(SlotState::kActive));
+    last.stripe_count.store(~uint32_t{0});
+    last.stripes_used.store(~uint32_t{0});
+    ASSERT_EQ(StripeCount(last), kMaxStripes);
+    ASSERT_EQ(UsedStripes(last), kMaxStripes);
+    EXPECT_LE(reinterpret_cast<char*>(&StripeAt(last, kMaxStripes - 1) + 1), begin + size);
+    EXPECT_EQ(ReadCounter(last, kSuccesses), 0u);
+    EXPECT_EQ(PendingDeposits(last), 0u);
+    EXPECT_EQ(ReadWindow(last, 5 * testing::kSec).calls, 0u);
+    EXPECT_EQ(ReadLatency(last).Count(), 0u);
+  }
+}
+
+// A reader folds only the stripes ever written (stripes_used): on a host whose kernel can bring
+// 1,024 CPUs online and where two call, a segment of 64 dependencies read in full (counters,
+// deposits, windows, latencies) keeps the other stripes' pages out of memory, where every read
+// of a memfd page would give it memory. A stripe written for the first time is folded from then
+// on.
+TEST(SegmentTest, TheStripesOfCpusThatNeverCalledGetNoMemory) {
+  CreateOptions opt;
+  opt.name = "stripes-memory";
+  opt.max_dependencies = 64;
+  opt.max_processes = 8;
+  opt.stripes = kMaxStripes;
+  std::unique_ptr<Segment> seg;
+  ASSERT_TRUE(Segment::CreateSealed(opt, &seg).ok());
+  const uint64_t now_ns = 5 * testing::kSec;
+  Caller caller{2, 0, 7};
+  caller.stripe_mode = StripeMode::kAtomic;
+  for (int d = 0; d < 64; ++d) {
+    uint32_t index = 0;
+    ASSERT_TRUE(seg->PutDependency("dep" + std::to_string(d), Policy{}, &index).ok());
+    DependencySlot& slot = *seg->dependency(index);
+    ASSERT_EQ(UsedStripes(slot), 0u);
+    for (uint16_t cpu : {0, 1}) {
+      caller.OnCpu(cpu);
+      Permit p;
+      ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, now_ns, caller, &p)));
+      Complete(slot, &p, Outcome::kSuccess, testing::kMs, now_ns, caller);
+    }
+    EXPECT_EQ(UsedStripes(slot), 2u);
+    EXPECT_EQ(ReadCounter(slot, kSuccesses), 2u);
+    EXPECT_EQ(ReadWindow(slot, now_ns).calls, 2u);
+    EXPECT_EQ(ReadLatency(slot).Count(), 2u);
+    FoldDeposits(slot);
+  }
+  const long page = sysconf(_SC_PAGESIZE);
+  const size_t pages = (seg->size() + size_t(page) - 1) / size_t(page);
+  std::vector<unsigned char> resident(pages);
+  ASSERT_EQ(mincore(&seg->header(), seg->size(), resident.data()), 0) << std::strerror(errno);
+  const size_t in_memory = size_t(std::count_if(resident.begin(), resident.end(),
+                                                [](unsigned char r) { return r & 1; }));
+  // Each dependency's slot and its first two stripes: a page or two of the 49 it spans.
+  EXPECT_LE(in_memory, size_t(64 * 2 + 8)) << in_memory << " of " << pages << " pages";
+
+  // The first write to a stripe far up counts it in, and every reader folds it from then on.
+  DependencySlot& slot = *seg->dependency(0);
+  caller.OnCpu(1000);
+  Permit p;
+  ASSERT_TRUE(IsAdmitted(Admit(slot, 0, 0, now_ns, caller, &p)));
+  Complete(slot, &p, Outcome::kSuccess, testing::kMs, now_ns, caller);
+  EXPECT_EQ(UsedStripes(slot), 1001u);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), 3u);
+  EXPECT_EQ(ReadCounter(slot, kFirstAttempts), 3u);
+  EXPECT_EQ(ReadWindow(slot, now_ns).calls, 3u);
+  EXPECT_EQ(StripeAt(slot, 1000).first_attempts.load(), 1u);
 }
 
 TEST(SegmentTest, ReplacesANewerLayoutButNeverAForeignObject) {

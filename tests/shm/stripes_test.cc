@@ -224,7 +224,7 @@ TEST(StripesTest, ProcessesOnEveryCpuCountEveryCallExactly) {
   constexpr uint64_t kCalls = 300'000;
   const std::vector<pid_t> pids = ForkWorkers([&](int, Caller& caller) {
     for (uint64_t i = 0; i < kCalls; ++i) {
-      caller.stripe = CurrentCpu();
+      testing::OnCpu(caller, CurrentCpu());
       Permit p;
       if (!IsAdmitted(Admit(slot, index, 0, &CoarseNowNs, caller, &p))) return 2;
       Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
@@ -254,7 +254,7 @@ TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
   Figures* figures = SharedPage<Figures>();
   const std::vector<pid_t> pids = ForkWorkers([&](int w, Caller& caller) {
     for (;;) {
-      caller.stripe = CurrentCpu();
+      testing::OnCpu(caller, CurrentCpu());
       Permit p;
       Admit(slot, index, 0, &CoarseNowNs, caller, &p);
       Complete(slot, &p, Outcome::kSuccess, kMs, CoarseNowNs(), caller);
@@ -293,17 +293,16 @@ TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
 class StripeFoldTest : public ::testing::Test {
  protected:
   StripeFoldTest() {
-    seg_ = Segment::CreatePrivate(1, 8, policy_);
+    seg_ = Segment::CreatePrivate(1, 8, policy_, testing::StripesFor(4));
     index_ = testing::AddDependency(*seg_, "orders", policy_);
     slot_ = seg_->dependency(index_);
-    slot_->stripe_count.store(4);
   }
   // The caller on virtual CPU `cpu`: one per CPU, kept across calls as a thread keeps its own
   // (its random state draws the open periods' jitter and a scaled bucket's rounding).
   Caller& On(uint16_t cpu) {
     Caller& c = callers_[cpu % 5];
     if (c.rng == 0) c = Caller{2, 0, 99u + cpu};
-    c.stripe = cpu;
+    testing::OnCpu(c, cpu);
     c.stripe_mode = StripeMode::kAtomic;
     return c;
   }
@@ -337,11 +336,11 @@ TEST_F(StripeFoldTest, TheNextPeriodHandsTheStripesCountToItsBucket) {
   const uint64_t t0 = 1'000 * kSec;
   for (int i = 0; i < 7; ++i) Call(0, t0 + 10 * kMs, Outcome::kSuccess);
   for (int i = 0; i < 5; ++i) Call(1, t0 + 20 * kMs, Outcome::kSuccess);
-  EXPECT_EQ(StripeWindow::Count(slot_->stripes[0].window.load()), 7u);
+  EXPECT_EQ(StripeWindow::Count(testing::StripeOfCpu(*slot_, 0).window.load()), 7u);
   EXPECT_EQ(ReadWindow(*slot_, t0 + 500 * kMs).calls, 12u);
   const uint64_t t1 = t0 + 1'200 * kMs;  // the next 1 s bucket
   Call(0, t1, Outcome::kSuccess);
-  EXPECT_EQ(StripeWindow::Count(slot_->stripes[0].window.load()), 1u);
+  EXPECT_EQ(StripeWindow::Count(testing::StripeOfCpu(*slot_, 0).window.load()), 1u);
   EXPECT_EQ(Bucket::Calls(slot_->buckets[(t0 / kSec) % 10].load()), 7u);
   EXPECT_EQ(ReadWindow(*slot_, t1).calls, 13u);
   // A window later, all of it is gone, from the buckets and the stripes alike.
@@ -366,7 +365,7 @@ TEST_F(StripeFoldTest, ATripCountsTheSuccessesOfEveryStripe) {
 TEST_F(StripeFoldTest, AFullStripeSendsItsSuccessesToTheSharedBucket) {
   const uint64_t t0 = 5'000 * kSec;
   Call(0, t0, Outcome::kSuccess);
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   const uint64_t w = st.window.load();
   st.window.store(StripeWindow::Make(StripeWindow::End40(w), StripeWindow::kStripeWindowMax));
   for (int i = 0; i < 1'000'000; ++i) {
@@ -494,7 +493,6 @@ TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
   narrow.window_ms = 10'000;
   const uint32_t index = testing::AddDependency(*seg.seg, "dep", wide);
   DependencySlot& slot = *seg.seg->dependency(index);
-  if (StripeCount(slot) < 2) slot.stripe_count.store(2);
   int stale = 0, tripped = 0;
   uint64_t base = uint64_t{1} << 42;
   for (int trial = 0; trial < 300; ++trial) {
@@ -505,6 +503,7 @@ TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
     std::atomic<uint64_t> last_now{0};
     std::thread writer([&] {
       Caller c{1, 0, 4242, 0, StripeMode::kAtomic};
+      testing::OnCpu(c, 0);
       for (uint64_t now = base; !stop.load(std::memory_order_relaxed);) {
         now += 60 * kSec + 7 * kMs;  // a new period of the old shape at every call
         Permit p;
@@ -518,12 +517,14 @@ TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
     StorePolicyOf(slot, narrow);  // the daemon's reload
     stop.store(true);
     writer.join();
-    const uint64_t w = slot.stripes[0].window.load();
-    const uint64_t start = slot.stripes[0].window_start.load();
+    const uint64_t w = testing::StripeOfCpu(slot, 0).window.load();
+    const uint64_t start = testing::StripeOfCpu(slot, 0).window_start.load();
     stale += w != 0 && start != ~uint64_t{0} &&
              StripeWindow::End40(w) - (start & StripeWindow::kEndMask) > 1'000;
     // Healthy traffic under the new shape: 1 % failures, on both stripes.
     Caller ok{1, 0, 99, 0, StripeMode::kAtomic}, bad{1, 0, 77, 1, StripeMode::kAtomic};
+    testing::OnCpu(ok, 0);
+    testing::OnCpu(bad, 1);
     uint64_t now = last_now.load() + kMs;
     for (int i = 0; i < 2'020; ++i) {
       now += 100'000;
@@ -560,7 +561,7 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
     if (kid == 0) {
       Caller c{RegisterProcess(*seg.seg, getpid()), 0, uint32_t(777 + w)};
       for (uint64_t n = 1; !stop->load(std::memory_order_relaxed); ++n) {
-        c.stripe = CurrentCpu();
+        testing::OnCpu(c, CurrentCpu());
         Permit permit;
         Admit(slot, index, 0, CoarseNowNs(), c, &permit);
         Complete(slot, &permit, n % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess, 0,
@@ -631,16 +632,16 @@ class StoppedReloadTest : public ::testing::Test {
     p_.window_buckets = from.buckets;
     p_.min_calls = 20;
     p_.failure_rate_pct = 50;
-    seg_ = Segment::CreatePrivate(1, 8, p_);
+    stripes_ = stripes;
+    seg_ = Segment::CreatePrivate(1, 8, p_, testing::StripesFor(stripes));
     slot_ = seg_->dependency(testing::AddDependency(*seg_, "orders", p_));
-    slot_->stripe_count.store(stripes);
   }
   // n calls, `gap` ns apart, round-robin over the stripes; every 100th fails (every one with
   // `outage`).
   void Calls(int n, uint64_t gap = 10'000, bool outage = false) {
     for (int i = 1; i <= n; ++i, now_ += gap) {
       RecordOutcome(*slot_, now_, outage || i % 100 == 0, false, rng_,
-                    uint16_t(i % StripeCount(*slot_)), StripeMode::kAtomic);
+                    uint16_t(testing::StripeBase() + i % stripes_), StripeMode::kAtomic);
     }
   }
   void StoreShape(Shape to) {  // the reload's first step; its daemon stopped there
@@ -661,6 +662,7 @@ class StoppedReloadTest : public ::testing::Test {
   }
 
   Policy p_;
+  uint32_t stripes_ = 2;
   std::unique_ptr<Segment> seg_;
   DependencySlot* slot_ = nullptr;
   uint32_t rng_ = 7;
@@ -759,7 +761,7 @@ TEST_F(StoppedReloadTest, AFullStripesCountOnItsWayStillCounts) {
   Calls(100'000, 100'000);  // 10 s
   StoreShape({1'000, 5});
   Calls(20'000, 100'000);  // 2 s
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   const uint64_t full =
       StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax);
   st.window.store(full);
@@ -893,7 +895,7 @@ TEST_F(StoppedAcrossRestartsTest, AFullStripesHandoverStoppedAcrossARestartLeave
     Make({3'600'000, 1}, 1);
     uint64_t now = 7'200 * kSec + 3'550 * kSec;  // 50 s before the old period's end
     for (int i = 0; i < 100; ++i) Call(now, false, 0);
-    Stripe& st = slot_->stripes[0];
+    Stripe& st = testing::StripeOfCpu(*slot_, 0);
     st.window.store(
         StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
     StoreShape({1'000, 5});
@@ -924,10 +926,9 @@ TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing
   p.window_buckets = 5;
   p.min_calls = 20;
   p.failure_rate_pct = 50;
-  auto seg = Segment::CreatePrivate(1, 8, p);
+  auto seg = Segment::CreatePrivate(1, 8, p, testing::StripesFor(2));
   const uint32_t index = testing::AddDependency(*seg, "orders", p);
   DependencySlot& slot = *seg->dependency(index);
-  slot.stripe_count.store(2);
   const uint64_t t0 = 5'000 * kSec + 10 * kMs;  // one period throughout
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> reads{0}, failing{0};
@@ -941,7 +942,8 @@ TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing
   PinTo(0);
   uint32_t rng = 7;
   auto call = [&](bool failure) {
-    RecordOutcome(slot, t0, failure, false, rng, 0, StripeMode::kAtomic);
+    RecordOutcome(slot, t0, failure, false, rng, uint16_t(testing::StripeBase()),
+                  StripeMode::kAtomic);
   };
   uint64_t rounds = 0;
   for (const uint64_t end = PreciseNowNs() + StressNs(2 * kSec); PreciseNowNs() < end; ++rounds) {
@@ -974,10 +976,9 @@ TEST(StripesTest, ABreakerFoundClosedNeverHoldsTheOutagesFailures) {
   p.failure_rate_pct = 50;
   p.close_after = 1;
   p.half_open_probes = 1;
-  auto seg = Segment::CreatePrivate(1, 8, p);
+  auto seg = Segment::CreatePrivate(1, 8, p, testing::StripesFor(2));
   const uint32_t index = testing::AddDependency(*seg, "orders", p);
   DependencySlot& slot = *seg->dependency(index);
-  slot.stripe_count.store(2);
   const uint64_t t0 = 5'000 * kSec + 10 * kMs;
   std::atomic<bool> stop{false};
   std::atomic<uint32_t> checked{0};  // the last close's seq the watcher has read
@@ -1052,7 +1053,7 @@ TEST_F(StripeFoldTest, ASuccessCountOnItsWayToItsBucketStillCounts) {
   for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
   for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
   ASSERT_EQ(ReadWindow(*slot_, t0).calls, 1'030u);
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   const uint64_t taken = st.window.load();
   ASSERT_EQ(StripeWindow::Count(taken), 1'000u);
   // The next period's first success on CPU 0 has taken the count and not yet added it.
@@ -1111,7 +1112,7 @@ TEST_F(StoppedReaderTest, AHandoverBegunWhileTheReaderWasStoppedIsCounted) {
   CallsBeforeTheRead();
   pauses_.at(WindowReadPause::kStripesRead) = [this] {
     CallsWhileStopped();
-    Stripe& st = slot_->stripes[0];
+    Stripe& st = testing::StripeOfCpu(*slot_, 0);
     const uint64_t taken = st.window.load();
     ASSERT_EQ(StripeWindow::Count(taken), 1'000u);
     st.handing.store(taken);  // BeginHandover, then the take
@@ -1132,7 +1133,7 @@ TEST_F(StoppedReaderTest, AHandoverDoneBetweenTheReadersTwoStripeReadsIsCounted)
   pauses_.at(WindowReadPause::kBucketsRead) = [this] { Call(0, kT1, Outcome::kSuccess); };
   pauses_.Arm();
   ExpectEveryCallRead();
-  EXPECT_EQ(slot_->stripes[0].handing.load(), 0u);
+  EXPECT_EQ(testing::StripeOfCpu(*slot_, 0).handing.load(), 0u);
 }
 
 // Sixteen restarts of the window (reloads that change its shape) while the reader was stopped
@@ -1156,7 +1157,7 @@ TEST_F(StoppedReaderTest, SixteenRestartsWhileTheReaderWasStoppedAreSeen) {
 TEST_F(StoppedReaderTest, AFullStripesHandoverWhileTheReaderWasStoppedIsSeen) {
   Call(0, kT0, Outcome::kSuccess);
   Call(1, kT0, Outcome::kFailure);
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   pauses_.at(WindowReadPause::kStripesRead) = [&] {
     st.window.store(
         StripeWindow::Make(StripeWindow::End40(st.window.load()), StripeWindow::kStripeWindowMax));
@@ -1179,7 +1180,7 @@ TEST_F(StripeFoldTest, ACountOnItsWayIsNotWrittenOverByTheNextHandover) {
   const uint64_t t0 = 8'000 * kSec, t1 = t0 + kSec, t2 = t0 + 2 * kSec;
   for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
   for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   const uint64_t taken = st.window.load();
   // The stopped handover of t1: claimed, taken, not added.
   st.handing.store(taken);
@@ -1203,7 +1204,7 @@ TEST_F(StripeFoldTest, AHandoverFindingTheWordHeldLeavesTheStripeAlone) {
   const uint64_t t0 = 9'000 * kSec, t1 = t0 + kSec;
   for (int i = 0; i < 1'000; ++i) Call(0, t0, Outcome::kSuccess);
   for (int i = 0; i < 30; ++i) Call(1, t0, Outcome::kFailure);
-  Stripe& st = slot_->stripes[0];
+  Stripe& st = testing::StripeOfCpu(*slot_, 0);
   const uint64_t w = st.window.load();
   st.handing.store(w);  // claimed by a handover stopped before its take
   st.handovers.fetch_add(1);
@@ -1259,7 +1260,7 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileWorkersSharingACpuAreStopped)
       PinTo(0);
       Caller c{RegisterProcess(*seg.seg, getpid()), 0, uint32_t(777 + w)};
       for (uint64_t n = 1; !stop->load(std::memory_order_relaxed); ++n) {
-        c.stripe = CurrentCpu();
+        testing::OnCpu(c, CurrentCpu());
         Permit permit;
         Admit(slot, index, 0, CoarseNowNs(), c, &permit);
         Complete(slot, &permit, (n * 7 + w) % 100 == 0 ? Outcome::kFailure : Outcome::kSuccess, 0,

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,29 @@ inline uint64_t ThreadCpuNs() {
 
 // Cpus: the CPUs the per-CPU tests spread their workers over (the host's stripes, at most 8).
 inline int Cpus() { return int(std::min<uint32_t>(shm::HostStripes(), 8)); }
+
+// StripeBase: the stripe the stripe tests give CPU 0 (real or virtual), CPU c getting
+// StripeBase() + c: 0, or RETRYD_TEST_STRIPE_BASE, with which ctest runs the stripe, window and
+// model tests a second time (1000): a host of 2 CPUs then drives the stripes of CPUs 1,000 and
+// up, as a host of 1,024 CPUs does, through every fold, handover, reload and reset.
+inline uint32_t StripeBase() {
+  static const uint32_t base = [] {
+    const char* v = std::getenv("RETRYD_TEST_STRIPE_BASE");
+    const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+    return uint32_t(std::clamp<long>(n, 0, shm::kMaxStripes - 16));
+  }();
+  return base;
+}
+// StripesFor: the stripes a test segment gives a slot for `cpus` CPUs under StripeBase.
+inline uint32_t StripesFor(uint32_t cpus) {
+  return std::min<uint32_t>(StripeBase() + cpus, shm::kMaxStripes);
+}
+// OnCpu: `caller` runs on CPU `cpu` and writes its stripe under StripeBase.
+inline void OnCpu(shm::Caller& caller, uint16_t cpu) { caller.OnCpu(cpu, StripeBase()); }
+// StripeOfCpu: the stripe CPU `cpu` writes in `slot` under StripeBase.
+inline shm::Stripe& StripeOfCpu(shm::DependencySlot& slot, uint32_t cpu) {
+  return shm::StripeAt(slot, StripeBase() + cpu);
+}
 
 inline void PinTo(int cpu) {
   cpu_set_t set;
@@ -81,6 +105,7 @@ struct NamedSegment {
     opt.name = name;
     opt.max_dependencies = deps;
     opt.max_processes = procs;
+    opt.stripes = StripesFor(std::max<uint32_t>(shm::HostStripes(), 2));
     opt.mode = 0600;
     bool adopted = false;
     std::string note;
