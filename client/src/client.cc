@@ -45,7 +45,10 @@ struct ThreadState {
   uint16_t lease_tag = 0;
   uint32_t rng = 0;
 };
-thread_local ThreadState t_state;
+// Initial-exec: one load from the thread pointer, where the default model for a shared library
+// calls __tls_get_addr on every admit. Eight bytes of the static TLS that glibc keeps for
+// libraries loaded later (dlopen, as every language's binding loads this one).
+[[gnu::tls_model("initial-exec")]] thread_local ThreadState t_state;
 
 uint32_t SeedRandom() {
   uint32_t x = uint32_t(shm::PreciseNowNs()) ^ (uint32_t(getpid()) * 2654435761u) ^
