@@ -22,6 +22,7 @@
 #include "shm/clock.h"
 #include "shm/counters.h"
 #include "shm/dependency_table.h"
+#include "shm/latency.h"
 #include "shm/registry.h"
 #include "tests/shm/test_util.h"
 
@@ -103,6 +104,50 @@ TEST(ClientTest, SharesLimitsThroughTheSegment) {
   EXPECT_FALSE(b->Admit(db, 0, &permit));  // a's failures opened b's breaker too
   EXPECT_EQ(permit.decision(), Decision::kRejectedOpen);
   b->Complete(&permit, Outcome::kSuccess, milliseconds(1));
+}
+
+// Complete writes the stripe of the CPU admit ran on without reading it again (the permit
+// carries it). Threads moved to another CPU between every admit and its completion: the
+// sequence on the old CPU's stripe is refused, and the call completes on the CPU the thread runs
+// on, counted exactly once (first attempts, successes, the window, the latency histogram),
+// still in the stripes.
+TEST(ClientTest, AThreadMovedBetweenAdmitAndCompleteIsCountedOnceWhereItRuns) {
+  if (shm::CurrentCpu() == shm::kNoStripe || sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    GTEST_SKIP() << "needs rseq and two CPUs";
+  }
+  testing::NamedSegment seg("moved");
+  shm::Policy p;
+  p.window_ms = 3'600'000;  // two half-hour buckets: every call of the test is in the window
+  p.window_buckets = 2;
+  p.min_calls = 1'000'000;
+  const uint32_t index = testing::AddDependency(*seg.seg, "orders", p);
+  const shm::DependencySlot& slot = *seg.seg->dependency(index);
+  auto client = OpenOrDie(seg.name, false);
+  Dependency orders;
+  ASSERT_TRUE(client->Resolve("orders", &orders).ok());
+  constexpr int kThreads = 3, kCalls = 3'000;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        testing::PinTo((t + i) % 2);
+        Permit permit;
+        if (!client->Admit(orders, 0, &permit)) ++failures;
+        testing::PinTo((t + i + 1) % 2);
+        client->Complete(&permit, Outcome::kSuccess, milliseconds(3));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+  const uint64_t total = uint64_t{kThreads} * kCalls;
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kFirstAttempts), total);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kSuccesses), total);
+  EXPECT_EQ(shm::ReadWindow(slot, shm::CoarseNowNs()).calls, total);
+  EXPECT_EQ(shm::ReadLatency(slot).Count(), total);
+  // Completed in the stripe of the CPU each thread had moved to, not the shared words.
+  EXPECT_LT(slot.counters[shm::kSuccesses].load(), total / 10);
 }
 
 // A handle whose slot was retired and then given to another name must not write into the new
