@@ -544,7 +544,10 @@ TEST(StripesTest, AReloadRacingAStripesFirstSuccessNeverHidesItsSuccesses) {
 // four window shapes. A trip check racing a reload's StartWindowAnew read the old buckets'
 // failures after the stripes' successes were gone, and tripped the healthy dependency (4 runs
 // of 6 of 15 s); a reload now empties the buckets first, and a read that sees the head move
-// reads again.
+// reads again. With a thousand stripes to empty (the run with the stripes of CPU 1,000 and up),
+// the successes a stripe counted while the reload went through the others were emptied with it
+// while the failures of the same moment stayed in the new buckets (1 run in 6 tripped beside a
+// CPU hog): a reload now puts every stripe's period out of reach before it empties anything.
 TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape) {
   testing::NamedSegment seg("healthyreload", 4, 64);
   Policy p;
