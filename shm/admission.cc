@@ -12,10 +12,8 @@ namespace retryd::shm {
 
 Stripe* UseStripe(DependencySlot& slot, uint32_t i) {
   if (i >= StripeCount(slot)) return nullptr;
-  uint32_t used = slot.stripes_used.load(kRelaxed);
-  while (used <= i && !slot.stripes_used.compare_exchange_weak(used, i + 1,
-                                                               std::memory_order_acq_rel, kRelaxed)) {
-  }
+  // In the map before the first write, so that a reader that finds the write finds the stripe.
+  slot.stripes_written[i / 64].fetch_or(uint64_t{1} << (i % 64), std::memory_order_acq_rel);
   return &StripeAt(slot, i);
 }
 
@@ -37,7 +35,7 @@ uint64_t MakeLease(uint16_t owner, uint16_t tag, uint32_t now_ms, uint32_t timeo
 // killed between the two loses what it took: the budget grants less, never more.
 void FoldDeposits(DependencySlot& slot, uint32_t burst) {
   uint64_t gained = 0;
-  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+  WrittenStripes(slot).ForEach([&](uint32_t i) {
     Stripe& s = StripeAt(slot, i);
     uint64_t taken = s.deposits_taken.load(kRelaxed);
     for (;;) {
@@ -48,7 +46,7 @@ void FoldDeposits(DependencySlot& slot, uint32_t burst) {
         break;
       }
     }
-  }
+  });
   if (gained > 0) RetryBudget::AddCapped(slot.budget, gained, burst);
 }
 
@@ -253,13 +251,13 @@ void StorePolicyOf(DependencySlot& slot, const Policy& policy) {
 }
 
 void DropStripeDeposits(DependencySlot& slot) {
-  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+  WrittenStripes(slot).ForEach([&](uint32_t i) {
     Stripe& s = StripeAt(slot, i);
     uint64_t taken = s.deposits_taken.load(kRelaxed);
     for (uint64_t made; (made = s.deposits.load(kRelaxed)) > taken;) {
       if (s.deposits_taken.compare_exchange_weak(taken, made, kRelaxed)) break;
     }
-  }
+  });
 }
 
 void Reset(DependencySlot& slot, uint64_t now_ns) {

@@ -12,9 +12,9 @@ namespace admission_internal {
 inline void Count(DependencySlot& slot, Counter c) { slot.counters[c].fetch_add(1, kRelaxed); }
 
 // The caller's stripe of `slot`, or nullptr when it writes the shared words (stripes.h). A
-// stripe's first writer counts it in the slot's stripes_used (UseStripe, out of line).
+// stripe's first writer puts it in the map of the stripes written (UseStripe, out of line).
 inline Stripe* StripeOf(DependencySlot& slot, const Caller& caller) {
-  if (__builtin_expect(caller.stripe < UsedStripes(slot), 1)) return &StripeAt(slot, caller.stripe);
+  if (__builtin_expect(StripeWritten(slot, caller.stripe), 1)) return &StripeAt(slot, caller.stripe);
   return caller.stripe < StripeCount(slot) ? UseStripe(slot, caller.stripe) : nullptr;
 }
 

@@ -342,14 +342,14 @@ bool RecordStripeSuccess(DependencySlot& slot, uint64_t now_ns, uint16_t i, uint
 void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
   const WindowShape s = Shape(slot);
   const uint64_t period = now_ns / s.bucket_ns;
-  for (uint32_t i = 0, n = UsedStripes(slot); i < n; ++i) {
+  WrittenStripes(slot).ForEach([&](uint32_t i) {
     StripeAt(slot, i).handovers.fetch_add(1, kRelaxed);  // a read across this reads again
     const uint64_t start_ms = StripeAt(slot, i).window_start.load(kRelaxed);
     std::atomic<uint64_t>& word = StripeAt(slot, i).window;
     uint64_t w = word.load(kRelaxed);
     while (w != 0 && !word.compare_exchange_weak(w, 0, kRelaxed)) {
     }
-    if (StripeWindow::Count(w) == 0) continue;
+    if (StripeWindow::Count(w) == 0) return;
     const uint64_t now_ms = now_ns / 1'000'000u;
     const uint64_t p = StripePeriod(w, now_ms, s);
     // A period past the close's that holds its now is one of another shape (a reload not yet
@@ -357,13 +357,13 @@ void RestartStripeWindows(DependencySlot& slot, uint64_t now_ns) {
     // hand to a bucket ahead of the clock. A period that begins after `now_ns` (a close whose
     // clock read lags the stripe's newest period) is after the close: its successes count, as
     // the shared bucket's calls of it do.
-    if (p > period && StripeWindow::Holds(w, start_ms, now_ms)) continue;
+    if (p > period && StripeWindow::Holds(w, start_ms, now_ms)) return;
     if (p > period || (p < period && period - p < s.buckets)) {
       // No caller's random state here: the word just taken seeds the draws.
       uint32_t rng = uint32_t(w ^ (w >> 32)) | 1;
       RecordCalls(slot, s, p, now_ns, StripeWindow::Count(w), 0, 0, rng);
     }
-  }
+  });
 }
 
 // VoidEarlierProbes frees the probe words of earlier half-opens when half-open `seq` begins, so
@@ -459,13 +459,15 @@ void StartWindowAnew(DependencySlot& slot) {
   // The new shape is stored before the stripes are emptied, and read by a stripe's first
   // success after it stores a period (RecordStripeSuccess): both read-modify-write the head in
   // between, so the later of the two sees what the earlier stored.
-  const uint32_t n = UsedStripes(slot);
-  for (uint32_t i = 0; i < n; ++i) {
+  // The stripes written before step 1: one first written after it has started a period of its
+  // own since (its start was never out of reach), and holds nothing of the old shape.
+  const StripeMap written = WrittenStripes(slot);
+  written.ForEach([&](uint32_t i) {
     StripeAt(slot, i).handovers.fetch_add(1, kRelaxed);  // a read across this reads again
     StripeAt(slot, i).window_start.store(~uint64_t{0}, kRelaxed);
-  }
+  });
   StartEpoch(slot);
-  for (uint32_t i = 0; i < n; ++i) {
+  written.ForEach([&](uint32_t i) {
     Stripe& st = StripeAt(slot, i);
     st.handovers.fetch_add(1, kRelaxed);
     std::atomic<uint64_t>& word = st.window;
@@ -477,7 +479,7 @@ void StartWindowAnew(DependencySlot& slot) {
                                        std::memory_order_acquire)) {
     }
     st.handing.store(0, kRelaxed);
-  }
+  });
 }
 
 std::optional<uint64_t> FullTimeMs(const DependencySlot& slot, const BreakerWord& b) {
@@ -655,31 +657,36 @@ uint64_t StripeCalls(uint64_t word, uint64_t start_ms, uint64_t now_ns, uint64_t
 std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t now_ns,
                                           uint64_t& head) {
   const WindowShape s = Shape(slot);
-  // The stripes ever written: one that starts being written during the read (its first
-  // successes) is seen by the look at stripes_used after the buckets, and the read is not counted.
-  const uint32_t stripes = UsedStripes(slot);
-  // Four words a stripe, on the reader's stack: 32 bytes per CPU of the host (32 KiB at
-  // kMaxStripes).
-  auto* const seen = static_cast<uint64_t*>(alloca(sizeof(uint64_t) * 4 * (stripes ? stripes : 1)));
-  uint64_t* const handovers = seen;
-  uint64_t* const before = seen + stripes;
-  uint64_t* const starts = seen + 2 * stripes;
-  uint64_t* const handing = seen + 3 * stripes;
+  // The stripes ever written: one first written during the read (its first successes) is seen
+  // by the look at the map after the buckets, and the read is not counted.
+  const StripeMap written = WrittenStripes(slot);
+  const uint32_t stripes = written.Count();
+  // Five words a stripe written, on the reader's stack: 40 bytes per CPU that has called the
+  // dependency (40 KiB if all of 1,024 have).
+  auto* const seen = static_cast<uint64_t*>(alloca(sizeof(uint64_t) * 5 * (stripes ? stripes : 1)));
+  uint64_t* const ids = seen;
+  uint64_t* const handovers = seen + stripes;
+  uint64_t* const before = seen + 2 * stripes;
+  uint64_t* const starts = seen + 3 * stripes;
+  uint64_t* const handing = seen + 4 * stripes;
+  uint32_t listed = 0;
+  written.ForEach([&](uint32_t i) { ids[listed++] = i; });
   // The stripes' counts of handovers before the head: every restart moves them on (as well as
   // the head's 4-bit epoch, which 16 restarts bring back), so that a read with stripes sees any
   // restart after this, however many.
-  for (uint32_t i = 0; i < stripes; ++i) {
-    handovers[i] = StripeAt(slot, i).handovers.load(std::memory_order_acquire);
+  for (uint32_t k = 0; k < stripes; ++k) {
+    handovers[k] = StripeAt(slot, uint32_t(ids[k])).handovers.load(std::memory_order_acquire);
   }
   head = slot.window_head.load(std::memory_order_acquire);
   PauseForTest(WindowReadPause::kHeadRead);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
-  for (uint32_t i = 0; i < stripes; ++i) {
-    before[i] = StripeAt(slot, i).window.load(std::memory_order_acquire);
-    starts[i] = StripeAt(slot, i).window_start.load(std::memory_order_relaxed);
-    handing[i] = StripeAt(slot, i).handing.load(std::memory_order_acquire);
+  for (uint32_t k = 0; k < stripes; ++k) {
+    const Stripe& st = StripeAt(slot, uint32_t(ids[k]));
+    before[k] = st.window.load(std::memory_order_acquire);
+    starts[k] = st.window_start.load(std::memory_order_relaxed);
+    handing[k] = st.handing.load(std::memory_order_acquire);
   }
   PauseForTest(WindowReadPause::kStripesRead);
   WindowStats w;
@@ -699,21 +706,22 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
     }
   }
   PauseForTest(WindowReadPause::kBucketsRead);
-  if (UsedStripes(slot) != stripes) return std::nullopt;
-  for (uint32_t i = 0; i < stripes; ++i) {
-    const uint64_t after = StripeAt(slot, i).window.load(std::memory_order_acquire);
-    if (StripeWindow::End40(after) != StripeWindow::End40(before[i]) ||
-        StripeWindow::Count(after) < StripeWindow::Count(before[i]) ||
-        StripeAt(slot, i).handovers.load(std::memory_order_acquire) != handovers[i]) {
+  if (!(WrittenStripes(slot) == written)) return std::nullopt;
+  for (uint32_t k = 0; k < stripes; ++k) {
+    const Stripe& st = StripeAt(slot, uint32_t(ids[k]));
+    const uint64_t after = st.window.load(std::memory_order_acquire);
+    if (StripeWindow::End40(after) != StripeWindow::End40(before[k]) ||
+        StripeWindow::Count(after) < StripeWindow::Count(before[k]) ||
+        st.handovers.load(std::memory_order_acquire) != handovers[k]) {
       return std::nullopt;
     }
     // The period's start read with the first read: the same period (its end, above, has not
     // moved), unless a restart put it out of reach meanwhile (then it counts as ended).
-    w.calls += StripeCalls(after, starts[i], now_ns, period, floor, newest, s, w.mixed_shapes);
-    if (handing[i] != before[i]) {
+    w.calls += StripeCalls(after, starts[k], now_ns, period, floor, newest, s, w.mixed_shapes);
+    if (handing[k] != before[k]) {
       // A full stripe's count on its way is of the stripe's own period, and its start.
-      const bool same = StripeWindow::End40(handing[i]) == StripeWindow::End40(after);
-      w.calls += StripeCalls(handing[i], same ? starts[i] : ~uint64_t{0}, now_ns, period, floor,
+      const bool same = StripeWindow::End40(handing[k]) == StripeWindow::End40(after);
+      w.calls += StripeCalls(handing[k], same ? starts[k] : ~uint64_t{0}, now_ns, period, floor,
                              newest, s, w.mixed_shapes);
     }
   }
@@ -740,7 +748,7 @@ void RecordOutcome(DependencySlot& slot, uint64_t now_ns, bool failure, bool slo
   const uint64_t word = slot.breaker.load(std::memory_order_acquire);
   if (BreakerWord::Decode(word).state != BreakerState::kClosed) return;
   if (!failure && !slow && stripe < StripeCount(slot) &&
-      (stripe < UsedStripes(slot) || UseStripe(slot, stripe) != nullptr) &&
+      (StripeWritten(slot, stripe) || UseStripe(slot, stripe) != nullptr) &&
       RecordStripeSuccess(slot, now_ns, stripe, cpu == kNoStripe ? stripe : cpu, mode, rng)) {
     return;
   }

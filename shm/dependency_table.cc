@@ -36,7 +36,7 @@ constexpr uint64_t kCreateLockStaleMs = 1'000;
 void StartCountsAtZero(DependencySlot& d) {
   uint64_t first_attempts = 0, successes = 0, latency_us = 0;
   uint64_t by_latency[kLatencyBuckets] = {};
-  for (uint32_t i = 0, n = UsedStripes(d); i < n; ++i) {
+  WrittenStripes(d).ForEach([&](uint32_t i) {
     const Stripe& st = StripeAt(d, i);
     first_attempts += st.first_attempts.load(kRelaxed);
     latency_us += st.success_latency_us.load(kRelaxed);
@@ -45,7 +45,7 @@ void StartCountsAtZero(DependencySlot& d) {
       by_latency[b] += n_b;
       successes += n_b;
     }
-  }
+  });
   for (auto& c : d.counters) c.store(0, kRelaxed);
   d.counters[kFirstAttempts].store(0 - first_attempts, kRelaxed);
   d.counters[kSuccesses].store(0 - successes, kRelaxed);

@@ -105,13 +105,13 @@ inline LatencyHistogram ReadLatency(const DependencySlot& slot) {
     h.buckets[b] = slot.latency[b].load(std::memory_order_relaxed);
   }
   h.sum_us = slot.latency_sum_us.load(std::memory_order_relaxed);
-  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+  WrittenStripes(slot).ForEach([&](uint32_t s) {
     const Stripe& st = StripeAt(slot, s);
     for (uint32_t b = 0; b < kLatencyBuckets; ++b) {
       h.buckets[b] += st.successes_by_latency[b].load(std::memory_order_relaxed);
     }
     h.sum_us += st.success_latency_us.load(std::memory_order_relaxed);
-  }
+  });
   return h;
 }
 

@@ -14,8 +14,8 @@
 // histogram (latency.h): 3 lines a stripe and 3 shared lines, 8,000 bytes a slot. Layout 8
 // gives every CPU the host can have its stripe, up to kMaxStripes: the stripes follow their
 // slot (SlotStride), as many as the segment's creator decided (SegmentHeader::stripes_per_slot,
-// the kernel's possible CPUs), where layout 7 held 32 in every slot; a slot alone is 1,856
-// bytes, and 192 more per stripe. The segment ends with `room` (SegmentSize): unused bytes, never
+// the kernel's possible CPUs), where layout 7 held 32 in every slot; a slot alone is 1,984
+// bytes (with the map of the stripes ever written), and 192 more per stripe. The segment ends with `room` (SegmentSize): unused bytes, never
 // touched (so never given memory), that keep whatever a stripe count clamped to kMaxStripes
 // reaches inside the mapping.
 //
@@ -117,11 +117,6 @@ struct alignas(kCacheLine) DependencySlot {
   // assigned a name: the host's CPUs, at most the segment's stripes_per_slot.
   alignas(kCacheLine) PolicyWords policy;
   std::atomic<uint32_t> stripe_count;
-  // The stripes ever written, from stripe 0 (stripes.h): one past the highest stripe a writer
-  // has taken (UseStripe), at most stripe_count. Readers fold these only, so that a host whose
-  // kernel can bring more CPUs online than run callers (a VM's) neither reads nor, in a memfd,
-  // gives memory to the stripes of CPUs that never called the dependency. Only grows.
-  std::atomic<uint32_t> stripes_used;
   // Line 3: the breaker state word, the retry budget word, the window's head (which buckets
   // hold the window's periods) and the breaker word's time in full (see breaker.h,
   // retry_budget.h). Written at most once per bucket period or transition; read with the
@@ -155,7 +150,13 @@ struct alignas(kCacheLine) DependencySlot {
   // (latency.h). Written with atomic adds, off the common path.
   alignas(kCacheLine) std::atomic<uint64_t> latency[kLatencyBuckets];
   std::atomic<uint64_t> latency_sum_us;
-  // From line 29 on, past the struct: the slot's stripes, 3 lines each (StripeAt, stripes.h).
+  // Lines 29-30: the stripes ever written, one bit each (stripe i: bit i % 64 of word i / 64),
+  // set by a stripe's first writer before it writes (UseStripe, stripes.h). Readers fold these
+  // only, so that the stripes of CPUs that never called the dependency are neither read nor, in
+  // a memfd, given memory: a host whose kernel can bring more CPUs online than run callers (a
+  // VM), or whose callers run on high CPU numbers only (a pinned container). Bits only get set.
+  alignas(kCacheLine) std::atomic<uint64_t> stripes_written[kMaxStripes / 64];
+  // From line 31 on, past the struct: the slot's stripes, 3 lines each (StripeAt, stripes.h).
 };
 
 // One attached process: the owner of the leases it takes.
@@ -265,10 +266,11 @@ static_assert(offsetof(SegmentHeader, defaults) == 4 * kCacheLine);
 static_assert(offsetof(SegmentHeader, fleet_leases) + 8 <= 6 * kCacheLine);
 static_assert(sizeof(Stripe) == 3 * kCacheLine);
 static_assert(offsetof(Stripe, successes_by_latency) == kCacheLine);
-static_assert(sizeof(DependencySlot) == 29 * kCacheLine);
-static_assert(sizeof(DependencySlot) == 1856);
+static_assert(sizeof(DependencySlot) == 31 * kCacheLine);
+static_assert(sizeof(DependencySlot) == 1984);
 static_assert(offsetof(SegmentHeader, reserved0) + 4 <= kCacheLine);
-static_assert(offsetof(DependencySlot, stripes_used) + 4 <= 3 * kCacheLine);
+static_assert(offsetof(DependencySlot, stripe_count) + 4 <= 3 * kCacheLine);
+static_assert(offsetof(DependencySlot, stripes_written) == 29 * kCacheLine);
 static_assert(offsetof(DependencySlot, latency) == 26 * kCacheLine);
 static_assert(offsetof(DependencySlot, name_words) == 16);
 static_assert(offsetof(DependencySlot, policy) == 1 * kCacheLine);

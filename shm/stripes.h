@@ -121,16 +121,45 @@ inline uint32_t StripeCount(const DependencySlot& slot) {
   return n < kMaxStripes ? n : kMaxStripes;
 }
 
-// UsedStripes: the stripes of `slot` a reader folds (DependencySlot::stripes_used, clamped as
-// StripeCount is). A stripe past it has never been written: it holds nothing to add.
-inline uint32_t UsedStripes(const DependencySlot& slot) {
-  const uint32_t n = slot.stripes_used.load(std::memory_order_acquire);
-  return n < kMaxStripes ? n : kMaxStripes;
+// The map of the stripes ever written (DependencySlot::stripes_written), as a reader takes it:
+// a stripe not in it has never been written and holds nothing to add. Any bit of it names a
+// stripe inside the segment (its room: SegmentRoom), whatever a scribble set.
+inline constexpr uint32_t kStripeMapWords = kMaxStripes / 64;
+struct StripeMap {
+  uint64_t words[kStripeMapWords];
+  bool operator==(const StripeMap&) const = default;
+  uint32_t Count() const {
+    uint32_t n = 0;
+    for (uint64_t w : words) n += uint32_t(__builtin_popcountll(w));
+    return n;
+  }
+  // ForEach calls `fn(i)` for every stripe i in the map, in order.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (uint32_t w = 0; w < kStripeMapWords; ++w) {
+      for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1) {
+        fn(w * 64 + uint32_t(__builtin_ctzll(bits)));
+      }
+    }
+  }
+};
+inline StripeMap WrittenStripes(const DependencySlot& slot) {
+  StripeMap m;
+  for (uint32_t w = 0; w < kStripeMapWords; ++w) {
+    m.words[w] = slot.stripes_written[w].load(std::memory_order_acquire);
+  }
+  return m;
 }
 
-// UseStripe: stripe `i` of `slot` for a writer about to write it for the first time: counted in
-// the slot's stripes_used first, so that every reader folds it from then on; nullptr for a
-// stripe past StripeCount(slot). Off the common path (once per stripe in a slot's life).
+// StripeWritten: stripe `i` (any number, kNoStripe included) is in the map. One load.
+inline bool StripeWritten(const DependencySlot& slot, uint32_t i) {
+  return i < kMaxStripes &&
+         (slot.stripes_written[i / 64].load(std::memory_order_acquire) >> (i % 64) & 1) != 0;
+}
+
+// UseStripe: stripe `i` of `slot` for a writer about to write it for the first time: put in the
+// map of the stripes ever written first, so that every reader folds it from then on; nullptr for
+// a stripe past StripeCount(slot). Off the common path (once per stripe in a slot's life).
 // Thread-safe.
 Stripe* UseStripe(DependencySlot& slot, uint32_t i);
 
@@ -352,10 +381,10 @@ inline uint64_t StripeSuccesses(const Stripe& s) {
 inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
   uint64_t v = slot.counters[c].load(std::memory_order_relaxed);
   if (c != kFirstAttempts && c != kSuccesses) return v;
-  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+  WrittenStripes(slot).ForEach([&](uint32_t s) {
     const Stripe& st = StripeAt(slot, s);
     v += c == kSuccesses ? StripeSuccesses(st) : st.first_attempts.load(std::memory_order_relaxed);
-  }
+  });
   return v;
 }
 
@@ -363,11 +392,11 @@ inline uint64_t ReadCounter(const DependencySlot& slot, Counter c) {
 // budget word (retry_budget.h). Thread-safe.
 inline uint64_t PendingDeposits(const DependencySlot& slot) {
   uint64_t pending = 0;
-  for (uint32_t s = 0, n = UsedStripes(slot); s < n; ++s) {
+  WrittenStripes(slot).ForEach([&](uint32_t s) {
     const uint64_t taken = StripeAt(slot, s).deposits_taken.load(std::memory_order_relaxed);
     const uint64_t made = StripeAt(slot, s).deposits.load(std::memory_order_relaxed);
     if (made > taken) pending += made - taken;
-  }
+  });
   return pending;
 }
 
