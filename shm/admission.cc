@@ -144,7 +144,7 @@ bool WithdrawRetry(DependencySlot& slot, uint32_t now_ms, uint32_t burst) {
 void CompleteSlow(DependencySlot& slot, Permit* p, Outcome outcome, bool slow,
                   uint64_t latency_ns, uint64_t now_ns, Caller& caller) {
   if (outcome == Outcome::kSuccess) {
-    CountSuccess(slot, caller, latency_ns);
+    CountSuccess(slot, StripeOf(slot, caller), caller, latency_ns);
   } else {
     Count(slot, outcome == Outcome::kFailure ? kFailures : kIgnored);
     CountLatency(slot, latency_ns);

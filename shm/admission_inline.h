@@ -18,10 +18,12 @@ inline Stripe* StripeOf(DependencySlot& slot, const Caller& caller) {
   return caller.stripe < StripeCount(slot) ? UseStripe(slot, caller.stripe) : nullptr;
 }
 
+// The functions below write the caller's stripe `s` (StripeOf), or the shared words when it is
+// nullptr or its sequence is refused.
+
 // CountStriped counts one `c` (a striped counter) in the caller's stripe, or the shared word.
-inline void CountStriped(DependencySlot& slot, const Caller& caller, Counter c) {
-  if (Stripe* s = StripeOf(slot, caller);
-      s != nullptr && StripeAdd(*StripedCounter(*s, c), 1, caller.cpu, caller.stripe_mode)) {
+inline void CountStriped(DependencySlot& slot, Stripe* s, const Caller& caller, Counter c) {
+  if (s != nullptr && StripeAdd(*StripedCounter(*s, c), 1, caller.cpu, caller.stripe_mode)) {
     return;
   }
   Count(slot, c);
@@ -35,10 +37,10 @@ inline void CountLatency(DependencySlot& slot, uint64_t latency_ns) {
 
 // CountSuccess counts a success and its latency in the caller's stripe (its bucket there is the
 // stripe's success count), or in the shared words.
-inline void CountSuccess(DependencySlot& slot, const Caller& caller, uint64_t latency_ns) {
-  if (Stripe* s = StripeOf(slot, caller);
-      s != nullptr && StripeAdd(s->successes_by_latency[LatencyBucket(latency_ns)], 1,
-                                caller.cpu, caller.stripe_mode)) {
+inline void CountSuccess(DependencySlot& slot, Stripe* s, const Caller& caller,
+                         uint64_t latency_ns) {
+  if (s != nullptr && StripeAdd(s->successes_by_latency[LatencyBucket(latency_ns)], 1, caller.cpu,
+                                caller.stripe_mode)) {
     const uint64_t us = LatencyUs(latency_ns);
     if (!StripeAdd(s->success_latency_us, us, caller.cpu, caller.stripe_mode)) {
       slot.latency_sum_us.fetch_add(us, kRelaxed);
@@ -51,11 +53,10 @@ inline void CountSuccess(DependencySlot& slot, const Caller& caller, uint64_t la
 
 // Deposit: a first attempt's share of a retry, in the caller's stripe (or the shared word),
 // unless the budget word already holds `burst` tokens (retry_budget.h).
-inline void Deposit(DependencySlot& slot, const Caller& caller, uint32_t ratio_milli,
+inline void Deposit(DependencySlot& slot, Stripe* s, const Caller& caller, uint32_t ratio_milli,
                     uint32_t burst) {
   if (ratio_milli == 0 || RetryBudget::Full(slot.budget.load(kRelaxed), burst)) return;
-  if (Stripe* s = StripeOf(slot, caller);
-      s != nullptr && StripeAdd(s->deposits, ratio_milli, caller.cpu, caller.stripe_mode)) {
+  if (s != nullptr && StripeAdd(s->deposits, ratio_milli, caller.cpu, caller.stripe_mode)) {
     return;
   }
   slot.budget.fetch_add(ratio_milli, kRelaxed);
@@ -143,8 +144,9 @@ template <typename NowFn>
   // 3. The retry budget: first attempts deposit, retries withdraw.
   const uint32_t burst = LoadKnob<Knob::retry_burst>(slot.policy);
   if (attempt == 0) {
-    Deposit(slot, caller, LoadKnob<Knob::retry_ratio_milli>(slot.policy), burst);
-    CountStriped(slot, caller, kFirstAttempts);
+    Stripe* const stripe = StripeOf(slot, caller);
+    Deposit(slot, stripe, caller, LoadKnob<Knob::retry_ratio_milli>(slot.policy), burst);
+    CountStriped(slot, stripe, caller, kFirstAttempts);
   } else if (WithdrawRetry(slot, NsToMs32(now_ns()), burst)) {
     Count(slot, kRetriesGranted);
   } else if (shadow) {
@@ -195,12 +197,13 @@ template <typename NowFn>
   }
   const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
   if (slow_ms != 0 && latency_ns >= uint64_t{slow_ms} * 1'000'000u) return false;
-  if (StripeOf(slot, caller) == nullptr ||
+  Stripe* const stripe = StripeOf(slot, caller);
+  if (stripe == nullptr ||
       !RecordSuccessInStripePeriod(slot, now_ns, caller.stripe, caller.cpu, caller.stripe_mode)) {
     return false;
   }
   p->flags &= uint8_t(~kPermitActive);
-  CountSuccess(slot, caller, latency_ns);
+  CountSuccess(slot, stripe, caller, latency_ns);
   return true;
 }
 
