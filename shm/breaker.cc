@@ -661,33 +661,34 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   // by the look at the map after the buckets, and the read is not counted.
   const StripeMap written = WrittenStripes(slot);
   const uint32_t stripes = written.Count();
-  // Five words a stripe written, on the reader's stack: 40 bytes per CPU that has called the
-  // dependency (40 KiB if all of 1,024 have).
-  auto* const seen = static_cast<uint64_t*>(alloca(sizeof(uint64_t) * 5 * (stripes ? stripes : 1)));
-  uint64_t* const ids = seen;
-  uint64_t* const handovers = seen + stripes;
-  uint64_t* const before = seen + 2 * stripes;
-  uint64_t* const starts = seen + 3 * stripes;
-  uint64_t* const handing = seen + 4 * stripes;
-  uint32_t listed = 0;
-  written.ForEach([&](uint32_t i) { ids[listed++] = i; });
+  // Four words a stripe written, on the reader's stack: 32 bytes per CPU of the host that has
+  // called the dependency (the map holds no stripe past the slot's: 32 KiB at most, on a host
+  // of 1,024 CPUs that all have).
+  auto* const seen = static_cast<uint64_t*>(alloca(sizeof(uint64_t) * 4 * (stripes ? stripes : 1)));
+  uint64_t* const handovers = seen;
+  uint64_t* const before = seen + stripes;
+  uint64_t* const starts = seen + 2 * stripes;
+  uint64_t* const handing = seen + 3 * stripes;
   // The stripes' counts of handovers before the head: every restart moves them on (as well as
   // the head's 4-bit epoch, which 16 restarts bring back), so that a read with stripes sees any
   // restart after this, however many.
-  for (uint32_t k = 0; k < stripes; ++k) {
-    handovers[k] = StripeAt(slot, uint32_t(ids[k])).handovers.load(std::memory_order_acquire);
-  }
+  uint32_t k = 0;
+  written.ForEach([&](uint32_t i) {
+    handovers[k++] = StripeAt(slot, i).handovers.load(std::memory_order_acquire);
+  });
   head = slot.window_head.load(std::memory_order_acquire);
   PauseForTest(WindowReadPause::kHeadRead);
   const uint64_t period = now_ns / s.bucket_ns;
   const uint64_t floor = FloorPeriod(slot, now_ns, s);
   const uint64_t newest = NewestPeriod(head, now_ns, s);
-  for (uint32_t k = 0; k < stripes; ++k) {
-    const Stripe& st = StripeAt(slot, uint32_t(ids[k]));
+  k = 0;
+  written.ForEach([&](uint32_t i) {
+    const Stripe& st = StripeAt(slot, i);
     before[k] = st.window.load(std::memory_order_acquire);
     starts[k] = st.window_start.load(std::memory_order_relaxed);
     handing[k] = st.handing.load(std::memory_order_acquire);
-  }
+    ++k;
+  });
   PauseForTest(WindowReadPause::kStripesRead);
   WindowStats w;
   if (newest != kNoPeriod) {
@@ -707,13 +708,16 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
   }
   PauseForTest(WindowReadPause::kBucketsRead);
   if (!(WrittenStripes(slot) == written)) return std::nullopt;
-  for (uint32_t k = 0; k < stripes; ++k) {
-    const Stripe& st = StripeAt(slot, uint32_t(ids[k]));
+  bool moved = false;
+  k = 0;
+  written.ForEach([&](uint32_t i) {
+    const Stripe& st = StripeAt(slot, i);
     const uint64_t after = st.window.load(std::memory_order_acquire);
-    if (StripeWindow::End40(after) != StripeWindow::End40(before[k]) ||
+    if (moved || StripeWindow::End40(after) != StripeWindow::End40(before[k]) ||
         StripeWindow::Count(after) < StripeWindow::Count(before[k]) ||
         st.handovers.load(std::memory_order_acquire) != handovers[k]) {
-      return std::nullopt;
+      moved = true;
+      return;
     }
     // The period's start read with the first read: the same period (its end, above, has not
     // moved), unless a restart put it out of reach meanwhile (then it counts as ended).
@@ -724,7 +728,9 @@ std::optional<WindowStats> ReadWindowOnce(const DependencySlot& slot, uint64_t n
       w.calls += StripeCalls(handing[k], same ? starts[k] : ~uint64_t{0}, now_ns, period, floor,
                              newest, s, w.mixed_shapes);
     }
-  }
+    ++k;
+  });
+  if (moved) return std::nullopt;
   return w;
 }
 

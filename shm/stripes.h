@@ -122,8 +122,9 @@ inline uint32_t StripeCount(const DependencySlot& slot) {
 }
 
 // The map of the stripes ever written (DependencySlot::stripes_written), as a reader takes it:
-// a stripe not in it has never been written and holds nothing to add. Any bit of it names a
-// stripe inside the segment (its room: SegmentRoom), whatever a scribble set.
+// a stripe not in it has never been written and holds nothing to add. Only the slot's stripes
+// (below StripeCount), whatever a scribble set: a reader's work and stack follow the stripes
+// the host has, and every one is inside the segment (its room: SegmentRoom).
 inline constexpr uint32_t kStripeMapWords = kMaxStripes / 64;
 struct StripeMap {
   uint64_t words[kStripeMapWords];
@@ -145,8 +146,11 @@ struct StripeMap {
 };
 inline StripeMap WrittenStripes(const DependencySlot& slot) {
   StripeMap m;
+  const uint32_t n = StripeCount(slot);
   for (uint32_t w = 0; w < kStripeMapWords; ++w) {
-    m.words[w] = slot.stripes_written[w].load(std::memory_order_acquire);
+    const uint64_t word = slot.stripes_written[w].load(std::memory_order_acquire);
+    const uint32_t first = w * 64;
+    m.words[w] = first >= n ? 0 : n - first >= 64 ? word : word & ((uint64_t{1} << (n - first)) - 1);
   }
   return m;
 }

@@ -2,6 +2,7 @@
 // storm of reloads that change the window's shape and operator resets, with workers spread over
 // every stripe, never trips; scribbled stripe counts never reach past the mapping; the largest
 // segments work; Validate accepts only headers whose tables fit.
+#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
@@ -213,6 +214,57 @@ TEST(ScribbledStripesTest, NothingReachesPastTheMapping) {
     }
   }
   munmap(base, mapped + size_t(page));
+}
+
+// A scribbled map of the stripes written (every bit set) read by a failure's trip check on a
+// thread with a small stack (32 KiB, a guard page below it, as a runtime's threads may have):
+// the check reads the window on that thread's stack only, and the thread lives.
+TEST(ScribbledStripesTest, AFailureOnASmallStackStaysOnItsStack) {
+  CreateOptions opt;
+  opt.name = "scribbled-map";
+  opt.max_dependencies = 2;
+  opt.max_processes = 1;
+  opt.stripes = 2;
+  std::unique_ptr<Segment> seg;
+  ASSERT_TRUE(Segment::CreateSealed(opt, &seg).ok());
+  Policy p;
+  p.min_calls = 1000;
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("dep", p, &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  for (auto& word : slot.stripes_written) word.store(~uint64_t{0});
+  const int status = testing::RunChild([&] {
+    // Below the guard page: bytes no call on the thread may write.
+    const size_t below = 64 << 10, guard = 4096, stack = 32 << 10;
+    char* m = static_cast<char*>(mmap(nullptr, below + guard + stack, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (m == MAP_FAILED || mprotect(m + below, guard, PROT_NONE) != 0) return 2;
+    std::memset(m, 0xAB, below);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstack(&attr, m + below + guard, stack);
+    pthread_t t;
+    if (pthread_create(&t, &attr, [](void* arg) -> void* {
+          auto& s = *static_cast<DependencySlot*>(arg);
+          Caller c{2, 0, 7};
+          c.stripe_mode = StripeMode::kAtomic;
+          c.OnCpu(0);
+          Permit permit;
+          Admit(s, 0, 0, 5 * kSec, c, &permit);
+          Complete(s, &permit, Outcome::kFailure, kMs, 5 * kSec, c);
+          return nullptr;
+        }, &slot) != 0) {
+      return 2;
+    }
+    pthread_join(t, nullptr);
+    for (size_t i = 0; i < below; ++i) {
+      if (static_cast<unsigned char>(m[i]) != 0xAB) return 1;
+    }
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the failing call's thread died of signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the call wrote below its stack's guard page";
 }
 
 }  // namespace
