@@ -113,7 +113,8 @@ TEST(ClientTest, SharesLimitsThroughTheSegment) {
 // still in the stripes.
 TEST(ClientTest, AThreadMovedBetweenAdmitAndCompleteIsCountedOnceWhereItRuns) {
   if (shm::CurrentCpu() == shm::kNoStripe || sysconf(_SC_NPROCESSORS_ONLN) < 2) {
-    GTEST_SKIP() << "needs rseq and two CPUs";
+    GTEST_SKIP() << "needs rseq registered for this thread and two online CPUs to move it "
+                    "between";
   }
   testing::NamedSegment seg("moved");
   shm::Policy p;

@@ -324,10 +324,11 @@ TEST(BigSegmentTest, FourThousandDependenciesOfAThousandStripes) { BigSegment(40
 TEST(BigSegmentTest, EveryDependencyOfAThousandStripes) {
   // 13 GB of address space, and a page of each of its 65,535 slots in memory: half a minute, on
   // demand (STORM_BIG=1).
-  if (Env("STORM_BIG", 0) == 0) GTEST_SKIP() << "the largest segment runs with STORM_BIG=1";
+  if (Env("STORM_BIG", 0) == 0) GTEST_SKIP() << "on demand: 13 GB of /dev/shm address space and half a minute; run "
+                    "with STORM_BIG=1";
   struct statvfs fs;
   if (statvfs("/dev/shm", &fs) != 0 || uint64_t(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 30)) {
-    GTEST_SKIP() << "less than 1 GiB free in /dev/shm";
+    GTEST_SKIP() << "less than 1 GiB free in /dev/shm, where this named segment lives";
   }
   BigSegment(kMaxDependencies, kMaxProcesses, false);
 }
