@@ -47,6 +47,7 @@ constexpr bool kSignalsDeferred = false;
 using testing::Cpus;
 using testing::ForkWorkers;
 using testing::PinTo;
+using testing::RaceClock;
 
 // Shared memory a forked child writes its figures to.
 template <typename T>
@@ -577,8 +578,8 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileReloadsChangeTheWindowsShape)
   const struct {
     uint32_t window_ms, buckets;
   } shapes[] = {{10'000, 10}, {1'000, 5}, {600, 3}, {2'000, 10}};
-  const uint64_t end = PreciseNowNs() + StressNs(3 * kSec);
-  for (int k = 0; PreciseNowNs() < end; ++k) {
+  const RaceClock race(StressNs(3 * kSec));
+  for (int k = 0; race.GoesOn(ReadCounter(slot, kFirstAttempts) > 10'000); ++k) {
     usleep(5'000);
     Policy q = p;
     q.window_ms = shapes[k % 4].window_ms;
@@ -949,7 +950,9 @@ TEST(StripesTest, AWindowReadAcrossCallsAndRestartsNeverFindsAYoungWindowFailing
                   StripeMode::kAtomic);
   };
   uint64_t rounds = 0;
-  for (const uint64_t end = PreciseNowNs() + StressNs(2 * kSec); PreciseNowNs() < end; ++rounds) {
+  // The race's time, and on a loaded machine on until both threads had their share of it.
+  const RaceClock race(StressNs(2 * kSec));
+  for (; race.GoesOn(rounds > 1'000 && reads.load() > 100'000); ++rounds) {
     StartWindowAnew(slot);
     call(false);  // the stripe starts the period: the head has it, with no bucket bit yet
     call(true);   // the bucket's first failure: the head is what it was before the restart
@@ -999,7 +1002,8 @@ TEST(StripesTest, ABreakerFoundClosedNeverHoldsTheOutagesFailures) {
   PinTo(0);
   uint32_t rng = 7;
   uint64_t rounds = 0;
-  for (const uint64_t end = PreciseNowNs() + StressNs(2 * kSec); PreciseNowNs() < end; ++rounds) {
+  const RaceClock race(StressNs(2 * kSec));
+  for (; race.GoesOn(rounds > 1'000 && closes_seen.load() > 1'000); ++rounds) {
     for (int i = 0; i < 30; ++i) RecordOutcome(slot, t0, true, false, rng, 0, StripeMode::kAtomic);
     BreakerWord b = BreakerWord::Decode(slot.breaker.load());
     ASSERT_EQ(b.state, BreakerState::kOpen);
@@ -1273,10 +1277,10 @@ TEST(StripesTest, AHealthyDependencyNeverTripsWhileWorkersSharingACpuAreStopped)
     }
     kids.push_back(kid);
   }
-  const uint64_t end = PreciseNowNs() + StressNs(3 * kSec);
+  const RaceClock race(StressNs(3 * kSec));
   uint32_t r = 12345;
   uint64_t stops = 0;
-  while (PreciseNowNs() < end) {
+  while (race.GoesOn(stops > 50)) {
     r = r * 1103515245u + 12345u;
     const pid_t k = kids[(r >> 8) % kids.size()];
     kill(k, SIGSTOP);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shm/admission.h"
+#include "shm/clock.h"
 #include "shm/segment.h"
 #include "shm/stripes.h"
 
@@ -38,6 +39,23 @@ inline uint64_t ThreadCpuNs() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
+
+// RaceClock: how long a test that runs a race for a time goes on. It runs for its time and, on
+// a loaded machine where the racing threads had too few turns in it, on until they have had
+// enough (GoesOn's argument), for a minute at most: a test that counts what the race did then
+// fails only if the race could not run at all.
+class RaceClock {
+ public:
+  explicit RaceClock(uint64_t ns) : start_(shm::PreciseNowNs()), end_(start_ + ns) {}
+  bool GoesOn(bool enough) const {
+    const uint64_t now = shm::PreciseNowNs();
+    return now < end_ || (!enough && now < start_ + kMostNs);
+  }
+
+ private:
+  static constexpr uint64_t kMostNs = 60'000'000'000ull;
+  uint64_t start_, end_;
+};
 
 // Cpus: the CPUs the per-CPU tests spread their workers over (the host's stripes, at most 8).
 inline int Cpus() { return int(std::min<uint32_t>(shm::HostStripes(), 8)); }
