@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
-"""The PHP binding's tests: build the extension, its constants, its unit tests, and a real
+"""The PHP binding's tests: the extension loads, its constants, its unit tests, and a real
 php-fpm pool sharing one host-wide breaker through a real retryd.
 
-  php_binding_test.py build     --ext-dir DIR --include DIR --library FILE
+  php_binding_test.py loads     --ext-dir DIR
   php_binding_test.py constants --ext-dir DIR --include DIR
   php_binding_test.py unit      --ext-dir DIR --daemon FILE
   php_binding_test.py server    --ext-dir DIR --daemon FILE --retryctl FILE
 
-`build` copies bindings/php to a temporary directory, runs phpize, configure and make there
-(so the source tree gets none of their files) and installs modules/retryd.so into DIR, which
-the other steps load with `php -d extension=`. Every wait polls its condition with a generous
-timeout: the machine may be loaded.
+The extension is DIR/retryd.so, built by CMake (tests/bindings/php/CMakeLists.txt); `loads`
+checks that php loads it, and the other steps load it with `php -d extension=`. Every wait
+polls its condition with a generous timeout: the machine may be loaded.
 """
 
 import argparse
@@ -40,42 +39,17 @@ def extension(args):
     return str(so)
 
 
-# ---- build -----------------------------------------------------------------------------------
+# ---- loads ----------------------------------------------------------------------------------
 
-def cmd_build(args):
-    out = pathlib.Path(args.ext_dir)
-    with tempfile.TemporaryDirectory(prefix="retryd-php-build-") as tmp:
-        src = pathlib.Path(tmp) / "src"
-        src.mkdir()
-        for name in ("config.m4", "retryd.c", "php_retryd.h"):
-            shutil.copy(BINDING / name, src / name)
-
-        def run(*cmd):
-            r = subprocess.run(cmd, cwd=src, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-            if r.returncode != 0:
-                print(r.stdout)
-                fail(f"{' '.join(cmd)} exited {r.returncode}")
-            return r.stdout
-
-        run("phpize")
-        run("./configure", f"--with-retryd-include={args.include}",
-            f"--with-retryd-lib={args.library}")
-        text = run("make", "-j2", "EXTRA_CFLAGS=-Wall -Werror -Wno-unused-parameter")
-        so = src / "modules" / "retryd.so"
-        if not so.exists():
-            print(text)
-            fail("make left no modules/retryd.so")
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(so, out / "retryd.so.tmp")
-        os.replace(out / "retryd.so.tmp", out / "retryd.so")
-    r = subprocess.run(["php", "-n", "-d", f"extension={out / 'retryd.so'}", "-r",
+def cmd_loads(args):
+    so = extension(args)
+    r = subprocess.run(["php", "-n", "-d", f"extension={so}", "-r",
                         "echo extension_loaded('retryd') ? 'loaded' : 'missing';"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.stdout.strip() != "loaded":
         fail("php does not load the built extension: " + r.stdout)
-    log(f"built {out / 'retryd.so'}")
-    log("build: 1 passed, 0 failed")
+    log(f"php loads {so}")
+    log("loads: 1 passed, 0 failed")
 
 
 # ---- daemon ----------------------------------------------------------------------------------
@@ -570,14 +544,13 @@ def run_server_test(fpm, ctl, downstream, script):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=["build", "constants", "unit", "server"])
+    p.add_argument("step", choices=["loads", "constants", "unit", "server"])
     p.add_argument("--ext-dir", required=True)
     p.add_argument("--include", default=str(ROOT / "client" / "include"))
-    p.add_argument("--library")
     p.add_argument("--daemon")
     p.add_argument("--retryctl")
     args = p.parse_args()
-    {"build": cmd_build, "constants": cmd_constants, "unit": cmd_unit,
+    {"loads": cmd_loads, "constants": cmd_constants, "unit": cmd_unit,
      "server": cmd_server}[args.step](args)
 
 
