@@ -137,13 +137,16 @@ run_one() {
   "$nginx" -p "$dir/nginx" -c "$dir/nginx.conf" -e "$dir/nginx/error.log" >"$dir/nginx-out.log" 2>&1 &
   pids+=($!)
   wait_for "nginx to listen" test -S "$dir/front.sock" || { show_logs "$dir"; return 1; }
+  python3 "$here/warm.py" "$dir/front.sock" "$children" >"$dir/warm.log" 2>&1 ||
+    { cat "$dir/warm.log" >&2; show_logs "$dir"; return 1; }
 
   # The downstream's start is the scenario's t = 0; the generator starts its arrivals there.
   "$downstream" --scenario="$scenario" --port="$port" --port_file="$dir/downstream.port" \
     --bins="$dir/downstream.bins" --seed="$n" --drain_s=6 >"$dir/downstream.log" 2>&1 &
-  local ds=$!
+  local ds=$! load1
   pids+=("$ds")
-  echo "== run $n/$runs: $st ($children php-fpm children)"
+  load1=$(cut -d' ' -f1 /proc/loadavg)
+  echo "== run $n/$runs: $st ($children php-fpm children; load average $(cut -d' ' -f1-3 /proc/loadavg))"
   if ! "$load" --scenario="$scenario" --strategy="$st" --front="$dir/front.sock" \
       --port_file="$dir/downstream.port" --bins="$dir/downstream.bins" --downstream_pid="$ds" \
       --segment="$segment" --seed="$n" --label="$st" --summary_csv="$out/summary.csv" \
@@ -153,7 +156,7 @@ run_one() {
     return 1
   fi
   cat "$out/$st.$n.txt"
-  sed -n "s/^RESULT /RESULT run=$n children=$children /p" "$out/$st.$n.txt" >>"$out/results.txt"
+  sed -n "s/^RESULT /RESULT run=$n children=$children load1=$load1 /p" "$out/$st.$n.txt" >>"$out/results.txt"
   cp "$dir/php-fpm.conf" "$dir/nginx.conf" "$dir/retryd.toml" "$out/" 2>/dev/null || true
   stop_all
 }

@@ -25,6 +25,7 @@ ROWS = [
     ("generator: arrivals sent, per s", "achieved_qps"),
     ("generator: sent over 20 ms late", "late"),
     ("generator: worst lateness, ms", "max_late_ms"),
+    ("machine: load average (1 min) at the start", "load1"),
 ]
 
 

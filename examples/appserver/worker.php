@@ -34,6 +34,13 @@ if (getenv('SCOPE') === 'process') {
 // The segment is $RETRYD_SEGMENT's; without it, fail rather than run on the built-in policy.
 $dep = (new Retryd\Client(fallbackToLocal: false))->dependency($name);  // once per child
 
+if (($_SERVER['QUERY_STRING'] ?? '') === 'warm') {  // run.sh, before the run: attach, compile
+    usleep(200000);  // so that concurrent warm-ups spread over every child
+    header('Content-Type: text/plain');
+    echo 'w ', getmypid(), "\n";
+    return;
+}
+
 $curl = curl_init(getenv('DOWNSTREAM_URL'));  // one connection for the request's attempts
 curl_setopt_array($curl, [CURLOPT_RETURNTRANSFER => true, CURLOPT_NOSIGNAL => true]);
 
