@@ -168,5 +168,5 @@ for n in $(seq "$runs"); do
   done
 done
 echo
-python3 "$here/summary.py" "$out/results.txt"
+python3 "$here/summary.py" "$out/results.txt" "$out/summary.csv"
 echo "(each run's report, time series and requests: $out)"

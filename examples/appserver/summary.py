@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The side-by-side of examples/appserver/run.sh: one column per strategy, each cell the
 median of its runs with every run's value in brackets, from the `RESULT key=value ...` lines
-that retryd_appserver_load printed (one per run).
+that retryd_appserver_load printed (one per run) and, given, the rows it appended to its
+--summary_csv in the same order (the simulator's columns: the unhealthy time, the baseline).
 
-  summary.py RESULTS_FILE
+  summary.py RESULTS_FILE [SUMMARY_CSV]
 """
 
+import csv
 import statistics
 import sys
 
@@ -13,6 +15,8 @@ ROWS = [
     ("runs", None),
     ("downstream pods killed", "kills"),
     ("healthy again after the stall, s", "healthy_s"),
+    ("unhealthy time from the stall on, s", "unhealthy_s"),
+    ("baseline P99 of the attempts, ms", "baseline_p99_ms"),
     ("failed user requests, %", "failed_pct"),
     ("peak read by the pods, 1 s (x baseline)", "peak_read_1s"),
     ("peak sent by the children, 1 s (x baseline)", "peak_sent_1s"),
@@ -22,21 +26,28 @@ ROWS = [
     ("breaker trips, all breakers", "trips"),
     ("half-open episodes, all breakers", "half_opens"),
     ("failed at the front (nginx, not 200)", "front_failed"),
-    ("generator: arrivals sent, per s", "achieved_qps"),
+    ("generator: arrivals drawn (Poisson schedule)", "requests"),
+    ("generator: arrivals sent", "sent"),
+    ("generator: rate achieved, per s", "achieved_qps"),
     ("generator: sent over 20 ms late", "late"),
     ("generator: worst lateness, ms", "max_late_ms"),
     ("machine: load average (1 min) at the start", "load1"),
 ]
 
 
-def parse(path):
+def parse(path, summary_csv=None):
     runs = {}
     order = []
+    rows = []
+    if summary_csv:
+        with open(summary_csv) as f:
+            rows = list(csv.DictReader(f))
     with open(path) as f:
-        for line in f:
-            if not line.startswith("RESULT "):
-                continue
+        for i, line in enumerate(l for l in f if l.startswith("RESULT ")):
             kv = dict(item.split("=", 1) for item in line.split()[1:])
+            if i < len(rows) and rows[i]["strategy"] == kv["strategy"]:
+                kv.setdefault("unhealthy_s", rows[i]["unhealthy_s"])
+                kv.setdefault("baseline_p99_ms", rows[i]["baseline_p99_ms"])
             st = kv["strategy"]
             if st not in runs:
                 runs[st] = []
@@ -68,7 +79,7 @@ def cell(values):
 
 
 def main():
-    order, runs = parse(sys.argv[1])
+    order, runs = parse(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
     if not order:
         print("summary.py: no RESULT lines", file=sys.stderr)
         sys.exit(1)
