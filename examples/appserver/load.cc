@@ -62,7 +62,8 @@ DEFINE_int32(downstream_pid, 0, "retryd_downstream's pid, stopped (SIGTERM) when
 DEFINE_string(segment, "", "the retryd segment holding the breakers (read-only)");
 DEFINE_string(dependency, "downstream", "the dependencies counted: this name, or NAME.* ");
 DEFINE_double(timeout_s, 10, "a user request not answered within this has failed");
-DEFINE_double(drain_s, 6, "after the last arrival, wait this long at most for the answers");
+DEFINE_double(drain_s, 15, "after the last arrival, wait this long at most for the answers (each "
+                          "request is given up --timeout_s after it was sent before that)");
 DEFINE_uint64(seed, 1, "seed of the arrivals");
 DEFINE_string(summary_csv, "", "append the figures as one CSV row (the simulator's columns)");
 DEFINE_string(csv, "", "write the time series (the simulator's --csv columns) to this file");
@@ -145,7 +146,7 @@ std::vector<Request> Drive(double t0, double duration_s, double qps, uint64_t se
       Request& r = reqs[next];
       r.sent = now;
       r.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      ++open;
+      if (r.fd >= 0) ++open;
       if (r.fd < 0 || (connect(r.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
                        errno != EINPROGRESS)) {
         finish(r, now);  // the front's backlog is full, or it is down: a failed request
@@ -463,8 +464,8 @@ int main(int argc, char** argv) {
               reqs.size(), sc.baseline_qps, sc.duration_s, (unsigned long long)sent, achieved,
               (unsigned long long)late, kLateS * 1e3, max_late * 1e3);
   std::printf("answers: %llu by the application, %llu failed at the front (not 200), %llu not "
-              "answered within %.0f s; the application refused %llu before any attempt (breaker "
-              "or budget) and %llu whose deadline had passed when a child took them\n",
+              "answered within %.0f s; the binding refused an attempt of %llu (breaker open, probe "
+              "busy or no retry budget), and %llu had no time left when a child took them\n",
               (unsigned long long)answered, (unsigned long long)front_failed,
               (unsigned long long)no_answer, FLAGS_timeout_s, (unsigned long long)rejected,
               (unsigned long long)expired);
