@@ -33,6 +33,7 @@
 #include <curl/curl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +87,10 @@ DEFINE_string(csv, "", "write the time series (the simulator's --csv columns) to
 DEFINE_string(status_cmd, "", "a command run every second during the run (its output follows "
                               "the seconds since the start)");
 DEFINE_uint64(seed, 1, "seed of the downstream's randomness");
+DEFINE_bool(stop_when_closed, false, "end the arrivals, and the run, as soon as every breaker "
+                                     "under study that opened has closed again after the last "
+                                     "incident's end (the scenario's duration is then a limit): "
+                                     "a test waits for the recovery instead of guessing its time");
 DEFINE_bool(print_config, false, "print a retryd config holding the strategy's policy for "
                                  "--dependency, and exit (to start the retryd of a host-scope run)");
 
@@ -223,6 +228,7 @@ struct RunContext {
   std::vector<std::string> segments;  // each host's daemon's (host and fleet scopes)
   std::vector<std::unique_ptr<retryd::shm::Segment>> private_segments;  // each worker's (process scope)
   int threads;  // caller threads per worker
+  const std::atomic<bool>* stop;  // shared with the parent: end the arrivals (--stop_when_closed)
 };
 
 int RunWorker(const RunContext& ctx, int index) {
@@ -365,8 +371,10 @@ int RunWorker(const RunContext& ctx, int index) {
     std::exponential_distribution<double> gap(std::max(qps, 1e-9));
     const double from = ctx.t0 + traffic.from_s, until = std::min(end, ctx.t0 + traffic.until_s);
     for (double next = from + gap(rng); qps > 0 && next < until; next += gap(rng)) {
-      const double wait = next - NowUnix();
-      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      for (double wait; (wait = next - NowUnix()) > 0 && !ctx.stop->load(std::memory_order_relaxed);) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+      }
+      if (ctx.stop->load(std::memory_order_relaxed)) break;
       {
         std::lock_guard<std::mutex> lock(mu);
         due.push_back(next);
@@ -401,26 +409,30 @@ int RunWorker(const RunContext& ctx, int index) {
 // to its host.
 class BreakerWatch {
  public:
+  // With `stop` not null, sets *stop (and stopped_s()) once, from `stop_after_s` on, every
+  // breaker that opened has closed again.
   BreakerWatch(std::vector<const retryd::shm::DependencySlot*> slots, std::vector<uint32_t> host_of,
-               uint32_t hosts, double t0)
-      : t0_(t0), slots_(std::move(slots)), host_of_(std::move(host_of)), first_open_s_(hosts, -1) {
+               uint32_t hosts, double t0, std::atomic<bool>* stop = nullptr, double stop_after_s = 0)
+      : t0_(t0), slots_(std::move(slots)), host_of_(std::move(host_of)), first_open_s_(hosts, -1),
+        stop_(stop), stop_after_s_(stop_after_s) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~BreakerWatch() { Stop(); }
   void Stop() {
-    stop_ = true;
+    done_ = true;
     if (thread_.joinable()) thread_.join();
   }
   // After Stop: seconds since t0.
   const std::vector<double>& first_open_s() const { return first_open_s_; }
   const std::vector<std::pair<double, double>>& reopenings() const { return reopenings_; }  // end -1: not over
+  double stopped_s() const { return stopped_s_; }  // -1: the run was not ended early
 
  private:
   void Loop() {
     namespace shm = retryd::shm;
     std::vector<bool> open(slots_.size(), false);
     size_t not_closed = 0;
-    while (!stop_) {
+    while (!done_) {
       const double t = NowUnix() - t0_;
       for (size_t i = 0; i < slots_.size(); ++i) {
         const shm::BreakerWord b =
@@ -436,6 +448,10 @@ class BreakerWatch {
           reopenings_.back().second = t;
         }
       }
+      if (stop_ && stopped_s_ < 0 && t >= stop_after_s_ && !reopenings_.empty() && not_closed == 0) {
+        stopped_s_ = t;
+        stop_->store(true);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -445,7 +461,10 @@ class BreakerWatch {
   const std::vector<uint32_t> host_of_;
   std::vector<double> first_open_s_;
   std::vector<std::pair<double, double>> reopenings_;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool>* const stop_;
+  const double stop_after_s_;
+  double stopped_s_ = -1;
+  std::atomic<bool> done_{false};
   std::thread thread_;
 };
 
@@ -668,8 +687,17 @@ int main(int argc, char** argv) {
   for (uint32_t h = 0; h < sc.hosts; ++h) {
     worker_qps = std::max(worker_qps, retryd::stampede::TrafficOf(sc, h).qps / sc.workers_per_host);
   }
+  // The flag that ends the arrivals early (--stop_when_closed): in memory the workers share.
+  void* stop_page = mmap(nullptr, sizeof(std::atomic<bool>), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (stop_page == MAP_FAILED) {
+    std::perror("mmap");
+    kill(server, SIGTERM);
+    return 1;
+  }
+  auto* stop = new (stop_page) std::atomic<bool>(false);
   RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms)), segments, {},
-                 FLAGS_threads > 0 ? FLAGS_threads : CallerThreads(sc, *st, worker_qps)};
+                 FLAGS_threads > 0 ? FLAGS_threads : CallerThreads(sc, *st, worker_qps), stop};
   // Every breaker under study, watched from here: each worker's (created before the fork, so
   // that this process shares them) or each host's daemon's.
   std::vector<const retryd::shm::DependencySlot*> slots;
@@ -698,7 +726,10 @@ int main(int argc, char** argv) {
       host_segments.push_back(std::move(seg));
     }
   }
-  auto watch = std::make_unique<BreakerWatch>(slots, host_of, sc.hosts, t0);
+  double incidents_end_s = 0;
+  for (const retryd::stampede::Stall& s : sc.stalls) incidents_end_s = std::max(incidents_end_s, s.start_s + s.duration_s);
+  auto watch = std::make_unique<BreakerWatch>(slots, host_of, sc.hosts, t0,
+                                              FLAGS_stop_when_closed ? stop : nullptr, incidents_end_s);
 
   std::vector<pid_t> children;
   for (uint32_t i = 0; i < workers; ++i) {
@@ -844,25 +875,38 @@ int main(int argc, char** argv) {
     r.fleet.trips += h.fleet_trips.load(std::memory_order_relaxed);
     r.fleet.leases += h.fleet_leases.load(std::memory_order_relaxed);
   }
+  // A run ended early (--stop_when_closed) ends, in its figures, with the bin it stopped in.
+  Scenario report_sc = sc;
+  size_t report_bins = bins;
+  if (watch->stopped_s() >= 0) {
+    report_bins = std::min(bins, size_t(std::ceil(watch->stopped_s() * 1e3 / sc.bin_ms)));
+    report_sc.duration_s = double(report_bins) * sc.bin_ms / 1e3;
+    r.bins.resize(report_bins);
+    r.latency_ms.resize(report_bins);
+  }
   // The simulator's figures of the same: times since t0, the run's end as its horizon. A
   // reopening's probes are those the downstream read in the bins it spans (the workers' own
   // count of the probes they sent is r.probes).
   for (uint32_t h = 0; h < sc.hosts; ++h) {
     const double t = watch->first_open_s()[h];
-    r.hosts[h].first_open_s = t >= 0 && t < sc.duration_s ? t : -1;
+    r.hosts[h].first_open_s = t >= 0 && t < report_sc.duration_s ? t : -1;
   }
   for (const auto& [start, end] : watch->reopenings()) {
-    if (start >= sc.duration_s) break;
-    retryd::stampede::Reopening o{start, end >= 0 && end < sc.duration_s ? end : -1, 0};
+    if (start >= report_sc.duration_s) break;
+    retryd::stampede::Reopening o{start, end >= 0 && end < report_sc.duration_s ? end : -1, 0};
     const size_t from = size_t(start * 1e3 / sc.bin_ms);
-    const size_t to = o.end_s < 0 ? bins - 1 : std::min(bins - 1, size_t(o.end_s * 1e3 / sc.bin_ms));
-    for (size_t b = from; b <= to && b < bins; ++b) o.probes += ds_probe_bins[b];
+    const size_t to = o.end_s < 0 ? report_bins - 1 : std::min(report_bins - 1, size_t(o.end_s * 1e3 / sc.bin_ms));
+    for (size_t b = from; b <= to && b < report_bins; ++b) o.probes += ds_probe_bins[b];
     r.reopenings.push_back(o);
   }
   // One host: the most probes it had in flight is what the downstream saw at once.
   if (sc.hosts == 1) r.max_probes_in_flight_per_host = uint32_t(ds_max_probes);
-  const retryd::stampede::Summary s = retryd::stampede::Summarize(sc, r);
-  std::printf("%s", retryd::stampede::SummaryTable(sc, {s}).c_str());
+  const retryd::stampede::Summary s = retryd::stampede::Summarize(report_sc, r);
+  if (watch->stopped_s() >= 0) {
+    std::printf("ended at %.1f s: every breaker that opened had closed again (--stop_when_closed)\n",
+                watch->stopped_s());
+  }
+  std::printf("%s", retryd::stampede::SummaryTable(report_sc, {s}).c_str());
   std::printf("downstream: %llu requests read, %llu probes among them, at most %llu probes at once; "
               "%llu of %llu calls started over %.0f ms late (the workers were short of threads or CPU)\n",
               (unsigned long long)ds_read, (unsigned long long)ds_probes, (unsigned long long)ds_max_probes,
@@ -881,7 +925,7 @@ int main(int argc, char** argv) {
   std::printf("; %d caller threads per worker\n", ctx.threads);
   if (!FLAGS_csv.empty()) {
     std::ofstream csv(FLAGS_csv, std::ios::trunc);
-    csv << retryd::stampede::TimeSeriesCsv(sc, {r});
+    csv << retryd::stampede::TimeSeriesCsv(report_sc, {r});
     if (!csv) {
       std::fprintf(stderr, "retryd_fleet: cannot write %s\n", FLAGS_csv.c_str());
       return 1;
