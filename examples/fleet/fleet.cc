@@ -23,9 +23,17 @@
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
 // A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
 //
-// For a fleet, a thread of this process reads every host's breaker word every millisecond
-// (read-only) to time each host's first open and the fleet-wide reopenings, as the simulator
-// does; the probes of a reopening are those the workers sent in the bins it spans.
+// A thread of this process reads every breaker under study every millisecond (read-only): each
+// host's daemon's, or each worker's own (the parent creates the workers' private segments before
+// the fork, in shared anonymous memory). It times each host's first open and the reopenings (a
+// maximal interval in which some breaker is not closed), as the simulator does; the probes of a
+// reopening are those the downstream read in the bins it spans. With --stop_when_closed the run
+// ends as soon as every breaker that opened has closed again after the last incident.
+//
+// Each worker runs --threads caller threads, by default as many as its rate and the longest call
+// of the strategy need (CallerThreads: 128 for the 8-worker scenarios, about 40 for a pool of 64),
+// and the soft limit on open files is raised to the hard one: the downstream holds a connection
+// per caller thread.
 //
 // Output: the simulator's summary table for this one run, the downstream's own counts, with
 // --summary_csv one row in the simulator's --summary_csv format (appended), and with --csv the
