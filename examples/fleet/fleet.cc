@@ -377,7 +377,11 @@ int RunWorker(const RunContext& ctx, int index) {
     std::mt19937_64 rng(uint64_t(getpid()) * 2654435761u + uint64_t(ctx.t0 * 1000));
     const double qps = traffic.qps / sc.workers_per_host;
     std::exponential_distribution<double> gap(std::max(qps, 1e-9));
-    const double from = ctx.t0 + traffic.from_s, until = std::min(end, ctx.t0 + traffic.until_s);
+    // The schedule starts when this worker is ready (its callers started), not at t0: the
+    // arrivals due while a pool of 64 or 128 workers forks would otherwise all go out at once,
+    // a burst of the rig's making, not the strategy's.
+    const double from = std::max(ctx.t0 + traffic.from_s, NowUnix()),
+                 until = std::min(end, ctx.t0 + traffic.until_s);
     for (double next = from + gap(rng); qps > 0 && next < until; next += gap(rng)) {
       for (double wait; (wait = next - NowUnix()) > 0 && !ctx.stop->load(std::memory_order_relaxed);) {
         std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
