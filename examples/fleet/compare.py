@@ -40,6 +40,11 @@ def kills(rows):
     return "%d/%d" % (sum(int(r["pod_kills"]) > 0 for r in rows), len(rows))
 
 
+def seconds(rows, key):
+    v = [float(r[key]) for r in rows]
+    return "%.1f s [%.1f s]" % (statistics.median(v), max(v))
+
+
 def tripped(rows):
     return "%d of %s" % (statistics.median(int(r["breakers_tripped"]) for r in rows), rows[0]["breakers"])
 
@@ -84,15 +89,15 @@ def main():
     print()
     print("The breakers and the budgets (median [worst]; the real probes counted by the downstream):")
     print()
-    print("| strategy | breakers that tripped | breaker trips | probes per reopening "
+    print("| strategy | unhealthy time | breakers that tripped | breaker trips | probes per reopening "
           "| probes in flight at once, max | retries sent, busiest 1 s (the budgets' bound) |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name in real:
         r, s = real[name], sim.get(name, [])
         if not s:
             continue
-        print("| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
-            name, tripped(r), tripped(s), count(r, "breaker_opened"), count(s, "breaker_opened"),
+        print("| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
+            name, seconds(r, "unhealthy_s"), seconds(s, "unhealthy_s"), tripped(r), tripped(s), count(r, "breaker_opened"), count(s, "breaker_opened"),
             per_reopening(r), per_reopening(s), count(r, "max_probes_in_flight_per_host"),
             count(s, "max_probes_in_flight_per_host"), retries(r), retries(s)))
 
