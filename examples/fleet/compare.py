@@ -64,7 +64,7 @@ def per_reopening(rows):
 def retries(rows):
     peak = statistics.median(int(r["peak_retries_1s"]) for r in rows)
     bound = statistics.median(int(r["retry_bound_1s"]) for r in rows)
-    return "%g/s (%s)" % (peak, "%g/s" % bound if bound else "no budget")
+    return "%.0f/s (%s)" % (peak, "%.0f/s" % bound if bound else "no budget")
 
 
 def main():
