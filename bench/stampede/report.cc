@@ -174,6 +174,27 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   s.fleet_reopened = r.fleet.reopened;
   s.retries_denied = r.retries_denied;
   s.rejected_open = r.rejected_open;
+  s.breakers = r.breakers_per_host * sc.hosts;
+  s.breakers_tripped = r.breakers_tripped;
+  // The busiest 1 s of retries, and the most the strategy's budgets grant in it.
+  uint64_t retries = 0, best = 0, best_firsts = 0;
+  for (size_t i = 0; i < n; ++i) {
+    retries += r.bins[i].retries;
+    if (i >= w1s) retries -= r.bins[i - w1s].retries;
+    if (retries <= best && best != 0) continue;
+    best = retries;
+    best_firsts = 0;
+    for (size_t k = i + 1 >= w1s ? i + 1 - w1s : 0; k <= i; ++k) best_firsts += r.bins[k].sent - r.bins[k].retries;
+  }
+  const double seconds = double(w1s) * sc.bin_ms / 1e3;
+  s.peak_retries_1s = uint64_t(std::llround(double(best) / seconds));
+  for (const Strategy& st : sc.strategies) {
+    if (st.name != r.strategy || st.policy.mode != shm::Mode::kEnforce || st.policy.retry_ratio_milli >= 1000) continue;
+    const double budgets = s.breakers;
+    s.retry_bound_1s = uint64_t(std::floor(
+        (budgets * (double(st.policy.retry_burst) + double(st.policy.min_retries_per_sec) * seconds) +
+         double(st.policy.retry_ratio_milli) / 1e3 * double(best_firsts)) / seconds));
+  }
   s.other_user_requests = r.other_user_requests;
   s.other_user_failed = r.other_user_failed;
   return s;
@@ -217,6 +238,13 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
                                        : Fmt("%.1f s", x.closed_after_s);
        }},
       {"retries denied by budget", [](const Summary& x) { return std::to_string(x.retries_denied); }},
+      {"breakers that tripped", [](const Summary& x) {
+         return std::to_string(x.breakers_tripped) + " of " + std::to_string(x.breakers);
+       }},
+      {"retries sent, busiest 1 s (bound)", [](const Summary& x) {
+         return std::to_string(x.peak_retries_1s) + "/s" +
+                (x.retry_bound_1s ? " (" + std::to_string(x.retry_bound_1s) + ")" : std::string(" (-)"));
+       }},
       {"attempts rejected by breaker", [](const Summary& x) { return std::to_string(x.rejected_open); }},
   };
   if (std::any_of(sc.strategies.begin(), sc.strategies.end(),
@@ -281,7 +309,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
        "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
        "fleet_leases_lost,fleet_closed,fleet_reopened,fleet_leases_unused,closed_after_s,open_s_each_host,"
-       "stall_sent_each_host\n";
+       "stall_sent_each_host,breakers,breakers_tripped,peak_retries_1s,retry_bound_1s\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -298,7 +326,8 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << ',' << x.probes_each_reopening << ',' << x.fleet_trips << ',' << x.fleet_leases << ','
       << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << ','
       << x.fleet_leases_unused << ',' << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
-      << x.stall_sent_each_host << '\n';
+      << x.stall_sent_each_host << ',' << x.breakers << ',' << x.breakers_tripped << ','
+      << x.peak_retries_1s << ',' << x.retry_bound_1s << '\n';
   }
   return o.str();
 }

@@ -12,6 +12,10 @@
 //  - fleet-wide reopening: a maximal interval in which at least one breaker of the fleet under
 //    study is not closed (sim.h's Reopening); probes per reopening: the half-open probes every
 //    host sent in them, divided by their number (one not over when the run ended included).
+//  - breakers tripped: breakers that opened at least once, of every breaker (one per worker for a
+//    process scope, one per host otherwise).
+//  - retries against the budget: the retries sent in the busiest 1 s window, beside the most
+//    the strategy's budgets could grant in that window (Summary::retry_bound_1s).
 //  - outage: from the start of the first stall to the end of the last unavailable window, one
 //    in which fewer than half of the user requests that completed succeeded (what users call
 //    "down"); "not over" if the run ends in one.
@@ -50,6 +54,8 @@ struct Summary {
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t max_probes_per_bin = 0;  // fleet-wide, in the busiest bin
   uint32_t breakers_per_host = 0;
+  uint32_t breakers = 0;               // every breaker of the fleet under study (hosts x per host)
+  uint32_t breakers_tripped = 0;       // of them, those that opened at least once
   uint64_t reopenings = 0;             // fleet-wide reopenings
   double probes_per_reopening = 0;     // probes sent in them, fleet-wide, per reopening
   std::string probes_each_reopening;   // the probes of each, in order: "50", "1 2" (12 at most)
@@ -67,6 +73,13 @@ struct Summary {
   uint64_t fleet_reopened = 0;
   uint64_t retries_denied = 0;
   uint64_t rejected_open = 0;
+  // Retries the budgets granted in the busiest 1 s window (sent, per second), and what the
+  // strategy's budgets allow in that window at most: every budget full at its start (burst) and
+  // refilled at its floor for 1 s, plus retry_ratio x the first attempts sent in it (one budget
+  // per breaker: per worker for a process scope, per host otherwise; a fleet's floor and burst
+  // shares are left out). 0: the strategy has no budget (mode not enforce, or a ratio >= 1).
+  uint64_t peak_retries_1s = 0;
+  uint64_t retry_bound_1s = 0;
   uint64_t other_user_requests = 0;  // the scenario's other callers ([[caller]])
   uint64_t other_user_failed = 0;
 };

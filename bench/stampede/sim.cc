@@ -361,6 +361,7 @@ Result Sim::Run() {
     const shm::DependencySlot& slot = *segments_[i]->dependency(slot_index_);
     auto c = [&](shm::Counter k) { return shm::ReadCounter(slot, k); };
     result_.breaker_opened += c(shm::kOpened);
+    result_.breakers_tripped += c(shm::kOpened) > 0 ? 1 : 0;
     result_.half_opened += c(shm::kHalfOpened);
     result_.retries_denied += c(shm::kRetriesDenied);
     result_.rejected_open += c(shm::kRejectedOpen) + c(shm::kRejectedHalfOpenBusy);

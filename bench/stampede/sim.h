@@ -73,6 +73,7 @@ struct Result {
   uint64_t probes = 0;             // probes that reached the downstream
   uint32_t max_probes_in_flight_per_host = 0;
   uint32_t breakers_per_host = 0;  // 1 for a host scope, workers_per_host for a process scope
+  uint32_t breakers_tripped = 0;   // breakers of the [fleet] under study that opened at least once
   std::vector<Reopening> reopenings;
   std::vector<HostFigures> hosts;  // per host of the [fleet] under study
   FleetCounters fleet;             // scope kFleet: what the fleet's store and daemons did

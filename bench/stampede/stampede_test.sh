@@ -32,6 +32,9 @@ awk -F, '
     if ($col["attempts_per_request"] < 0.5 || $col["attempts_per_request"] > 4) bad = bad " " name ":attempts"
     if ($col["breakers_per_host"] == 1 && $col["max_probes_in_flight_per_host"] > 1) bad = bad " " name ":probes"
     if ($col["recovery_s"] < 0) bad = bad " " name ":recovery"
+    # The busiest second of retries never exceeds what the budgets can grant in it.
+    if ($col["retry_bound_1s"] > 0 && $col["peak_retries_1s"] > $col["retry_bound_1s"]) bad = bad " " name ":retries>bound"
+    if ($col["breakers_tripped"] > $col["breakers"]) bad = bad " " name ":tripped>breakers"
     sent[name] = $col["peak_sent_1s"]
     dropped[name] = $col["dropped_expired"]
   }

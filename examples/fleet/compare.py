@@ -40,6 +40,33 @@ def kills(rows):
     return "%d/%d" % (sum(int(r["pod_kills"]) > 0 for r in rows), len(rows))
 
 
+def seconds(rows, key):
+    v = [float(r[key]) for r in rows]
+    return "%.1f s [%.1f s]" % (statistics.median(v), max(v))
+
+
+def tripped(rows):
+    return "%d of %s" % (statistics.median(int(r["breakers_tripped"]) for r in rows), rows[0]["breakers"])
+
+
+def count(rows, key):
+    v = [int(r[key]) for r in rows]
+    return "%g [%d]" % (statistics.median(v), max(v))
+
+
+def per_reopening(rows):
+    if all(int(r["reopenings"]) == 0 for r in rows):
+        return "- (no trip)"
+    v = [float(r["probes_per_reopening"]) for r in rows if int(r["reopenings"]) > 0]
+    return "%.1f [%.1f]" % (statistics.median(v), max(v))
+
+
+def retries(rows):
+    peak = statistics.median(int(r["peak_retries_1s"]) for r in rows)
+    bound = statistics.median(int(r["retry_bound_1s"]) for r in rows)
+    return "%.0f/s (%s)" % (peak, "%.0f/s" % bound if bound else "no budget")
+
+
 def main():
     real, sim = load(sys.argv[1]), load(sys.argv[2])
     print("real fleet: %s runs per strategy; simulator: %s seeds. Median [worst]." % (sys.argv[3], sys.argv[4]))
@@ -57,6 +84,22 @@ def main():
             peak(r, "peak_accepted_1s"), peak(s, "peak_accepted_1s")))
     print()
     print("Each cell: real / simulated.")
+    if not any("breakers_tripped" in r for rows in real.values() for r in rows):
+        return
+    print()
+    print("The breakers and the budgets (median [worst]; the real probes counted by the downstream):")
+    print()
+    print("| strategy | unhealthy time | breakers that tripped | breaker trips | probes per reopening "
+          "| probes in flight at once, max | retries sent, busiest 1 s (the budgets' bound) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in real:
+        r, s = real[name], sim.get(name, [])
+        if not s:
+            continue
+        print("| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
+            name, seconds(r, "unhealthy_s"), seconds(s, "unhealthy_s"), tripped(r), tripped(s), count(r, "breaker_opened"), count(s, "breaker_opened"),
+            per_reopening(r), per_reopening(s), count(r, "max_probes_in_flight_per_host"),
+            count(s, "max_probes_in_flight_per_host"), retries(r), retries(s)))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -581,6 +582,11 @@ void Server::WriteBins(const std::string& path) const {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("retryd_downstream --scenario=FILE [--port_file=F --bins=F]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  // A connection per caller thread of every worker: a pool of 128 workers holds thousands.
+  if (rlimit r{}; getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
   Scenario sc;
   if (FLAGS_scenario.empty()) {
     std::fprintf(stderr, "retryd_downstream: --scenario is required\n");

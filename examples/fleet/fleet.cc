@@ -23,9 +23,17 @@
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
 // A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
 //
-// For a fleet, a thread of this process reads every host's breaker word every millisecond
-// (read-only) to time each host's first open and the fleet-wide reopenings, as the simulator
-// does; the probes of a reopening are those the workers sent in the bins it spans.
+// A thread of this process reads every breaker under study every millisecond (read-only): each
+// host's daemon's, or each worker's own (the parent creates the workers' private segments before
+// the fork, in shared anonymous memory). It times each host's first open and the reopenings (a
+// maximal interval in which some breaker is not closed), as the simulator does; the probes of a
+// reopening are those the downstream read in the bins it spans. With --stop_when_closed the run
+// ends as soon as every breaker that opened has closed again after the last incident.
+//
+// Each worker runs --threads caller threads, by default as many as its rate and the longest call
+// of the strategy need (CallerThreads: 128 for the 8-worker scenarios, about 40 for a pool of 64),
+// and the soft limit on open files is raised to the hard one: the downstream holds a connection
+// per caller thread.
 //
 // Output: the simulator's summary table for this one run, the downstream's own counts, with
 // --summary_csv one row in the simulator's --summary_csv format (appended), and with --csv the
@@ -33,6 +41,8 @@
 #include <curl/curl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,8 +85,9 @@ DEFINE_string(redis, "", "with --print_config, for a fleet strategy: the store's
 DEFINE_int32(host_index, 0, "with --print_config, for a fleet strategy: the host to configure");
 DEFINE_string(key_prefix, "retryd-fleet", "with --print_config: the fleet's key prefix in the store");
 DEFINE_string(dependency, "fleet-downstream", "dependency name, for a host-scope strategy");
-DEFINE_int32(threads, 128, "threads per worker: calls in flight per worker at most (a call that "
-                           "finds none free waits, and is counted late)");
+DEFINE_int32(threads, 0, "threads per worker: calls in flight per worker at most (a call that "
+                         "finds none free waits, and is counted late); 0: sized from the worker's "
+                         "rate and the longest a call of the strategy can take (CallerThreads)");
 DEFINE_string(label, "", "name of this run in the summary (default: the strategy's)");
 DEFINE_string(workdir, "/tmp", "where the workers and the downstream leave their counts");
 DEFINE_string(summary_csv, "", "append the figures as one CSV row (the simulator's columns)");
@@ -84,6 +95,10 @@ DEFINE_string(csv, "", "write the time series (the simulator's --csv columns) to
 DEFINE_string(status_cmd, "", "a command run every second during the run (its output follows "
                               "the seconds since the start)");
 DEFINE_uint64(seed, 1, "seed of the downstream's randomness");
+DEFINE_bool(stop_when_closed, false, "end the arrivals, and the run, as soon as every breaker "
+                                     "under study that opened has closed again after the last "
+                                     "incident's end (the scenario's duration is then a limit): "
+                                     "a test waits for the recovery instead of guessing its time");
 DEFINE_bool(print_config, false, "print a retryd config holding the strategy's policy for "
                                  "--dependency, and exit (to start the retryd of a host-scope run)");
 
@@ -144,11 +159,16 @@ class HostAdmission : public Admission {
   retryd::Dependency dep_;
 };
 
+// A worker's own breaker and budget: a process-private segment, created by the parent before the
+// fork (an anonymous shared mapping), so that the parent can watch every worker's breaker.
 class PrivateAdmission : public Admission {
  public:
-  explicit PrivateAdmission(const retryd::shm::Policy& policy)
-      : segment_(retryd::shm::Segment::CreatePrivate(1, 1, policy)) {
-    if (!segment_->PutDependency("downstream", policy, &index_).ok()) std::abort();
+  explicit PrivateAdmission(retryd::shm::Segment* segment) : segment_(segment) {}
+  static std::unique_ptr<retryd::shm::Segment> NewSegment(const retryd::shm::Policy& policy) {
+    auto seg = retryd::shm::Segment::CreatePrivate(1, 1, policy);
+    uint32_t index = 0;
+    if (!seg->PutDependency("downstream", policy, &index).ok() || index != 0) std::abort();
+    return seg;
   }
   int Admit(uint32_t attempt, void** permit) override {
     // One caller per thread, as the client library keeps: its lease tags keep leases apart.
@@ -175,8 +195,8 @@ class PrivateAdmission : public Admission {
     retryd::shm::Caller* caller;
     retryd::shm::Permit permit;
   };
-  std::unique_ptr<retryd::shm::Segment> segment_;
-  uint32_t index_ = 0;
+  retryd::shm::Segment* segment_;
+  const uint32_t index_ = 0;
   std::atomic<uint32_t> next_rng_{0x2545F491u};
 };
 
@@ -214,6 +234,9 @@ struct RunContext {
   double t0;
   size_t bins;  // the scenario's duration and the drain
   std::vector<std::string> segments;  // each host's daemon's (host and fleet scopes)
+  std::vector<std::unique_ptr<retryd::shm::Segment>> private_segments;  // each worker's (process scope)
+  int threads;  // caller threads per worker
+  const std::atomic<bool>* stop;  // shared with the parent: end the arrivals (--stop_when_closed)
 };
 
 int RunWorker(const RunContext& ctx, int index) {
@@ -236,7 +259,7 @@ int RunWorker(const RunContext& ctx, int index) {
     }
     admission = std::make_unique<HostAdmission>(*client, dep);
   } else {
-    auto p = std::make_unique<PrivateAdmission>(st.policy);
+    auto p = std::make_unique<PrivateAdmission>(ctx.private_segments[size_t(index)].get());
     private_admission = p.get();
     admission = std::move(p);
   }
@@ -258,7 +281,7 @@ int RunWorker(const RunContext& ctx, int index) {
   std::deque<double> due;  // arrival times (unix s) not yet taken
   bool done = false;
   std::vector<std::thread> threads;
-  for (int th = 0; th < FLAGS_threads; ++th) {
+  for (int th = 0; th < ctx.threads; ++th) {
     threads.emplace_back([&, th] {
       std::mt19937_64 rng(uint64_t(getpid()) * 1000003u + uint64_t(th) * 7919u + uint64_t(ctx.t0 * 1000));
       CURL* curl = curl_easy_init();
@@ -354,10 +377,16 @@ int RunWorker(const RunContext& ctx, int index) {
     std::mt19937_64 rng(uint64_t(getpid()) * 2654435761u + uint64_t(ctx.t0 * 1000));
     const double qps = traffic.qps / sc.workers_per_host;
     std::exponential_distribution<double> gap(std::max(qps, 1e-9));
-    const double from = ctx.t0 + traffic.from_s, until = std::min(end, ctx.t0 + traffic.until_s);
+    // The schedule starts when this worker is ready (its callers started), not at t0: the
+    // arrivals due while a pool of 64 or 128 workers forks would otherwise all go out at once,
+    // a burst of the rig's making, not the strategy's.
+    const double from = std::max(ctx.t0 + traffic.from_s, NowUnix()),
+                 until = std::min(end, ctx.t0 + traffic.until_s);
     for (double next = from + gap(rng); qps > 0 && next < until; next += gap(rng)) {
-      const double wait = next - NowUnix();
-      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      for (double wait; (wait = next - NowUnix()) > 0 && !ctx.stop->load(std::memory_order_relaxed);) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+      }
+      if (ctx.stop->load(std::memory_order_relaxed)) break;
       {
         std::lock_guard<std::mutex> lock(mu);
         due.push_back(next);
@@ -385,68 +414,108 @@ int RunWorker(const RunContext& ctx, int index) {
   return out ? 0 : 1;
 }
 
-// BreakerWatch reads every host's breaker word every millisecond, read-only, and times what the
-// simulator times when a breaker moves (sim.cc's Observe): each host's first open, and the
-// fleet-wide reopenings (a maximal interval in which some host's breaker is not closed).
+// BreakerWatch reads breaker words every millisecond, read-only, and times what the simulator
+// times when a breaker moves (sim.cc's Observe): each host's first open, and the fleet-wide
+// reopenings (a maximal interval in which some breaker under study is not closed). The breakers
+// are every host's (host and fleet scopes) or every worker's (process scope); `host_of` maps each
+// to its host.
 class BreakerWatch {
  public:
-  BreakerWatch(const std::vector<std::string>& segments, const std::string& dependency, double t0)
-      : t0_(t0), first_open_s_(segments.size(), -1) {
-    namespace shm = retryd::shm;
-    for (const std::string& name : segments) {
-      std::unique_ptr<shm::Segment> seg;
-      if (!shm::Segment::Attach(name, shm::Access::kReadOnly, &seg).ok()) continue;
-      const int32_t i = seg->Find(dependency);
-      if (i < 0) continue;
-      slots_.push_back(seg->dependency(uint32_t(i)));
-      segments_.push_back(std::move(seg));
-    }
-    ok_ = slots_.size() == segments.size();
-    if (ok_) thread_ = std::thread([this] { Loop(); });
+  // With `stop` not null, sets *stop (and stopped_s()) once, from `stop_after_s` on, every
+  // breaker that opened has closed again.
+  BreakerWatch(std::vector<const retryd::shm::DependencySlot*> slots, std::vector<uint32_t> host_of,
+               uint32_t hosts, double t0, std::atomic<bool>* stop = nullptr, double stop_after_s = 0)
+      : t0_(t0), slots_(std::move(slots)), host_of_(std::move(host_of)), first_open_s_(hosts, -1),
+        stop_(stop), stop_after_s_(stop_after_s) {
+    thread_ = std::thread([this] { Loop(); });
   }
   ~BreakerWatch() { Stop(); }
-  bool ok() const { return ok_; }
   void Stop() {
-    stop_ = true;
+    done_ = true;
     if (thread_.joinable()) thread_.join();
   }
   // After Stop: seconds since t0.
   const std::vector<double>& first_open_s() const { return first_open_s_; }
   const std::vector<std::pair<double, double>>& reopenings() const { return reopenings_; }  // end -1: not over
+  double stopped_s() const { return stopped_s_; }  // -1: the run was not ended early
 
  private:
   void Loop() {
     namespace shm = retryd::shm;
     std::vector<bool> open(slots_.size(), false);
     size_t not_closed = 0;
-    while (!stop_) {
+    while (!done_) {
       const double t = NowUnix() - t0_;
-      for (size_t h = 0; h < slots_.size(); ++h) {
+      for (size_t i = 0; i < slots_.size(); ++i) {
         const shm::BreakerWord b =
-            shm::BreakerWord::Decode(slots_[h]->breaker.load(std::memory_order_acquire));
+            shm::BreakerWord::Decode(slots_[i]->breaker.load(std::memory_order_acquire));
         const bool is_open = b.state != shm::BreakerState::kClosed;
-        if (is_open == open[h]) continue;
-        open[h] = is_open;
+        if (is_open == open[i]) continue;
+        open[i] = is_open;
         if (is_open) {
-          if (first_open_s_[h] < 0) first_open_s_[h] = t;
+          double& first = first_open_s_[host_of_[i]];
+          if (first < 0) first = t;
           if (not_closed++ == 0) reopenings_.push_back({t, -1});
         } else if (--not_closed == 0) {
           reopenings_.back().second = t;
         }
+      }
+      if (stop_ && stopped_s_ < 0 && t >= stop_after_s_ && !reopenings_.empty() && not_closed == 0) {
+        stopped_s_ = t;
+        stop_->store(true);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
   const double t0_;
-  std::vector<std::unique_ptr<retryd::shm::Segment>> segments_;
-  std::vector<const retryd::shm::DependencySlot*> slots_;
+  const std::vector<const retryd::shm::DependencySlot*> slots_;
+  const std::vector<uint32_t> host_of_;
   std::vector<double> first_open_s_;
   std::vector<std::pair<double, double>> reopenings_;
-  std::atomic<bool> stop_{false};
-  bool ok_ = false;
+  std::atomic<bool>* const stop_;
+  const double stop_after_s_;
+  double stopped_s_ = -1;
+  std::atomic<bool> done_{false};
   std::thread thread_;
 };
+
+// CallerThreads is how many caller threads a worker needs so that a call never waits for one:
+// the calls a worker has in flight are, with open-loop Poisson arrivals, Poisson with mean
+// rate x the call's length (M/G/inf), so 4x the mean for the longest call the strategy can
+// make, and 16 more, leaves a late call a rarity even in a stall (each run counts them). At
+// most 128, what a worker of the 8-worker scenarios has always had; a pool of 64 or 128
+// workers needs far fewer each, and so far fewer threads and downstream connections in all.
+int CallerThreads(const Scenario& sc, const Strategy& st, double worker_qps) {
+  double longest_ms = 0;
+  if (st.deadline_ms > 0) {
+    longest_ms = st.deadline_ms;
+  } else {
+    const uint32_t attempts = std::min<uint32_t>(st.max_retries, 64) + 1;
+    longest_ms = attempts * sc.timeout_ms;
+    for (uint32_t i = 0; i + 1 < attempts; ++i) {
+      switch (st.backoff) {
+        case BackoffKind::kImmediate: break;
+        case BackoffKind::kFixed: longest_ms += st.fixed_ms[std::min<size_t>(i, st.fixed_ms.size() - 1)]; break;
+        case BackoffKind::kJitter:
+          longest_ms += std::min<double>(st.cap_ms, std::ldexp(double(st.base_ms), int(std::min<uint32_t>(i, 30))));
+          break;
+      }
+    }
+  }
+  const double mean_in_flight = worker_qps * longest_ms / 1e3;
+  return int(std::clamp(std::ceil(4 * mean_in_flight) + 16, 16.0, 128.0));
+}
+
+// RaiseFdLimit lifts the soft limit on open files to the hard one: the downstream holds a
+// connection per caller thread of every worker (128 workers and more).
+void RaiseFdLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
 
 std::vector<std::string> SplitCommas(const std::string& list) {
   std::vector<std::string> out;
@@ -566,8 +635,8 @@ int main(int argc, char** argv) {
     std::printf("%s", ConfigToml(*st).c_str());
     return 0;
   }
-  if (FLAGS_threads <= 0) {
-    std::fprintf(stderr, "retryd_fleet: --threads must be positive\n");
+  if (FLAGS_threads < 0) {
+    std::fprintf(stderr, "retryd_fleet: --threads must be positive (or 0: sized for the worker)\n");
     return 2;
   }
   if (sc.hosts != 1 && st->scope != Scope::kFleet) {
@@ -593,6 +662,7 @@ int main(int argc, char** argv) {
     if (!CheckHostPolicy(*st, segment)) return 2;
   }
   curl_global_init(CURL_GLOBAL_DEFAULT);
+  RaiseFdLimit();
 
   // The downstream, on the same scenario; its start is everyone's t = 0.
   // The downstream serves the scenario's duration and the drain.
@@ -624,19 +694,55 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t bins = size_t(std::ceil(sc.duration_s * 1e3 / sc.bin_ms));
-  RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms)), segments};
-  std::unique_ptr<BreakerWatch> watch;
-  if (st->scope == Scope::kFleet) {
-    watch = std::make_unique<BreakerWatch>(segments, FLAGS_dependency, t0);
-    if (!watch->ok()) {
-      std::fprintf(stderr, "retryd_fleet: cannot read every host's breaker (--segments=%s)\n",
-                   FLAGS_segments.c_str());
-      kill(server, SIGTERM);
-      return 1;
+  const uint32_t workers = sc.hosts * sc.workers_per_host;
+  double worker_qps = 0;
+  for (uint32_t h = 0; h < sc.hosts; ++h) {
+    worker_qps = std::max(worker_qps, retryd::stampede::TrafficOf(sc, h).qps / sc.workers_per_host);
+  }
+  // The flag that ends the arrivals early (--stop_when_closed): in memory the workers share.
+  void* stop_page = mmap(nullptr, sizeof(std::atomic<bool>), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (stop_page == MAP_FAILED) {
+    std::perror("mmap");
+    kill(server, SIGTERM);
+    return 1;
+  }
+  auto* stop = new (stop_page) std::atomic<bool>(false);
+  RunContext ctx{&sc, st, port, t0, bins + size_t(std::ceil(kDrainS * 1e3 / sc.bin_ms)), segments, {},
+                 FLAGS_threads > 0 ? FLAGS_threads : CallerThreads(sc, *st, worker_qps), stop};
+  // Every breaker under study, watched from here: each worker's (created before the fork, so
+  // that this process shares them) or each host's daemon's.
+  std::vector<const retryd::shm::DependencySlot*> slots;
+  std::vector<uint32_t> host_of;
+  std::vector<std::unique_ptr<retryd::shm::Segment>> host_segments;
+  if (st->scope == Scope::kProcess) {
+    for (uint32_t i = 0; i < workers; ++i) {
+      ctx.private_segments.push_back(PrivateAdmission::NewSegment(st->policy));
+      slots.push_back(ctx.private_segments.back()->dependency(0));
+      host_of.push_back(i / sc.workers_per_host);
+    }
+  } else {
+    for (uint32_t h = 0; h < segments.size(); ++h) {
+      std::unique_ptr<retryd::shm::Segment> seg;
+      int32_t i = -1;
+      if (retryd::shm::Segment::Attach(segments[h], retryd::shm::Access::kReadOnly, &seg).ok()) {
+        i = seg->Find(FLAGS_dependency);
+      }
+      if (i < 0) {
+        std::fprintf(stderr, "retryd_fleet: cannot read the breaker of segment %s\n", segments[h].c_str());
+        kill(server, SIGTERM);
+        return 1;
+      }
+      slots.push_back(seg->dependency(uint32_t(i)));
+      host_of.push_back(h);
+      host_segments.push_back(std::move(seg));
     }
   }
+  double incidents_end_s = 0;
+  for (const retryd::stampede::Stall& s : sc.stalls) incidents_end_s = std::max(incidents_end_s, s.start_s + s.duration_s);
+  auto watch = std::make_unique<BreakerWatch>(slots, host_of, sc.hosts, t0,
+                                              FLAGS_stop_when_closed ? stop : nullptr, incidents_end_s);
 
-  const uint32_t workers = sc.hosts * sc.workers_per_host;
   std::vector<pid_t> children;
   for (uint32_t i = 0; i < workers; ++i) {
     const pid_t pid = fork();
@@ -669,7 +775,7 @@ int main(int argc, char** argv) {
   }
   running = false;
   if (status.joinable()) status.join();
-  if (watch) watch->Stop();
+  watch->Stop();
   kill(server, SIGTERM);
   int wstatus = 0;
   waitpid(server, &wstatus, 0);
@@ -687,6 +793,7 @@ int main(int argc, char** argv) {
   r.breakers_per_host = st->scope != Scope::kProcess ? 1 : sc.workers_per_host;
   r.hosts.resize(sc.hosts);
   uint64_t calls = 0, late = 0;
+  std::vector<uint64_t> trips_per_worker;  // process scope: each worker's breaker's trips
   for (uint32_t i = 0; i < workers; ++i) {
     retryd::stampede::HostFigures& host = r.hosts[i / sc.workers_per_host];
     const std::string path = FLAGS_workdir + "/fleet-worker-" + std::to_string(i) + ".txt";
@@ -700,9 +807,11 @@ int main(int argc, char** argv) {
     calls += c;
     late += l;
     r.breaker_opened += bc.opened;
+    r.breakers_tripped += bc.opened > 0 ? 1 : 0;
     r.half_opened += bc.half_opened;
     r.retries_denied += bc.retries_denied;
     r.rejected_open += bc.rejected_open;
+    if (st->scope == Scope::kProcess) trips_per_worker.push_back(bc.opened);
     for (size_t b = 0; b < ctx.bins; ++b) {
       uint32_t v[8];
       for (uint32_t& x : v) in >> x;
@@ -735,6 +844,7 @@ int main(int argc, char** argv) {
   }
   r.user_requests = calls;
   uint64_t ds_read = 0, ds_probes = 0, ds_max_probes = 0;
+  std::vector<uint32_t> ds_probe_bins(bins, 0);  // probes the downstream read, per bin
   {
     std::ifstream in(bins_file);
     std::string line;
@@ -751,6 +861,7 @@ int main(int argc, char** argv) {
       ds_probes += probes;
       r.dropped_expired += dropped;
       if (b < bins) {
+        ds_probe_bins[b] = probes;
         r.bins[b].accepted = accepted;
         r.bins[b].dropped = dropped;
         r.bins[b].pods_up = up;
@@ -767,6 +878,7 @@ int main(int argc, char** argv) {
     if (const int32_t i = seg->Find(FLAGS_dependency); i >= 0) {
       const BreakerCounts bc = ReadBreaker(*seg->dependency(uint32_t(i)));
       r.breaker_opened += bc.opened;
+      r.breakers_tripped += bc.opened > 0 ? 1 : 0;
       r.half_opened += bc.half_opened;
       r.retries_denied += bc.retries_denied;
       r.rejected_open += bc.rejected_open;
@@ -775,30 +887,57 @@ int main(int argc, char** argv) {
     r.fleet.trips += h.fleet_trips.load(std::memory_order_relaxed);
     r.fleet.leases += h.fleet_leases.load(std::memory_order_relaxed);
   }
-  if (watch) {
-    // The simulator's figures of the same: times since t0, the run's end as its horizon.
-    for (uint32_t h = 0; h < sc.hosts; ++h) {
-      const double t = watch->first_open_s()[h];
-      r.hosts[h].first_open_s = t >= 0 && t < sc.duration_s ? t : -1;
-    }
-    for (const auto& [start, end] : watch->reopenings()) {
-      if (start >= sc.duration_s) break;
-      retryd::stampede::Reopening o{start, end >= 0 && end < sc.duration_s ? end : -1, 0};
-      const size_t from = size_t(start * 1e3 / sc.bin_ms);
-      const size_t to = o.end_s < 0 ? bins - 1 : std::min(bins - 1, size_t(o.end_s * 1e3 / sc.bin_ms));
-      for (size_t b = from; b <= to && b < bins; ++b) o.probes += r.bins[b].probes;
-      r.reopenings.push_back(o);
-    }
+  // A run ended early (--stop_when_closed) ends, in its figures, with the bin it stopped in.
+  Scenario report_sc = sc;
+  size_t report_bins = bins;
+  if (watch->stopped_s() >= 0) {
+    report_bins = std::min(bins, size_t(std::ceil(watch->stopped_s() * 1e3 / sc.bin_ms)));
+    report_sc.duration_s = double(report_bins) * sc.bin_ms / 1e3;
+    r.bins.resize(report_bins);
+    r.latency_ms.resize(report_bins);
   }
-  const retryd::stampede::Summary s = retryd::stampede::Summarize(sc, r);
-  std::printf("%s", retryd::stampede::SummaryTable(sc, {s}).c_str());
+  // The simulator's figures of the same: times since t0, the run's end as its horizon. A
+  // reopening's probes are those the downstream read in the bins it spans (the workers' own
+  // count of the probes they sent is r.probes).
+  for (uint32_t h = 0; h < sc.hosts; ++h) {
+    const double t = watch->first_open_s()[h];
+    r.hosts[h].first_open_s = t >= 0 && t < report_sc.duration_s ? t : -1;
+  }
+  for (const auto& [start, end] : watch->reopenings()) {
+    if (start >= report_sc.duration_s) break;
+    retryd::stampede::Reopening o{start, end >= 0 && end < report_sc.duration_s ? end : -1, 0};
+    const size_t from = size_t(start * 1e3 / sc.bin_ms);
+    const size_t to = o.end_s < 0 ? report_bins - 1 : std::min(report_bins - 1, size_t(o.end_s * 1e3 / sc.bin_ms));
+    for (size_t b = from; b <= to && b < report_bins; ++b) o.probes += ds_probe_bins[b];
+    r.reopenings.push_back(o);
+  }
+  // One host: the most probes it had in flight is what the downstream saw at once.
+  if (sc.hosts == 1) r.max_probes_in_flight_per_host = uint32_t(ds_max_probes);
+  const retryd::stampede::Summary s = retryd::stampede::Summarize(report_sc, r);
+  if (watch->stopped_s() >= 0) {
+    std::printf("ended at %.1f s: every breaker that opened had closed again (--stop_when_closed)\n",
+                watch->stopped_s());
+  }
+  std::printf("%s", retryd::stampede::SummaryTable(report_sc, {s}).c_str());
   std::printf("downstream: %llu requests read, %llu probes among them, at most %llu probes at once; "
               "%llu of %llu calls started over %.0f ms late (the workers were short of threads or CPU)\n",
               (unsigned long long)ds_read, (unsigned long long)ds_probes, (unsigned long long)ds_max_probes,
               (unsigned long long)late, (unsigned long long)calls, kLateS * 1e3);
+  std::string each;
+  for (const retryd::stampede::Reopening& o : r.reopenings) each += (each.empty() ? "" : " ") + std::to_string(o.probes);
+  std::printf("probes read by the downstream in each reopening: %s; breakers that tripped: %u of %u",
+              each.empty() ? "-" : each.c_str(), r.breakers_tripped, r.breakers_per_host * sc.hosts);
+  if (!trips_per_worker.empty()) {
+    std::sort(trips_per_worker.begin(), trips_per_worker.end());
+    std::printf(", trips per worker's breaker: min %llu, median %llu, max %llu",
+                (unsigned long long)trips_per_worker.front(),
+                (unsigned long long)trips_per_worker[trips_per_worker.size() / 2],
+                (unsigned long long)trips_per_worker.back());
+  }
+  std::printf("; %d caller threads per worker\n", ctx.threads);
   if (!FLAGS_csv.empty()) {
     std::ofstream csv(FLAGS_csv, std::ios::trunc);
-    csv << retryd::stampede::TimeSeriesCsv(sc, {r});
+    csv << retryd::stampede::TimeSeriesCsv(report_sc, {r});
     if (!csv) {
       std::fprintf(stderr, "retryd_fleet: cannot write %s\n", FLAGS_csv.c_str());
       return 1;
