@@ -350,7 +350,10 @@ TEST_F(RetryctlSocket, FleetIsTheHealthCheckOfTheHostInItsFleet) {
   EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
   doc = json::parse(r.out);
   EXPECT_EQ(doc["verdict"], "local");
-  EXPECT_EQ(doc["fleet"]["fallbacks"], 1);
+  // Once local, and no store to rejoin, the count stays: the daemon's own (a loaded machine may
+  // have timed out a sync or two before the store went).
+  EXPECT_EQ(doc["fleet"]["fallbacks"], h.fleet_fallbacks.load());
+  EXPECT_GE(doc["fleet"]["fallbacks"].get<uint64_t>(), 1u);
   EXPECT_TRUE(doc["dependencies"].empty()) << "a local host follows no fleet: " << r.out;
 
   daemon_->Signal(SIGTERM);
