@@ -45,6 +45,7 @@
 #include "bench/stampede/report.h"
 #include "bench/stampede/scenario.h"
 #include "bench/stampede/sim.h"
+#include "examples/fleet/port_file.h"
 #include "shm/counters.h"
 #include "shm/dependency_table.h"
 #include "shm/layout.h"
@@ -317,12 +318,7 @@ int main(int argc, char** argv) {
   // The downstream's start is t = 0 of the scenario (its stalls are timed from it).
   int port = 0;
   double t0 = 0;
-  for (int i = 0; i < 400 && port == 0; ++i) {
-    std::ifstream in(FLAGS_port_file);
-    if (!(in >> port >> t0)) port = 0;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (port == 0) {
+  if (!retryd::fleet::WaitForPortFile(FLAGS_port_file, 400, &port, &t0)) {
     std::fprintf(stderr, "retryd_appserver_load: no port in %s\n", FLAGS_port_file.c_str());
     return 1;
   }

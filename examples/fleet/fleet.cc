@@ -67,6 +67,7 @@
 #include "bench/stampede/report.h"
 #include "bench/stampede/scenario.h"
 #include "bench/stampede/sim.h"
+#include "examples/fleet/port_file.h"
 #include "retryd/backoff.h"
 #include "retryd/client.h"
 #include "retryd/deadline.h"
@@ -683,12 +684,7 @@ int main(int argc, char** argv) {
   }
   int port = 0;
   double t0 = 0;
-  for (int i = 0; i < 200 && port == 0; ++i) {
-    std::ifstream in(port_file);
-    if (!(in >> port >> t0)) port = 0;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (port == 0) {
+  if (!retryd::fleet::WaitForPortFile(port_file, 200, &port, &t0)) {
     std::fprintf(stderr, "retryd_fleet: %s did not start\n", downstream.c_str());
     kill(server, SIGTERM);
     return 1;
