@@ -164,6 +164,10 @@ run_one() {
   sed -n "s/^RESULT /RESULT run=$n children=$children load1=$load1 /p" "$out/$st.$n.txt" >>"$out/results.txt"
   cp "$dir/php-fpm.conf" "$dir/nginx.conf" "$dir/retryd.toml" "$out/" 2>/dev/null || true
   stop_all
+  # What each process said, beside the run's report.
+  for f in retryd.log downstream.log fpm-out.log nginx/error.log; do
+    cp "$dir/$f" "$out/$st.$n.$(basename "$f")" 2>/dev/null || true
+  done
 }
 
 rm -f "$out/results.txt" "$out/summary.csv"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The stampede on a real application server, short form: examples/appserver/run.sh on
-examples/appserver/short.toml (20 s, 6 s of 503s), once with the four fixes per php-fpm child
+examples/appserver/short.toml (26 s, 6 s of 503s), once with the four fixes per php-fpm child
 and once through retryd, then what holds however loaded the machine is:
 
   - the open-loop generator sent every arrival it drew, and php-fpm answered through nginx
