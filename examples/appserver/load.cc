@@ -215,7 +215,8 @@ std::vector<Request> Drive(double t0, double duration_s, double qps, uint64_t se
 }
 
 struct BreakerTotals {
-  uint64_t dependencies = 0, opened = 0, half_opened = 0, retries_denied = 0, rejected_open = 0,
+  uint64_t dependencies = 0, opened = 0, half_opened = 0, closed = 0, retries_denied = 0,
+           rejected_open = 0,
            probes_granted = 0;
   bool policy_ok = true;
 };
@@ -256,6 +257,7 @@ BreakerTotals ReadBreakers(const Strategy& st) {
     auto c = [&](shm::Counter k) { return shm::ReadCounter(slot, k); };
     t.opened += c(shm::kOpened);
     t.half_opened += c(shm::kHalfOpened);
+    t.closed += c(shm::kClosed);
     t.retries_denied += c(shm::kRetriesDenied);
     t.rejected_open += c(shm::kRejectedOpen) + c(shm::kRejectedHalfOpenBusy);
     t.probes_granted += c(shm::kProbesGranted);
@@ -475,7 +477,7 @@ int main(int argc, char** argv) {
   if (s.recovered) std::snprintf(healthy, sizeof healthy, "%.1f", s.recovery_s);
   std::printf("RESULT strategy=%s requests=%llu sent=%llu achieved_qps=%.1f late=%llu max_late_ms=%.1f "
               "failed_pct=%.1f kills=%llu healthy_s=%s peak_read_1s=%.2f peak_sent_1s=%.2f "
-              "probes=%llu max_probes_at_once=%llu breakers=%llu trips=%llu half_opens=%llu "
+              "probes=%llu max_probes_at_once=%llu breakers=%llu trips=%llu half_opens=%llu closes=%llu "
               "front_failed=%llu no_answer=%llu bad_body=%llu policy_ok=%d\n",
               st->name.c_str(), (unsigned long long)reqs.size(), (unsigned long long)sent, achieved,
               (unsigned long long)late, max_late * 1e3,
@@ -485,7 +487,7 @@ int main(int argc, char** argv) {
               s.peak_accepted_1s, s.peak_sent_1s, (unsigned long long)ds_probes,
               (unsigned long long)max_probes, (unsigned long long)bt.dependencies,
               (unsigned long long)bt.opened, (unsigned long long)bt.half_opened,
-              (unsigned long long)front_failed, (unsigned long long)no_answer,
+              (unsigned long long)bt.closed, (unsigned long long)front_failed, (unsigned long long)no_answer,
               (unsigned long long)bad_body, bt.policy_ok ? 1 : 0);
   if (!FLAGS_csv.empty()) {
     std::ofstream csv(FLAGS_csv, std::ios::trunc);

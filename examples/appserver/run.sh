@@ -120,7 +120,9 @@ run_one() {
   "$retryd" --config="$dir/retryd.toml" --segment="$segment" --tick_ms=10 --logtostderr \
     >"$dir/retryd.log" 2>&1 &
   pids+=($!)
-  wait_for "retryd's segment" test -e "/dev/shm/$segment" || { show_logs "$dir"; return 1; }
+  # Ready once it says so: its segment exists a moment before it is initialized.
+  wait_for "retryd to be ready" grep -q "daemon: ready" "$dir/retryd.log" ||
+    { show_logs "$dir"; return 1; }
 
   local port
   port=$(free_port)

@@ -69,7 +69,8 @@ for run in $(seq "$runs"); do
         "$retryd" --config="$out/$st.toml" --segment="$segment" --tick_ms=10 --logtostderr \
           >"$out/retryd.log" 2>&1 &
         daemon_pid=$!
-        for _ in $(seq 50); do [ -e "/dev/shm/$segment" ] && break; sleep 0.1; done
+        # Ready once it says so: its segment exists a moment before it is initialized.
+      for _ in $(seq 100); do grep -q "daemon: ready" "$out/retryd.log" && break; sleep 0.1; done
         args+=(--segment="$segment")
       fi
       echo "run $run/$runs: $st" >&2

@@ -9,7 +9,9 @@ and once through retryd, then what holds however loaded the machine is:
   - every child had a breaker of its own per process (one dependency per child), and the host
     one through retryd, each with the strategy's policy;
   - through retryd, the downstream never had more than one probe in flight, and read no more
-    probes than the host's breaker had half-open episodes, after the breaker tripped;
+    probes than the host's breaker had half-open episodes, after the breaker tripped; the
+    breaker closed again; the retries of the busiest second stayed within what the host's
+    budget grants in a second, and the budget denied some;
   - per process, several children's breakers tripped and reopened, and the downstream read a
     probe from each: more probes than through retryd.
 
@@ -21,6 +23,7 @@ Exits 77 (skipped) when php-fpm, PHP's curl or nginx is not installed.
 Environment: PHP_EXT (a built retryd.so: the php_extension fixture's), CHILDREN (32).
 """
 
+import csv
 import os
 import pathlib
 import shutil
@@ -99,6 +102,17 @@ def main():
     check(1 <= int(d["probes"]) <= int(d["half_opens"]),
           f"retryd: at most one probe per half-open episode ({d['probes']} probes read, "
           f"{d['half_opens']} episodes)")
+    check(int(d["closes"]) >= 1,
+          f"retryd: the host's breaker closed again after the 503s ({d['closes']} closes)")
+    # The host's budget: the retries of the busiest second within what it grants in that second,
+    # and some denied (the 503s ask for more).
+    rows = {r["strategy"]: r for r in csv.DictReader(open(out / "summary.csv"))}
+    b = rows["retryd"]
+    peak, bound, denied = (int(b["peak_retries_1s"]), int(b["retry_bound_1s"]),
+                           int(b["retries_denied"]))
+    check(bound > 0 and peak <= bound * 1.1 + 2 and denied > 0,
+          f"retryd: {peak} retries in the busiest second, within the budget's {bound} in it; "
+          f"{denied} denied")
     check(int(p["trips"]) >= 2 and int(p["half_opens"]) >= 2,
           f"per process: several children's breakers tripped and reopened ({p['trips']} trips, "
           f"{p['half_opens']} half-open episodes)")
