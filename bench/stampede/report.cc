@@ -648,6 +648,17 @@ Status ReadTimeSeriesCsv(const std::string& path, const Scenario& sc, std::vecto
   return Status::Ok();
 }
 
+bool AppendSummaryCsv(const std::string& path, const Summary& s) {
+  std::ifstream existing(path);
+  const bool has_header = existing.peek() != std::ifstream::traits_type::eof();
+  existing.close();
+  std::string csv = SummaryCsv({s});
+  if (has_header) csv = csv.substr(csv.find('\n') + 1);
+  std::ofstream out(path, std::ios::app);
+  out << csv;
+  return bool(out);
+}
+
 Status ReadSummaryCsv(const std::string& path, std::vector<Summary>* out) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + ": cannot open");

@@ -92,6 +92,11 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s);
 // SummaryCsv: one row per strategy, one column per figure (machine-readable).
 std::string SummaryCsv(const std::vector<Summary>& s);
 
+// AppendSummaryCsv adds `s` as one row to the SummaryCsv file at `path`, with the header first
+// if the file is new or empty: how the real fleet and the application server's generator
+// gather their runs in one file. False if it could not be written.
+bool AppendSummaryCsv(const std::string& path, const Summary& s);
+
 // TimeSeriesCsv: one row per bin: time, then per strategy accepted/s, sent/s, user failures/s
 // and pods up.
 std::string TimeSeriesCsv(const Scenario& sc, const std::vector<Result>& r);

@@ -940,12 +940,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!FLAGS_summary_csv.empty()) {
-    std::ifstream existing(FLAGS_summary_csv);
-    const bool has_header = existing.peek() != std::ifstream::traits_type::eof();
-    existing.close();
-    std::string csv = retryd::stampede::SummaryCsv({s});
-    if (has_header) csv = csv.substr(csv.find('\n') + 1);
-    std::ofstream(FLAGS_summary_csv, std::ios::app) << csv;
+    if (!retryd::stampede::AppendSummaryCsv(FLAGS_summary_csv, s)) {
+      std::fprintf(stderr, "retryd_fleet: cannot write %s\n", FLAGS_summary_csv.c_str());
+      return 1;
+    }
   }
   curl_global_cleanup();
   return 0;
