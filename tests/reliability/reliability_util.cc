@@ -15,6 +15,7 @@
 #include <fstream>
 #include <new>
 #include <sstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -70,8 +71,27 @@ std::string UniqueName(const std::string& tag) {
   return "retryd-rel-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(g_counter++);
 }
 
+namespace {
+// The paths TempFile handed out, removed when the process that asked for them exits (not a
+// forked child that exits through exit()).
+std::vector<std::string>& TempFiles() {
+  static auto* paths = new std::vector<std::string>;
+  return *paths;
+}
+}  // namespace
+
 std::string TempFile(const std::string& suffix) {
-  return ::testing::TempDir() + "/" + UniqueName("tmp") + suffix;
+  static const pid_t owner = [] {
+    std::atexit([] {
+      if (getpid() != owner) return;
+      for (const std::string& p : TempFiles()) unlink(p.c_str());
+    });
+    return getpid();
+  }();
+  (void)owner;
+  std::string path = ::testing::TempDir() + "/" + UniqueName("tmp") + suffix;
+  TempFiles().push_back(path);
+  return path;
 }
 
 void WriteFile(const std::string& path, const std::string& text) {
