@@ -67,21 +67,25 @@ def retries(rows):
     return "%.0f/s (%s)" % (peak, "%.0f/s" % bound if bound else "no budget")
 
 
+def table(real, sim, heading, columns):
+    """One row per strategy the simulator also ran: each column "real / simulated"."""
+    print("| strategy | " + " | ".join(heading) + " |")
+    print("|---" * (len(heading) + 1) + "|")
+    for name in real:
+        r, s = real[name], sim.get(name, [])
+        if s:
+            print("| %s | %s |" % (name, " | ".join("%s / %s" % (f(r), f(s)) for f in columns)))
+
+
 def main():
     real, sim = load(sys.argv[1]), load(sys.argv[2])
     print("real fleet: %s runs per strategy; simulator: %s seeds. Median [worst]." % (sys.argv[3], sys.argv[4]))
     print()
-    print("| strategy | runs with a pod killed | healthy again after the stall | failed user requests "
-          "| peak sent, 1 s | peak read by the pods, 1 s |")
-    print("|---|---|---|---|---|---|")
-    for name in real:
-        r, s = real[name], sim.get(name, [])
-        if not s:
-            continue
-        print("| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
-            name, kills(r), kills(s), recovery(r), recovery(s), pct(r), pct(s),
-            peak(r, "peak_sent_1s"), peak(s, "peak_sent_1s"),
-            peak(r, "peak_accepted_1s"), peak(s, "peak_accepted_1s")))
+    table(real, sim,
+          ["runs with a pod killed", "healthy again after the stall", "failed user requests",
+           "peak sent, 1 s", "peak read by the pods, 1 s"],
+          [kills, recovery, pct, lambda x: peak(x, "peak_sent_1s"),
+           lambda x: peak(x, "peak_accepted_1s")])
     print()
     print("Each cell: real / simulated.")
     if not any("breakers_tripped" in r for rows in real.values() for r in rows):
@@ -89,17 +93,11 @@ def main():
     print()
     print("The breakers and the budgets (median [worst]; the real probes counted by the downstream):")
     print()
-    print("| strategy | unhealthy time | breakers that tripped | breaker trips | probes per reopening "
-          "| probes in flight at once, max | retries sent, busiest 1 s (the budgets' bound) |")
-    print("|---|---|---|---|---|---|---|")
-    for name in real:
-        r, s = real[name], sim.get(name, [])
-        if not s:
-            continue
-        print("| %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
-            name, seconds(r, "unhealthy_s"), seconds(s, "unhealthy_s"), tripped(r), tripped(s), count(r, "breaker_opened"), count(s, "breaker_opened"),
-            per_reopening(r), per_reopening(s), count(r, "max_probes_in_flight_per_host"),
-            count(s, "max_probes_in_flight_per_host"), retries(r), retries(s)))
+    table(real, sim,
+          ["unhealthy time", "breakers that tripped", "breaker trips", "probes per reopening",
+           "probes in flight at once, max", "retries sent, busiest 1 s (the budgets' bound)"],
+          [lambda x: seconds(x, "unhealthy_s"), tripped, lambda x: count(x, "breaker_opened"),
+           per_reopening, lambda x: count(x, "max_probes_in_flight_per_host"), retries])
 
 
 if __name__ == "__main__":
