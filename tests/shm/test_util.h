@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,6 +40,22 @@ inline uint64_t ThreadCpuNs() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+// RunQueueWaitNs: how long every thread of process `pid` has waited for a CPU while ready to
+// run (the second figure of each /proc/PID/task/TID/schedstat), summed; 0 without schedstat.
+// What a loaded machine adds to a process's wall times, measured: a test bounding how late a
+// process acts can allow exactly the time it was kept from running.
+inline uint64_t RunQueueWaitNs(pid_t pid) {
+  uint64_t total = 0;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    unsigned long long on_cpu = 0, waiting = 0;
+    if (in >> on_cpu >> waiting) total += waiting;
+  }
+  return total;
 }
 
 // RaceClock: how long a test that runs a race for a time goes on. It runs for its time and, on
