@@ -2,7 +2,7 @@
 """Prints a fleet strategy's figures on real daemons beside the simulator's (Markdown).
 
 Usage: fleet_compare.py REAL_CSV SIM_CSV [--strategy=NAME] [--check=1] [--open_tol=S]
-                        [--probe_tol=N] [--close_tol=S] [--sent_tol=F]
+                        [--probe_tol=N] [--probe_rel=F] [--close_tol=S] [--sent_tol=F]
 Both files have the simulator's --summary_csv columns, one row per run (with --strategy, the
 rows of that strategy only, as compare.sh writes them for several). Each cell is the
 median over the runs, with the range in brackets. With --check=1 the exit status is 1 if a
@@ -14,8 +14,8 @@ land on the median.
   - each host: opened in most runs on both sides, or in few on both; when it opened, its
     first open (seconds after the stall began) within --open_tol (default 1 s);
   - probes per fleet-wide reopening, and each host's probes sent (where the CSV has them):
-    within --probe_tol (default 1) or --sent_tol of the larger median (64 probes from a
-    worker's breaker each are not asked to agree within 1);
+    within --probe_tol (default 1) or --probe_rel (default 25 %) of the larger median (64
+    probes from a breaker per worker are not asked to agree within 1);
   - every breaker closed after the stall: closed on both sides in most runs, and within
     --close_tol (default 1.5 s);
   - each host's attempts during the stall: within --sent_tol (default 25 %) or 5.
@@ -91,6 +91,7 @@ def main():
     ap.add_argument("--check", type=int, default=0)
     ap.add_argument("--open_tol", type=float, default=1.0)
     ap.add_argument("--probe_tol", type=float, default=1.0)
+    ap.add_argument("--probe_rel", type=float, default=0.25)
     ap.add_argument("--close_tol", type=float, default=1.5)
     ap.add_argument("--sent_tol", type=float, default=0.25)
     a = ap.parse_args()
@@ -116,7 +117,7 @@ def main():
         ok = near(real.sent[h], sim.sent[h], lambda mr, ms: max(5, a.sent_tol * max(mr, ms)))
         row("host %d: attempts sent during the stall" % h, median_range(real.sent[h], "%.0f"),
             median_range(sim.sent[h], "%.0f"), ok)
-    probe_tol = lambda mr, ms: max(a.probe_tol, a.sent_tol * max(mr, ms))
+    probe_tol = lambda mr, ms: max(a.probe_tol, a.probe_rel * max(mr, ms))
     for h in range(real.hosts):
         if real.host_probes[h] and sim.host_probes[h]:
             ok = near(real.host_probes[h], sim.host_probes[h], probe_tol)
@@ -132,7 +133,7 @@ def main():
     row("every breaker closed after the stall ended", real.closed_cell(), sim.closed_cell(), ok)
     print("\n".join(out))
     print("tolerances: first open %.1f s, probes %.1f or %.0f %%, closed %.1f s, attempts %.0f %% or 5"
-          % (a.open_tol, a.probe_tol, 100 * a.sent_tol, a.close_tol, 100 * a.sent_tol))
+          % (a.open_tol, a.probe_tol, 100 * a.probe_rel, a.close_tol, 100 * a.sent_tol))
     if bad:
         print("disagree: " + "; ".join(bad), file=sys.stderr)
         return 1 if a.check else 0
