@@ -15,11 +15,12 @@
 #   - through retryd: breakers that tripped: exactly; probes per reopening: 1; each host's
 #     probes read by the downstream: at least 1, never 2 at once from one host; retries of the
 #     busiest second: 25 %;
-#   - per process: breakers that tripped and probes per reopening: 25 %; and at least 8 times
-#     retryd's probes per reopening;
-#   - both: fleet_compare.py's per-host table (first open 1.5 s, attempts during the failover
-#     40 %, probes per host 1 or 25 %, every breaker closed 1.5 s): the timings are looser than
-#     its defaults, as a loaded machine starts workers late.
+#   - per process: breakers that tripped, probes per reopening and each host's probes read by
+#     the downstream: 25 %; and at least 8 times retryd's probes per reopening.
+# fleet_compare.py's per-host table is printed beside them, not checked: its timings and rates
+# (first open, attempts during the failover) move with when the workers start, which this short
+# form (the failover 2 s after the start) makes part of the baseline; hosts4_pool16_probes.toml
+# checks them at length (docs/STAMPEDE.md, "Several hosts on one machine").
 # Usage: hosts_test.sh BUILD_DIR SOURCE_DIR WORKDIR
 set -euo pipefail
 build=$1 src=$2 dir=$3
@@ -92,7 +93,8 @@ within "$peak" 25% $(field "$dir/sim.csv" retryd peak_retries_1s) ||
 run per-process process
 pp_tripped=$(field "$dir/real.csv" per-process breakers_tripped)
 pp_per_reopening=$(field "$dir/real.csv" per-process probes_per_reopening)
-echo "per-process: $pp_tripped breakers tripped; $pp_per_reopening probes per reopening"
+read -r -a pp_each < <(sed -n 's/^downstream: probes read from each host: \([0-9 ]*\), at most.*/\1/p' "$dir/per-process.txt")
+echo "per-process: $pp_tripped breakers tripped; $pp_per_reopening probes per reopening (each host: ${pp_each[*]})"
 echo "  simulated: tripped $(field "$dir/sim.csv" per-process breakers_tripped | xargs), probes per reopening $(field "$dir/sim.csv" per-process probes_per_reopening | xargs)"
 # shellcheck disable=SC2046
 within "$pp_tripped" 25% $(field "$dir/sim.csv" per-process breakers_tripped) ||
@@ -100,13 +102,18 @@ within "$pp_tripped" 25% $(field "$dir/sim.csv" per-process breakers_tripped) ||
 # shellcheck disable=SC2046
 within "$pp_per_reopening" 25% $(field "$dir/sim.csv" per-process probes_per_reopening) ||
   fail "per-process: $pp_per_reopening probes per reopening; the simulator: $(field "$dir/sim.csv" per-process probes_per_reopening | xargs)"
+[ "${#pp_each[@]}" -eq "$hosts" ] || fail "per-process: the downstream counted probes from ${#pp_each[@]} hosts, not $hosts"
+for n in "${pp_each[@]}"; do
+  # shellcheck disable=SC2046
+  within "$n" 25% $(field "$dir/sim.csv" per-process probes_each_host) ||
+    fail "per-process: a host's workers sent $n probes (each host: ${pp_each[*]}); the simulator: $(field "$dir/sim.csv" per-process probes_each_host | xargs)"
+done
 python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 8 * float(sys.argv[2]) else 1)" \
   "$pp_per_reopening" "$per_reopening" ||
   fail "per-process sent $pp_per_reopening probes per reopening, not 8x retryd's $per_reopening"
 
 for st in retryd per-process; do
-  python3 "$src/examples/fleet/fleet_compare.py" "$dir/real.csv" "$dir/sim.csv" --strategy="$st" \
-    --check=1 --open_tol=1.5 --sent_tol=0.4 >"$dir/$st.md" || { cat "$dir/$st.md"; fail "$st: per host, the real run and the simulator disagree"; }
+  echo "$st, per host (not checked):"
+  python3 "$src/examples/fleet/fleet_compare.py" "$dir/real.csv" "$dir/sim.csv" --strategy="$st" 2>&1
 done
-cat "$dir/retryd.md"
 echo "hosts: OK ($hosts hosts: through retryd $per_reopening probes per reopening, per process $pp_per_reopening)"
