@@ -142,8 +142,10 @@ def test_downstream_drops_what_expired_and_counts_probes(tmp_path):
 
 
 def test_downstream_counts_probes_per_host(tmp_path):
-    # Several hosts on one machine: a probe's X-Retryd-Host counts it for its host too.
-    ds = Downstream(tmp_path, scenario(tmp_path))
+    # Several hosts on one machine: a probe's X-Retryd-Host counts it for its host too. One
+    # thread serving 300 ms or more: the first probe is still in service when the others come.
+    ds = Downstream(tmp_path, scenario(tmp_path, downstream={"service_median_ms": "300",
+                                                             "service_p99_ms": "360"}))
     probe = lambda h: ds.get({"X-Retryd-Probe": "1", "X-Retryd-Host": str(h)})
     results = []
     a = threading.Thread(target=lambda: results.append(probe(2)))
