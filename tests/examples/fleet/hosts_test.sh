@@ -13,14 +13,15 @@
 # the simulator beyond these tolerances (a real figure agrees when it lies within the
 # tolerance of the simulated seeds' range):
 #   - through retryd: breakers that tripped: exactly; probes per reopening: 1; each host's
-#     probes read by the downstream: at least 1, never 2 at once from one host; retries of the
-#     busiest second: 25 %;
+#     probes read by the downstream: at least 1, never 2 at once from one host;
 #   - per process: breakers that tripped, probes per reopening and each host's probes read by
 #     the downstream: 25 %; and at least 8 times retryd's probes per reopening.
-# fleet_compare.py's per-host table is printed beside them, not checked: its timings and rates
-# (first open, attempts during the failover) move with when the workers start, which this short
-# form (the failover 2 s after the start) makes part of the baseline; hosts4_pool16_probes.toml
-# checks them at length (docs/STAMPEDE.md, "Several hosts on one machine").
+# The rates are not compared (a machine short of CPU starts calls late and sends fewer retries:
+# the budgets' bound is what must hold), and fleet_compare.py's per-host table is printed
+# beside the counts, not checked: its timings and rates (first open, attempts during the
+# failover) move with when the workers start, which this short form (the failover 2 s after
+# the start) makes part of the baseline; hosts4_pool16_probes.toml compares them at length
+# (docs/STAMPEDE.md, "Several hosts on one machine").
 # Usage: hosts_test.sh BUILD_DIR SOURCE_DIR WORKDIR
 set -euo pipefail
 build=$1 src=$2 dir=$3
@@ -85,9 +86,6 @@ within "$per_reopening" 1 $(field "$dir/sim.csv" retryd probes_per_reopening) ||
 [ "${#each[@]}" -eq "$hosts" ] || fail "retryd: the downstream counted probes from ${#each[@]} hosts, not $hosts"
 for n in "${each[@]}"; do [ "$n" -ge 1 ] || fail "retryd: a host sent no probe (each host: ${each[*]})"; done
 [ "$at_once" -le 1 ] || fail "retryd: $at_once probes at once from one host"
-# shellcheck disable=SC2046
-within "$peak" 25% $(field "$dir/sim.csv" retryd peak_retries_1s) ||
-  fail "retryd: $peak retries in the busiest second; the simulator: $(field "$dir/sim.csv" retryd peak_retries_1s | xargs)"
 
 # Per process: every worker's own breaker, its own probe.
 run per-process process
