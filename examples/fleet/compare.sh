@@ -50,6 +50,7 @@ for st in "${strategies[@]}"; do
   [ -n "${scope[$st]:-}" ] || { echo "compare.sh: $scenario has no strategy $st" >&2; exit 2; }
 done
 
+# shellcheck source=examples/fleet/daemons.sh
 . "$here/daemons.sh"
 trap stop_started EXIT
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # examples/fleet/daemons.sh: the one way the real fleet's scripts start the daemons a strategy
 # runs on (sourced by compare.sh and fleet_compare.sh; bash).
 #
@@ -26,8 +27,8 @@ stop_started() {
 
 # wait_ready PID LOG: until LOG says "daemon: ready"; 1 if PID exits first or after 10 s.
 wait_ready() {
-  local pid=$1 log=$2 i
-  for i in $(seq 200); do
+  local pid=$1 log=$2 _
+  for _ in $(seq 200); do
     grep -q "daemon: ready" "$log" 2>/dev/null && return 0
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
@@ -39,12 +40,12 @@ wait_ready() {
 
 # start_redis LOG: a redis-server of its own on a free port of 127.0.0.1; sets `redis_port`.
 start_redis() {
-  local log=$1 redis=${REDIS_SERVER:-$(command -v redis-server || true)} i
+  local log=$1 redis=${REDIS_SERVER:-$(command -v redis-server || true)} _
   [ -x "$redis" ] || { echo "daemons.sh: no redis-server (Debian: apt-get install redis-server)" >&2; return 1; }
   redis_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   "$redis" --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$log" 2>&1 &
   started_pids+=($!)
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null && return 0
     sleep 0.05
   done

@@ -394,13 +394,14 @@ void Server::OnRequest(uint32_t conn, bool probe, int32_t host, double budget_s)
     ++bin.probes;
     max_probes_in_flight_ = std::max(max_probes_in_flight_, ++probes_in_flight_);
     if (host >= 0) {
-      if (host_probes_.size() <= size_t(host)) {
-        host_probes_.resize(size_t(host) + 1);
-        host_in_flight_.resize(size_t(host) + 1);
-        host_max_in_flight_.resize(size_t(host) + 1);
+      const size_t h = size_t(host);
+      if (host_probes_.size() <= h) {
+        host_probes_.resize(h + 1);
+        host_in_flight_.resize(h + 1);
+        host_max_in_flight_.resize(h + 1);
       }
-      ++host_probes_[size_t(host)];
-      host_max_in_flight_[size_t(host)] = std::max(host_max_in_flight_[size_t(host)], ++host_in_flight_[size_t(host)]);
+      ++host_probes_[h];
+      host_max_in_flight_[h] = std::max(host_max_in_flight_[h], ++host_in_flight_[h]);
     }
   }
   if (ready_.empty()) {

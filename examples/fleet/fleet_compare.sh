@@ -39,6 +39,7 @@ fi
 hosts=$("$stampede" --scenario="$scenario" --print_hosts)
 [[ $hosts =~ ^[0-9]+$ ]] || { echo "fleet_compare.sh: cannot read the hosts of $scenario" >&2; exit 2; }
 
+# shellcheck source=examples/fleet/daemons.sh
 . "$here/daemons.sh"
 trap stop_started EXIT
 

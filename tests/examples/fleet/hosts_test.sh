@@ -30,6 +30,7 @@ retryd=$build/daemon/retryd
 stampede=$build/bench/stampede/retryd_stampede
 scenario=$src/bench/stampede/scenarios/hosts4_pool16_probes_short.toml
 rm -rf "$dir" && mkdir -p "$dir"
+# shellcheck source=examples/fleet/daemons.sh
 . "$src/examples/fleet/daemons.sh"
 trap stop_started EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
