@@ -13,9 +13,10 @@ lands where some seeds land is an outcome the model gives, and one real run cann
 land on the median.
   - each host: opened in most runs on both sides, or in few on both; when it opened, its
     first open (seconds after the stall began) within --open_tol (default 1 s);
-  - probes per fleet-wide reopening, and each host's probes sent (where the CSV has them):
-    within --probe_tol (default 1) or --probe_rel (default 25 %) of the larger median (64
-    probes from a breaker per worker are not asked to agree within 1);
+  - probes per fleet-wide reopening: within --probe_tol (default 1) or --probe_rel (default
+    25 %) of the larger median (64 probes from a breaker per worker are not asked to agree
+    within 1). Each host's probes sent are shown (where the CSV has them), not checked: which
+    host takes a fleet's probe lease is a race, in the daemons as in the model.
   - every breaker closed after the stall: closed on both sides in most runs, and within
     --close_tol (default 1.5 s);
   - each host's attempts during the stall: within --sent_tol (default 25 %) or 5.
@@ -104,8 +105,9 @@ def main():
     bad = []
 
     def row(name, r, s, ok):
-        out.append("| %s | %s | %s | %s |" % (name, r, s, "yes" if ok else "NO"))
-        if not ok:
+        """ok: True, False, or None (shown, not checked)."""
+        out.append("| %s | %s | %s | %s |" % (name, r, s, "-" if ok is None else "yes" if ok else "NO"))
+        if ok is False:
             bad.append(name)
 
     for h in range(real.hosts):
@@ -120,9 +122,8 @@ def main():
     probe_tol = lambda mr, ms: max(a.probe_tol, a.probe_rel * max(mr, ms))
     for h in range(real.hosts):
         if real.host_probes[h] and sim.host_probes[h]:
-            ok = near(real.host_probes[h], sim.host_probes[h], probe_tol)
             row("host %d: probes sent" % h, median_range(real.host_probes[h], "%.0f"),
-                median_range(sim.host_probes[h], "%.0f"), ok)
+                median_range(sim.host_probes[h], "%.0f"), None)
     ok = near(real.probes, sim.probes, probe_tol)
     row("probes per fleet-wide reopening", median_range(real.probes, "%.1f"),
         median_range(sim.probes, "%.1f"), ok)
