@@ -158,6 +158,7 @@ Summary Summarize(const Scenario& sc, const Result& r) {
     if (i == 12) {
       s.open_s_each_host += " ...";
       s.stall_sent_each_host += " ...";
+      s.probes_each_host += " ...";
       break;
     }
     const HostFigures& h = r.hosts[i];
@@ -165,6 +166,7 @@ Summary Summarize(const Scenario& sc, const Result& r) {
     s.open_s_each_host += sep + (h.first_open_s < 0 ? std::string("never")
                                                     : Fmt("%.1f", h.first_open_s - first_stall_s));
     s.stall_sent_each_host += sep + std::to_string(h.sent_in_stall);
+    s.probes_each_host += sep + std::to_string(h.probes);
   }
   s.fleet_trips = r.fleet.trips;
   s.fleet_leases = r.fleet.leases;
@@ -258,12 +260,15 @@ std::string SummaryTable(const Scenario& sc, const std::vector<Summary>& s) {
                       return std::to_string(x.fleet_closed) + " / " + std::to_string(x.fleet_reopened);
                     }});
   }
-  if (!sc.host_traffic.empty()) {  // hosts that differ: each one's figures
+  if (!sc.host_traffic.empty() || (sc.hosts > 1 && sc.hosts <= 12)) {  // a few hosts: each one's figures
     rows.push_back({"each host opened after stall start", [](const Summary& x) {
                       return x.open_s_each_host.empty() ? std::string("-") : x.open_s_each_host;
                     }});
     rows.push_back({"each host's attempts during stalls", [](const Summary& x) {
                       return x.stall_sent_each_host.empty() ? std::string("-") : x.stall_sent_each_host;
+                    }});
+    rows.push_back({"each host's probes sent", [](const Summary& x) {
+                      return x.probes_each_host.empty() ? std::string("-") : x.probes_each_host;
                     }});
   }
   if (!sc.callers.empty()) {
@@ -309,7 +314,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
        "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
        "fleet_leases_lost,fleet_closed,fleet_reopened,fleet_leases_unused,closed_after_s,open_s_each_host,"
-       "stall_sent_each_host,breakers,breakers_tripped,peak_retries_1s,retry_bound_1s\n";
+       "stall_sent_each_host,breakers,breakers_tripped,peak_retries_1s,retry_bound_1s,probes_each_host\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -327,7 +332,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << x.fleet_leases_lost << ',' << x.fleet_closed << ',' << x.fleet_reopened << ','
       << x.fleet_leases_unused << ',' << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
       << x.stall_sent_each_host << ',' << x.breakers << ',' << x.breakers_tripped << ','
-      << x.peak_retries_1s << ',' << x.retry_bound_1s << '\n';
+      << x.peak_retries_1s << ',' << x.retry_bound_1s << ',' << x.probes_each_host << '\n';
   }
   return o.str();
 }

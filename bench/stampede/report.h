@@ -60,9 +60,11 @@ struct Summary {
   double probes_per_reopening = 0;     // probes sent in them, fleet-wide, per reopening
   std::string probes_each_reopening;   // the probes of each, in order: "50", "1 2" (12 at most)
   // Per host (12 at most): seconds from the first stall's start to its breaker's first open
-  // ("never"), and the attempts it sent while a stall was on: "0.6 0.6 1.2", "712 698 6".
+  // ("never"; with a breaker per worker, the host's first to open), the attempts it sent while
+  // a stall was on, and the half-open probes it sent: "0.6 0.6 1.2", "712 698 6", "16 16 16".
   std::string open_s_each_host;
   std::string stall_sent_each_host;
+  std::string probes_each_host;
   double closed_after_s = 0;           // from the last stall's end to the last reopening's end;
                                        // -1: not over when the run ended (0: no reopening)
   uint64_t fleet_trips = 0;            // scope "fleet": FleetCounters (fleet.h)

@@ -15,7 +15,9 @@
 // `lb_reject_ms`. A request carrying `grpc-timeout` (retryd/deadline.h) is given that long from
 // when it is read; one expired when read, or when a thread takes it from the queue, is dropped
 // unserved and answered 504 (`drop_expired`), as a gRPC server does. Probes are recognised by
-// `X-Retryd-Probe: 1`.
+// `X-Retryd-Probe: 1`; a probe that also carries `X-Retryd-Host: H` (the real fleet's host
+// index, 0 to 63) is counted for that host too, so that several hosts on one machine each get
+// their probes and their probes in flight at once.
 //
 // A single-threaded epoll loop: its own capacity is far above what the scenarios ask
 // (docs/STAMPEDE.md measures it), so the modelled pods, not the program, set the limits.
@@ -25,7 +27,9 @@
 //
 // Output: the port and the start time (unix seconds) in --port_file once listening; at the end
 // (after the scenario's duration + --drain_s, or on SIGTERM) one line per bin to --bins:
-// "accepted dropped probes pods_up", then a line "# kills K max_probes_in_flight P".
+// "accepted dropped probes pods_up", then a line "# kills K max_probes_in_flight P
+// max_probes_in_flight_per_host Q probes_each_host N0 N1 ..." (Q: the most any one host had in
+// flight at once; N: each host's probes, for the hosts named by X-Retryd-Host).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -70,6 +74,9 @@ using retryd::stampede::Scenario;
 
 volatile sig_atomic_t g_stop = 0;
 
+// X-Retryd-Host values counted per host: 0 to kMaxHosts - 1 (others count as no host).
+constexpr long kMaxHosts = 64;
+
 constexpr std::string_view kOk = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n";
 constexpr std::string_view kUnavailable =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 11\r\n\r\nrestarting\n";
@@ -94,6 +101,7 @@ struct Request {
   uint32_t conn_gen;
   double expires;  // seconds since the start; +inf: no deadline
   bool probe;
+  int32_t host;    // X-Retryd-Host of a probe; -1: none
 };
 
 struct Pod {
@@ -160,7 +168,7 @@ class Server {
   void Accept();
   void OnReadable(uint32_t conn);
   void ParseNext(uint32_t conn);
-  void OnRequest(uint32_t conn, bool probe, double budget_s);
+  void OnRequest(uint32_t conn, bool probe, int32_t host, double budget_s);
   void Reply(uint32_t request, std::string_view response);
   void Send(uint32_t conn, std::string_view bytes);
   void Flush(uint32_t conn);
@@ -199,6 +207,8 @@ class Server {
   std::vector<std::pair<double, uint32_t>> pods_up_log_;
   uint64_t kills_ = 0;
   uint32_t probes_in_flight_ = 0, max_probes_in_flight_ = 0;
+  // Per host named by X-Retryd-Host: probes read, in flight now, most in flight at once.
+  std::vector<uint32_t> host_probes_, host_in_flight_, host_max_in_flight_;
 };
 
 void Server::Run() {
@@ -335,6 +345,7 @@ void Server::ParseNext(uint32_t conn) {
   }
   const std::string_view head(c.in.data(), end);
   bool probe = false, bad = false;
+  int32_t host = -1;
   double budget_s = INFINITY;
   size_t body = 0;
   size_t pos = head.find("\r\n");
@@ -348,6 +359,9 @@ void Server::ParseNext(uint32_t conn) {
     std::string_view value;
     if (HeaderIs(line, "x-retryd-probe", &value)) {
       probe = value == "1";
+    } else if (HeaderIs(line, "x-retryd-host", &value)) {
+      const long h = std::strtol(std::string(value).c_str(), nullptr, 10);
+      host = h >= 0 && h < kMaxHosts ? int32_t(h) : -1;
     } else if (HeaderIs(line, "grpc-timeout", &value)) {
       std::chrono::nanoseconds t{0};
       if (retryd::ParseDeadlineHeader(value, &t) != retryd::ParseError::kNone) bad = true;
@@ -368,17 +382,27 @@ void Server::ParseNext(uint32_t conn) {
   if (status_request) return SendStatus(conn);
   if (Refusing()) return Reset(conn);
   c.busy = true;
-  OnRequest(conn, probe, budget_s);
+  OnRequest(conn, probe, probe ? host : -1, budget_s);
 }
 
-void Server::OnRequest(uint32_t conn, bool probe, double budget_s) {
-  requests_.push_back(Request{conn, conns_[conn].gen, now_ + budget_s, probe});
+void Server::OnRequest(uint32_t conn, bool probe, int32_t host, double budget_s) {
+  requests_.push_back(Request{conn, conns_[conn].gen, now_ + budget_s, probe, host});
   const uint32_t id = uint32_t(requests_.size() - 1);
   BinCounts& bin = BinAt(now_);
   ++bin.accepted;
   if (probe) {
     ++bin.probes;
     max_probes_in_flight_ = std::max(max_probes_in_flight_, ++probes_in_flight_);
+    if (host >= 0) {
+      const size_t h = size_t(host);
+      if (host_probes_.size() <= h) {
+        host_probes_.resize(h + 1);
+        host_in_flight_.resize(h + 1);
+        host_max_in_flight_.resize(h + 1);
+      }
+      ++host_probes_[h];
+      host_max_in_flight_[h] = std::max(host_max_in_flight_[h], ++host_in_flight_[h]);
+    }
   }
   if (ready_.empty()) {
     Push(now_ + ds_.lb_reject_ms / 1e3, Timer::kReject, id);
@@ -500,6 +524,7 @@ void Server::OnTimer(const Event& e) {
 void Server::Reply(uint32_t id, std::string_view response) {
   const Request& r = requests_[id];
   if (r.probe) --probes_in_flight_;
+  if (r.host >= 0) --host_in_flight_[size_t(r.host)];
   Connection& c = conns_[r.conn];
   if (c.fd < 0 || c.gen != r.conn_gen) return;  // the client gave up and closed
   c.busy = false;
@@ -574,7 +599,12 @@ void Server::WriteBins(const std::string& path) const {
     while (log < pods_up_log_.size() && pods_up_log_[log].first < bin_end) up = pods_up_log_[log++].second;
     out << bins_[i].accepted << ' ' << bins_[i].dropped << ' ' << bins_[i].probes << ' ' << up << '\n';
   }
-  out << "# kills " << kills_ << " max_probes_in_flight " << max_probes_in_flight_ << '\n';
+  uint32_t per_host = 0;
+  for (uint32_t m : host_max_in_flight_) per_host = std::max(per_host, m);
+  out << "# kills " << kills_ << " max_probes_in_flight " << max_probes_in_flight_
+      << " max_probes_in_flight_per_host " << per_host << " probes_each_host";
+  for (uint32_t n : host_probes_) out << ' ' << n;
+  out << '\n';
 }
 
 }  // namespace

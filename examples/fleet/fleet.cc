@@ -7,21 +7,25 @@
 // by --strategy. It starts retryd_downstream on the same file, forks `workers_per_host` worker
 // processes of --threads threads each per host (Poisson arrivals at the host's rate:
 // `baseline_qps` over the hosts, or its [[host_traffic]]), and when they are done stops the
-// downstream and merges the counts of both sides into one stampede::Result. `hosts` must be 1
-// (this machine is the host) but for a `fleet` strategy, whose hosts are daemons on this
-// machine, one segment each (--segments), joined to one store: fleet_compare.sh starts them.
+// downstream and merges the counts of both sides into one stampede::Result. With `hosts` > 1
+// every host is on this machine: a `process` strategy gives each of every host's workers its
+// private segment, a `host` strategy runs one retryd per host (--segments, one segment each,
+// each host's workers on its own host's daemon), and a `fleet` strategy the same daemons joined
+// to one store. compare.sh and fleet_compare.sh start them (daemons.sh).
 //
 // Each worker admits every attempt through the real algorithms before sending it:
 //   - a `host` strategy goes through retryd::Client on the segment of the retryd that runs on
-//     this host (--segment); its policy must be the strategy's (checked at the start); a
-//     `fleet` strategy likewise, each host's workers on that host's daemon's segment;
+//     its host (--segment, or with several hosts --segments); its policy must be the
+//     strategy's (checked at the start); a `fleet` strategy likewise, each host's workers on
+//     that host's daemon's segment;
 //   - a `process` strategy keeps its breaker and budget in a process-private segment with the
 //     strategy's policy, as a per-process library would (shm::Segment::CreatePrivate).
 // Between attempts it waits as the strategy says (retryd::BackoffWait for jitter). With a
 // `deadline_ms`, each attempt's timeout is what is left of the call's retryd::Deadline (at
 // most `timeout_ms`), it is sent downstream as `grpc-timeout`, and a retry is taken only if,
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
-// A half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes.
+// A half-open probe carries `X-Retryd-Probe: 1` and `X-Retryd-Host: H` (its worker's host), so
+// that the downstream counts probes, and with several hosts each host's.
 //
 // A thread of this process reads every breaker under study every millisecond (read-only): each
 // host's daemon's, or each worker's own (the parent creates the workers' private segments before
@@ -76,14 +80,16 @@
 #include "shm/registry.h"
 #include "shm/segment.h"
 
-DEFINE_string(scenario, "", "scenario file (bench/stampede/scenarios/*.toml), hosts = 1");
+DEFINE_string(scenario, "", "scenario file (bench/stampede/scenarios/*.toml)");
 DEFINE_string(strategy, "", "the scenario's strategy to run (its name)");
 DEFINE_string(downstream, "", "the retryd_downstream binary (default: next to this one)");
 DEFINE_string(segment, "retryd", "the host's retryd segment, for a host-scope strategy");
-DEFINE_string(segments, "", "for a fleet strategy: each host's retryd segment, comma-separated, "
-                            "one per host of the scenario");
+DEFINE_string(segments, "", "for a host or fleet strategy: each host's retryd segment, "
+                            "comma-separated, one per host of the scenario (a host strategy of "
+                            "one host may give --segment instead)");
 DEFINE_string(redis, "", "with --print_config, for a fleet strategy: the store's HOST:PORT");
-DEFINE_int32(host_index, 0, "with --print_config, for a fleet strategy: the host to configure");
+DEFINE_int32(host_index, 0, "with --print_config, for a fleet strategy: the host to configure "
+                          "(its host_id)");
 DEFINE_string(key_prefix, "retryd-fleet", "with --print_config: the fleet's key prefix in the store");
 DEFINE_string(dependency, "fleet-downstream", "dependency name, for a host-scope strategy");
 DEFINE_int32(threads, 0, "threads per worker: calls in flight per worker at most (a call that "
@@ -270,6 +276,7 @@ int RunWorker(const RunContext& ctx, int index) {
     return std::min(ctx.bins - 1, size_t(std::max(0.0, (t - ctx.t0) * 1e3 / sc.bin_ms)));
   };
   const std::string url = "http://127.0.0.1:" + std::to_string(ctx.port) + "/work";
+  const std::string host_header = "X-Retryd-Host: " + std::to_string(host);
   const double end = ctx.t0 + sc.duration_s;
   const auto timeout = std::chrono::nanoseconds(int64_t(sc.timeout_ms * 1e6));
 
@@ -320,7 +327,10 @@ int RunWorker(const RunContext& ctx, int index) {
           if (admitted == 2) ++counts.probes[bin_of(t)];
           const std::chrono::nanoseconds attempt_timeout = deadline.Clamp(timeout);
           curl_slist* headers = nullptr;
-          if (admitted == 2) headers = curl_slist_append(headers, "X-Retryd-Probe: 1");
+          if (admitted == 2) {
+            headers = curl_slist_append(headers, "X-Retryd-Probe: 1");
+            headers = curl_slist_append(headers, host_header.c_str());
+          }
           if (!deadline.infinite()) {
             const std::string h = std::string(retryd::kDeadlineHeaderName) + ": " +
                                   retryd::FormatDeadlineHeader(attempt_timeout);
@@ -640,21 +650,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "retryd_fleet: --threads must be positive (or 0: sized for the worker)\n");
     return 2;
   }
-  if (sc.hosts != 1 && st->scope != Scope::kFleet) {
-    std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; the real fleet is this one host (hosts = 1), "
-                 "but for a fleet strategy (a daemon per host, --segments)\n",
+  if (sc.hosts > 64) {
+    std::fprintf(stderr, "retryd_fleet: %s: [fleet] hosts = %u; this machine plays 64 hosts at most\n",
                  FLAGS_scenario.c_str(), sc.hosts);
     return 2;
   }
+  // Every host but a process strategy's has its daemon: one segment per host, in host order.
   std::vector<std::string> segments;
-  if (st->scope == Scope::kHost) segments = {FLAGS_segment};
-  if (st->scope == Scope::kFleet) {
+  if (st->scope != Scope::kProcess) {
     segments = SplitCommas(FLAGS_segments);
+    if (segments.empty() && st->scope == Scope::kHost && sc.hosts == 1) segments = {FLAGS_segment};
     if (segments.size() != sc.hosts) {
       std::fprintf(stderr,
-                   "retryd_fleet: strategy \"%s\" coordinates hosts through a store: --segments "
-                   "must name one daemon's segment per host (%u), not %zu "
-                   "(examples/fleet/fleet_compare.sh starts them)\n",
+                   "retryd_fleet: strategy \"%s\" runs a daemon per host: --segments must name one "
+                   "daemon's segment per host (%u), not %zu (examples/fleet/compare.sh starts them)\n",
                    st->name.c_str(), sc.hosts, segments.size());
       return 2;
     }
@@ -839,7 +848,8 @@ int main(int argc, char** argv) {
     std::remove(path.c_str());
   }
   r.user_requests = calls;
-  uint64_t ds_read = 0, ds_probes = 0, ds_max_probes = 0;
+  uint64_t ds_read = 0, ds_probes = 0, ds_max_probes = 0, ds_max_probes_per_host = 0;
+  std::vector<uint64_t> ds_host_probes;  // probes the downstream read, per host (X-Retryd-Host)
   std::vector<uint32_t> ds_probe_bins(bins, 0);  // probes the downstream read, per bin
   {
     std::ifstream in(bins_file);
@@ -848,7 +858,8 @@ int main(int argc, char** argv) {
       std::istringstream f(line);
       if (line.rfind("# kills", 0) == 0) {
         std::string w;
-        f >> w >> w >> r.pod_kills >> w >> ds_max_probes;
+        f >> w >> w >> r.pod_kills >> w >> ds_max_probes >> w >> ds_max_probes_per_host >> w;
+        for (uint64_t n; f >> n;) ds_host_probes.push_back(n);
         continue;
       }
       uint32_t accepted = 0, dropped = 0, probes = 0, up = 0;
@@ -907,8 +918,9 @@ int main(int argc, char** argv) {
     for (size_t b = from; b <= to && b < report_bins; ++b) o.probes += ds_probe_bins[b];
     r.reopenings.push_back(o);
   }
-  // One host: the most probes it had in flight is what the downstream saw at once.
-  if (sc.hosts == 1) r.max_probes_in_flight_per_host = uint32_t(ds_max_probes);
+  // The most probes a host had in flight at once, as the downstream saw them (X-Retryd-Host).
+  r.max_probes_in_flight_per_host = uint32_t(ds_max_probes_per_host);
+  ds_host_probes.resize(sc.hosts, 0);
   const retryd::stampede::Summary s = retryd::stampede::Summarize(report_sc, r);
   if (watch->stopped_s() >= 0) {
     std::printf("ended at %.1f s: every breaker that opened had closed again (--stop_when_closed)\n",
@@ -919,6 +931,11 @@ int main(int argc, char** argv) {
               "%llu of %llu calls started over %.0f ms late (the workers were short of threads or CPU)\n",
               (unsigned long long)ds_read, (unsigned long long)ds_probes, (unsigned long long)ds_max_probes,
               (unsigned long long)late, (unsigned long long)calls, kLateS * 1e3);
+  if (sc.hosts > 1) {
+    std::printf("downstream: probes read from each host:");
+    for (uint64_t n : ds_host_probes) std::printf(" %llu", (unsigned long long)n);
+    std::printf(", at most %llu at once from one host\n", (unsigned long long)ds_max_probes_per_host);
+  }
   std::string each;
   for (const retryd::stampede::Reopening& o : r.reopenings) each += (each.empty() ? "" : " ") + std::to_string(o.probes);
   std::printf("probes read by the downstream in each reopening: %s; breakers that tripped: %u of %u",

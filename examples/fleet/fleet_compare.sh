@@ -4,7 +4,8 @@
 #
 # Each run starts a redis-server of its own on 127.0.0.1, one retryd per host of the scenario
 # (each with its own segment and host id, the strategy's policy and fleet keys:
-# retryd_fleet --print_config), and retryd_fleet with every host's workers on its host's
+# retryd_fleet --print_config), as compare.sh does (daemons.sh: the workers start once every
+# daemon has logged its ready line), and retryd_fleet with every host's workers on its host's
 # daemon; then the simulator runs the same file over seeds 1..SIM_RUNS. fleet_compare.py prints
 # the fleet's figures side by side (each host's first open, probes per fleet-wide reopening,
 # every breaker closed after the stall, each host's attempts during the stall) and, with
@@ -24,11 +25,9 @@ sim_runs=${SIM_RUNS:-10}
 fleet=$(find "$build" -name retryd_fleet -type f -perm -u+x | head -1)
 stampede=$build/bench/stampede/retryd_stampede
 retryd=${RETRYD:-$build/daemon/retryd}
-redis=${REDIS_SERVER:-$(command -v redis-server || true)}
 for b in "$fleet" "$stampede" "$retryd"; do
   [ -x "$b" ] || { echo "fleet_compare.sh: not built: $b" >&2; exit 1; }
 done
-[ -x "$redis" ] || { echo "fleet_compare.sh: no redis-server (Debian: apt-get install redis-server)" >&2; exit 1; }
 mkdir -p "$out"
 real_csv=$out/real.csv sim_csv=$out/sim.csv
 rm -f "$real_csv" "$sim_csv"
@@ -40,44 +39,17 @@ fi
 hosts=$("$stampede" --scenario="$scenario" --print_hosts)
 [[ $hosts =~ ^[0-9]+$ ]] || { echo "fleet_compare.sh: cannot read the hosts of $scenario" >&2; exit 2; }
 
-pids=() segments=()
-stop_all() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for s in "${segments[@]}"; do rm -f "/dev/shm/$s"; done
-  pids=() segments=()
-}
-trap stop_all EXIT
-
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# shellcheck source=examples/fleet/daemons.sh
+. "$here/daemons.sh"
+trap stop_started EXIT
 
 for run in $(seq "$runs"); do
-  port=$(free_port)
-  "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-    >"$out/redis.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.05
-  done
-  list=""
-  for h in $(seq 0 $((hosts - 1))); do
-    seg=retryd-fcmp-$$-$run-$h
-    "$fleet" --scenario="$scenario" --strategy="$strategy" --print_config --host_index="$h" \
-      --redis="127.0.0.1:$port" --key_prefix="fcmp-$$-$run" >"$out/host$h.toml"
-    "$retryd" --config="$out/host$h.toml" --segment="$seg" --tick_ms=10 --logtostderr \
-      >"$out/retryd-$h.$run.log" 2>&1 &
-    pids+=($!) segments+=("$seg")
-    list+=${list:+,}$seg
-  done
-  for s in "${segments[@]}"; do
-    for _ in $(seq 100); do [ -e "/dev/shm/$s" ] && break; sleep 0.05; done
-  done
+  start_hosts "$fleet" "$retryd" "$scenario" "$strategy" fleet "$hosts" "$out" "$run" || exit 1
   echo "run $run/$runs: $strategy on $hosts daemons" >&2
-  "$fleet" --scenario="$scenario" --strategy="$strategy" --segments="$list" --threads=16 \
+  "$fleet" --scenario="$scenario" --strategy="$strategy" --segments="$host_segments" --threads=16 \
     --workdir="$out" --summary_csv="$real_csv" --seed="$run" --csv="$out/$strategy.$run.csv" \
     >"$out/$strategy.$run.txt" 2>&1 || { cat "$out/$strategy.$run.txt" >&2; exit 1; }
-  stop_all
+  stop_started
 done
 "$stampede" --scenario="$scenario" --strategies="$strategy" --runs="$sim_runs" --runs_csv="$sim_csv" \
   >"$out/sim.txt"

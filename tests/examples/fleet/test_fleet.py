@@ -111,6 +111,8 @@ class Downstream:
             "pods_up": [r[3] for r in rows],
             "kills": int(tail[2]),
             "max_probes_in_flight": int(tail[4]),
+            "max_probes_in_flight_per_host": int(tail[6]),
+            "probes_each_host": [int(v) for v in tail[8:]],
         }
 
 
@@ -137,6 +139,30 @@ def test_downstream_drops_what_expired_and_counts_probes(tmp_path):
     assert got["probes"] == 1
     assert got["max_probes_in_flight"] == 1
     assert got["kills"] == 0
+
+
+def test_downstream_counts_probes_per_host(tmp_path):
+    # Several hosts on one machine: a probe's X-Retryd-Host counts it for its host too. One
+    # thread serving 300 ms or more: the first probe is still in service when the others come.
+    ds = Downstream(tmp_path, scenario(tmp_path, downstream={"service_median_ms": "300",
+                                                             "service_p99_ms": "360"}))
+    probe = lambda h: ds.get({"X-Retryd-Probe": "1", "X-Retryd-Host": str(h)})
+    results = []
+    a = threading.Thread(target=lambda: results.append(probe(2)))
+    a.start()
+    ds.wait_until("the first probe in service", lambda st: st["in_service"] == 1)
+    b = threading.Thread(target=lambda: results.append(probe(2)))
+    b.start()
+    ds.wait_until("the second probe read", lambda st: st["read"] == 2)
+    results.append(probe(0))  # one thread: it waits behind both
+    a.join()
+    b.join()
+    assert ds.get({"X-Retryd-Host": "1"})[0] == 200  # not a probe: not counted
+    got = ds.stop()
+    assert [r[0] for r in results] == [200, 200, 200]
+    assert got["probes"] == 3 and got["max_probes_in_flight"] == 3
+    assert got["max_probes_in_flight_per_host"] == 2
+    assert got["probes_each_host"] == [1, 0, 2]
 
 
 def test_downstream_stall_holds_what_arrives_until_it_ends(tmp_path):
@@ -322,9 +348,9 @@ def stop(proc, segment):
 
 
 def test_fleet_refuses_what_it_cannot_run(tmp_path):
-    path = scenario(tmp_path, fleet={"hosts": "3"})
+    path = scenario(tmp_path, fleet={"hosts": "65"})
     out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=plain"], capture_output=True, text=True)
-    assert out.returncode == 2 and "hosts = 3" in out.stderr, out.stderr
+    assert out.returncode == 2 and "hosts = 65" in out.stderr, out.stderr
     path = scenario(tmp_path, name="t.toml")
     out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=nope"], capture_output=True, text=True)
     assert out.returncode == 2 and 'no strategy "nope"' in out.stderr and "plain" in out.stderr, out.stderr
@@ -334,6 +360,12 @@ def test_fleet_refuses_what_it_cannot_run(tmp_path):
     out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=f", "--segments=a,b"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "one daemon's segment per host (3), not 2" in out.stderr, out.stderr
+    # So does a host strategy of several hosts: --segment names one host's.
+    path = scenario(tmp_path, name="h.toml", fleet={"hosts": "3"},
+                    strategies='[[strategy]]\nname = "h"\nscope = "host"\n')
+    out = subprocess.run([FLEET, f"--scenario={path}", "--strategy=h", "--segment=a"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "one daemon's segment per host (3), not 0" in out.stderr, out.stderr
     path = scenario(tmp_path, name="u.toml", downstream={"process_abandoned": "false"})
     out = subprocess.run([DOWNSTREAM, f"--scenario={path}"], capture_output=True, text=True)
     assert out.returncode == 2 and "process_abandoned" in out.stderr, out.stderr
