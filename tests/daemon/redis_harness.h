@@ -116,6 +116,7 @@ class Redis {
   }
   // Freeze and Thaw stop and continue the server: it keeps its connections and answers
   // nothing, as a store behind a partition or stuck in a long command does.
+  pid_t pid() const { return pid_; }
   void Freeze() { kill(pid_, SIGSTOP); }
   void Thaw() { kill(pid_, SIGCONT); }
   bool Ping() {
