@@ -26,6 +26,10 @@
 // after its wait, the slowest attempt of the call so far still fits (retryd::RetryLoop's rule).
 // A half-open probe carries `X-Retryd-Probe: 1` and `X-Retryd-Host: H` (its worker's host), so
 // that the downstream counts probes, and with several hosts each host's.
+// A half-open lets only its probes through: an attempt admitted without the probe flag while its
+// breaker's word read half-open, the same word before the admit and after, is a breaker letting
+// every caller through with one marked, which the downstream's probe count would not show; the
+// run then exits 3, after its report.
 //
 // A thread of this process reads every breaker under study every millisecond (read-only): each
 // host's daemon's, or each worker's own (the parent creates the workers' private segments before
@@ -129,6 +133,9 @@ struct Counts {
       rejected, probes, latency;
   size_t buckets;
   std::atomic<uint64_t> late{0}, calls{0}, sent_in_stall{0};
+  // Attempts admitted without the probe flag while the breaker stood in one half-open (its word
+  // the same before the admit and after): a breaker that lets more through than its probes.
+  std::atomic<uint64_t> half_open_leaks{0};
 };
 
 size_t WriteDiscard(char*, size_t size, size_t n, void*) { return size * n; }
@@ -144,11 +151,18 @@ class Admission {
   // Admit returns 0 (rejected), 1 (admitted) or 2 (admitted as a probe).
   virtual int Admit(uint32_t attempt, void** permit) = 0;
   virtual void Complete(void* permit, bool ok, std::chrono::nanoseconds latency) = 0;
+  // The breaker the attempts are decided on: its word (shm/breaker.h).
+  virtual uint64_t BreakerWord() const = 0;
 };
 
+// The host's retryd, through the client library; its breaker read from the host's segment
+// (the scenarios restart no daemon, so the segment the client decides on stays this one).
 class HostAdmission : public Admission {
  public:
-  HostAdmission(retryd::Client& client, retryd::Dependency dep) : client_(client), dep_(dep) {}
+  HostAdmission(retryd::Client& client, retryd::Dependency dep,
+                const retryd::shm::DependencySlot& slot)
+      : client_(client), dep_(dep), slot_(slot) {}
+  uint64_t BreakerWord() const override { return slot_.breaker.load(std::memory_order_acquire); }
   int Admit(uint32_t attempt, void** permit) override {
     auto* p = new retryd::Permit;
     *permit = p;
@@ -164,6 +178,7 @@ class HostAdmission : public Admission {
  private:
   retryd::Client& client_;
   retryd::Dependency dep_;
+  const retryd::shm::DependencySlot& slot_;
 };
 
 // A worker's own breaker and budget: a process-private segment, created by the parent before the
@@ -196,6 +211,7 @@ class PrivateAdmission : public Admission {
     delete p;
   }
   const retryd::shm::DependencySlot& slot() const { return *segment_->dependency(index_); }
+  uint64_t BreakerWord() const override { return slot().breaker.load(std::memory_order_acquire); }
 
  private:
   struct Held {
@@ -255,6 +271,7 @@ int RunWorker(const RunContext& ctx, int index) {
     if (index == 0) std::fprintf(stderr, "worker: %.*s\n", int(line.size()), line.data());
   });
   std::unique_ptr<retryd::Client> client;
+  std::unique_ptr<retryd::shm::Segment> host_segment;  // read-only: the breaker's word
   std::unique_ptr<Admission> admission;
   PrivateAdmission* private_admission = nullptr;
   if (st.scope != Scope::kProcess) {
@@ -264,7 +281,15 @@ int RunWorker(const RunContext& ctx, int index) {
       std::fprintf(stderr, "worker %d: segment %s: %s\n", index, segment.c_str(), s.ToString().c_str());
       return 1;
     }
-    admission = std::make_unique<HostAdmission>(*client, dep);
+    int32_t slot = -1;
+    if (retryd::shm::Segment::Attach(segment, retryd::shm::Access::kReadOnly, &host_segment).ok()) {
+      slot = host_segment->Find(FLAGS_dependency);
+    }
+    if (slot < 0) {
+      std::fprintf(stderr, "worker %d: cannot read the breaker of segment %s\n", index, segment.c_str());
+      return 1;
+    }
+    admission = std::make_unique<HostAdmission>(*client, dep, *host_segment->dependency(uint32_t(slot)));
   } else {
     auto p = std::make_unique<PrivateAdmission>(ctx.private_segments[size_t(index)].get());
     private_admission = p.get();
@@ -314,7 +339,13 @@ int RunWorker(const RunContext& ctx, int index) {
         for (uint32_t attempt = 0;; ++attempt) {
           const double t = NowUnix();
           void* permit = nullptr;
+          const uint64_t word = admission->BreakerWord();
           const int admitted = admission->Admit(attempt, &permit);
+          if (admitted == 1 &&
+              retryd::shm::BreakerWord::Decode(word).state == retryd::shm::BreakerState::kHalfOpen &&
+              admission->BreakerWord() == word) {
+            ++counts.half_open_leaks;
+          }
           if (admitted == 0) {
             admission->Complete(permit, false, std::chrono::nanoseconds(0));  // a no-op
             ++counts.rejected[bin_of(t)];
@@ -414,7 +445,8 @@ int RunWorker(const RunContext& ctx, int index) {
   BreakerCounts bc;
   if (private_admission) bc = ReadBreaker(private_admission->slot());
   out << "# " << counts.calls << ' ' << counts.late << ' ' << bc.opened << ' ' << bc.half_opened << ' '
-      << bc.retries_denied << ' ' << bc.rejected_open << ' ' << counts.sent_in_stall << '\n';
+      << bc.retries_denied << ' ' << bc.rejected_open << ' ' << counts.sent_in_stall << ' '
+      << counts.half_open_leaks << '\n';
   for (size_t i = 0; i < ctx.bins; ++i) {
     out << counts.sent[i] << ' ' << counts.retries[i] << ' ' << counts.attempt_ok[i] << ' '
         << counts.attempt_fail[i] << ' ' << counts.user_ok[i] << ' ' << counts.user_fail[i] << ' '
@@ -667,6 +699,16 @@ int main(int argc, char** argv) {
                    st->name.c_str(), sc.hosts, segments.size());
       return 2;
     }
+    // A segment named twice would be two hosts on one daemon, counted as two breakers.
+    for (size_t i = 0; i < segments.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (segments[i] != segments[j]) continue;
+        std::fprintf(stderr,
+                     "retryd_fleet: --segments names %s for hosts %zu and %zu: every host has a "
+                     "daemon of its own\n", segments[i].c_str(), j, i);
+        return 2;
+      }
+    }
   }
   for (const std::string& segment : segments) {
     if (!CheckHostPolicy(*st, segment)) return 2;
@@ -797,7 +839,7 @@ int main(int argc, char** argv) {
   r.latency_ms.assign(bins, std::vector<uint32_t>(r.latency_buckets, 0));
   r.breakers_per_host = st->scope != Scope::kProcess ? 1 : sc.workers_per_host;
   r.hosts.resize(sc.hosts);
-  uint64_t calls = 0, late = 0;
+  uint64_t calls = 0, late = 0, half_open_leaks = 0;
   std::vector<uint64_t> trips_per_worker;  // process scope: each worker's breaker's trips
   for (uint32_t i = 0; i < workers; ++i) {
     retryd::stampede::HostFigures& host = r.hosts[i / sc.workers_per_host];
@@ -806,8 +848,10 @@ int main(int argc, char** argv) {
     std::string hash;
     uint64_t c = 0, l = 0;
     BreakerCounts bc;
-    uint64_t in_stall = 0;
-    in >> hash >> c >> l >> bc.opened >> bc.half_opened >> bc.retries_denied >> bc.rejected_open >> in_stall;
+    uint64_t in_stall = 0, leaks = 0;
+    in >> hash >> c >> l >> bc.opened >> bc.half_opened >> bc.retries_denied >> bc.rejected_open >> in_stall >>
+        leaks;
+    half_open_leaks += leaks;
     host.sent_in_stall += in_stall;
     calls += c;
     late += l;
@@ -948,6 +992,14 @@ int main(int argc, char** argv) {
                 (unsigned long long)trips_per_worker.back());
   }
   std::printf("; %d caller threads per worker\n", ctx.threads);
+  if (half_open_leaks > 0) {
+    // Not a figure of the run: the breaker broke its promise, and the run is no comparison.
+    std::fprintf(stderr,
+                 "retryd_fleet: %llu attempts were admitted without the probe flag while their "
+                 "breaker stood half-open: a half-open lets only its probes through\n",
+                 (unsigned long long)half_open_leaks);
+    return 3;
+  }
   if (!FLAGS_csv.empty()) {
     std::ofstream csv(FLAGS_csv, std::ios::trunc);
     csv << retryd::stampede::TimeSeriesCsv(report_sc, {r});
