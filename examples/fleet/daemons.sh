@@ -13,14 +13,31 @@
 #       are OUTDIR/retryd-TAG-H.log and OUTDIR/redis-TAG.log.
 #   stop_started
 #       Stops what start_hosts started (by the pids it saved) and removes its segments.
+#   wait_ready PID LOG
+#       Until LOG says "daemon: ready" (10 s at most, or until PID exits): 0 once it does.
+#   stop_pids PID...
+#       Asks each process to stop (SIGTERM, and SIGCONT for one that was stopped), gives it 10 s,
+#       then kills it (SIGKILL); each is reaped. A stopped daemon cannot hang its caller.
 # Environment: REDIS_SERVER (default: redis-server on the PATH).
 
 started_pids=() started_segments=() host_segments=""
 
+stop_pids() {
+  local p _
+  for p in "$@"; do
+    kill -TERM "$p" 2>/dev/null || true
+    kill -CONT "$p" 2>/dev/null || true
+  done
+  for p in "$@"; do
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+}
+
 stop_started() {
-  local p s
-  for p in "${started_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${started_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  local s
+  stop_pids "${started_pids[@]}"
   for s in "${started_segments[@]}"; do rm -f "/dev/shm/$s"; done
   started_pids=() started_segments=() host_segments=""
 }

@@ -14,12 +14,11 @@ retryd=$build/daemon/retryd
 scenario=$src/bench/stampede/scenarios/pool50_probes_short.toml
 workers=50
 rm -rf "$dir" && mkdir -p "$dir"
+# shellcheck source=examples/fleet/daemons.sh
+. "$src/examples/fleet/daemons.sh"  # wait_ready, stop_pids
 daemon_pid="" segment=retryd-pool-test-$$
 cleanup() {
-  if [ -n "$daemon_pid" ]; then
-    kill -TERM "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
+  [ -z "$daemon_pid" ] || stop_pids "$daemon_pid"
   rm -f "/dev/shm/$segment"
 }
 trap cleanup EXIT
@@ -49,10 +48,7 @@ echo "per-process: $pp_tripped of $workers breakers tripped; the downstream read
 "$fleet" --scenario="$scenario" --strategy=retryd --print_config >"$dir/retryd.toml"
 "$retryd" --config="$dir/retryd.toml" --segment="$segment" --tick_ms=10 --logtostderr >"$dir/retryd.log" 2>&1 &
 daemon_pid=$!
-until grep -q "daemon: ready" "$dir/retryd.log"; do
-  kill -0 "$daemon_pid" 2>/dev/null || { cat "$dir/retryd.log" >&2; fail "retryd did not start"; }
-  sleep 0.05
-done
+wait_ready "$daemon_pid" "$dir/retryd.log" || fail "retryd did not start"
 run retryd --segment="$segment"
 read -r rd_probes rd_at_once < <(downstream "$dir/retryd.txt")
 rd_tripped=$(field "$dir/retryd.csv" breakers_tripped)
