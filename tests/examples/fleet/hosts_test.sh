@@ -55,13 +55,27 @@ EOF
 "$stampede" --scenario="$scenario" --strategies=per-process,retryd --runs=5 \
   --runs_csv="$dir/sim.csv" >"$dir/sim.txt"
 
+# A run in which more than 5 % of the calls started over 20 ms late measured a machine too
+# busy to keep the workers' schedule, not the strategy (as compare.sh's LATE_PCT): it is run
+# again, up to 3 times, and the last one counts. In one such run (1,409 of 3,691 calls late,
+# another test and a build beside it) per process sent 84 probes where the seeds send 64: its
+# workers' probes, late, timed out and probed again.
 run() {  # run STRATEGY SCOPE
-  start_hosts "$fleet" "$retryd" "$scenario" "$1" "$2" "$hosts" "$dir" "$1" || fail "$1: the daemons did not start"
-  local seg=()
-  [ -n "$host_segments" ] && seg=(--segments="$host_segments")
-  "$fleet" --scenario="$scenario" --strategy="$1" --workdir="$dir" --stop_when_closed \
-    --summary_csv="$dir/real.csv" "${seg[@]}" >"$dir/$1.txt" 2>&1 || { cat "$dir/$1.txt" >&2; fail "$1: retryd_fleet failed"; }
-  stop_started
+  local seg=() try late=()
+  for try in 1 2 3; do
+    start_hosts "$fleet" "$retryd" "$scenario" "$1" "$2" "$hosts" "$dir" "$1" || fail "$1: the daemons did not start"
+    seg=()
+    [ -n "$host_segments" ] && seg=(--segments="$host_segments")
+    "$fleet" --scenario="$scenario" --strategy="$1" --workdir="$dir" --stop_when_closed \
+      --summary_csv="$dir/$1.csv" "${seg[@]}" >"$dir/$1.txt" 2>&1 || { cat "$dir/$1.txt" >&2; fail "$1: retryd_fleet failed"; }
+    stop_started
+    read -r -a late < <(sed -n 's/.*; \([0-9]*\) of \([0-9]*\) calls started over.*/\1 \2/p' "$dir/$1.txt")
+    if [ $((100 * late[0])) -le $((5 * late[1])) ] || [ "$try" -eq 3 ]; then break; fi
+    echo "$1: ${late[0]} of ${late[1]} calls started late: the machine was busy; again"
+    rm -f "$dir/$1.csv"
+  done
+  # The run that counts, beside the other strategy's in real.csv.
+  if [ -f "$dir/real.csv" ]; then tail -n +2 "$dir/$1.csv" >>"$dir/real.csv"; else cp "$dir/$1.csv" "$dir/real.csv"; fi
   grep -q "^ended at" "$dir/$1.txt" ||
     fail "$1: not every breaker had closed again by the scenario's end (the failover ended at 6 s of 40)"
 }
