@@ -138,6 +138,19 @@ run_one() {
   "$fpm" --nodaemonize --fpm-config "$dir/php-fpm.conf" -d "extension=$ext" "${as_root[@]}" \
     >"$dir/fpm-out.log" 2>&1 &
   pids+=($!)
+  # php-fpm's master makes a session and process group of its own, which a kill of this
+  # script's group (a test runner's SIGKILL) does not reach: a watchdog in a session of its own
+  # kills the pool's group once this script is gone, if the master is still the one started
+  # here (its start time), and ends with the master.
+  # shellcheck disable=SC2016  # the watchdog's own arguments
+  setsid bash -c 'started() { sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -d" " -f20; }
+    t=$(started "$2")
+    while kill -0 "$1" 2>/dev/null; do
+      [ "$(started "$2")" = "$t" ] || exit 0
+      sleep 1
+    done
+    [ -n "$t" ] && [ "$(started "$2")" = "$t" ] && kill -KILL -- "-$2"' \
+    _ $$ "$!" </dev/null >/dev/null 2>&1 &
   wait_for "php-fpm to be ready" fpm_ready "$dir" || { show_logs "$dir"; return 1; }
   sed -e "s|@DIR@|$dir|g" -e "s|@WORKER@|$here/worker.php|g" -e "s|@USER@|$user|g" \
     "$here/nginx.conf.in" >"$dir/nginx.conf"
