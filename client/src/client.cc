@@ -584,6 +584,11 @@ inline bool ClientImpl::NeedsSlowPath() const {
           shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed));
 }
 
+inline bool ClientImpl::MayNeedSlowPath() const {
+  return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
+         (header_.load(kRelaxed)->retired.load(kRelaxed) | degraded_.load(kRelaxed)) != 0;
+}
+
 inline shm::Caller ClientImpl::MakeCaller() const {
   if (t_state.rng == 0) t_state.rng = SeedRandom();
   shm::Caller caller{owner_.load(kRelaxed), t_state.lease_tag, t_state.rng};
@@ -593,6 +598,29 @@ inline shm::Caller ClientImpl::MakeCaller() const {
 }
 
 inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  // The common path: what AdmitSlowly does for a first attempt on a closed breaker whose
+  // entry is bound, with no slow path due, on a CPU whose stripe this slot has.
+  if (__builtin_expect(uint32_t(dep) < entry_count_.load(std::memory_order_acquire) &&
+                           !MayNeedSlowPath(),
+                       1)) {
+    Entry& e = entries_[dep];
+    shm::DependencySlot* const slot = e.slot.load(std::memory_order_acquire);
+    const uint32_t generation = e.generation.load(kRelaxed);
+    if (__builtin_expect(Bound(*slot, generation) &&
+                             shm::AdmitFirstAttemptOnStripe(*slot, e.index.load(kRelaxed),
+                                                            generation, attempt,
+                                                            shm::CurrentCpu(), &ps->permit),
+                         1)) {
+      ps->slot = slot;
+      raw->decision = RETRYD_ADMITTED;
+      return RETRYD_ADMITTED;
+    }
+  }
+  return AdmitSlowly(dep, attempt, raw);
+}
+
+int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
     raw->decision = RETRYD_EINVAL;
@@ -619,9 +647,24 @@ inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_
 
 inline void ClientImpl::CompleteInline(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  // The common path: the success of a permit the common path admitted.
+  if (__builtin_expect(!shm::CompletesOnAdmitStripe(ps->permit, shm::Outcome(outcome)), 0)) {
+    return CompleteSlowly(raw, outcome, latency_ns, kNoTime);
+  }
+  const uint64_t now_ns = shm::CoarseNowNs();
+  if (__builtin_expect(shm::CompleteOnAdmitStripe(*ps->slot, &ps->permit, latency_ns, now_ns),
+                       1)) {
+    return;
+  }
+  CompleteSlowly(raw, outcome, latency_ns, now_ns);
+}
+
+void ClientImpl::CompleteSlowly(retryd_permit_t* raw, int outcome, uint64_t latency_ns,
+                                uint64_t now_ns) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (!(ps->permit.flags & shm::kPermitActive)) return;
   if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
-  const uint64_t now_ns = shm::CoarseNowNs();
+  if (now_ns == kNoTime) now_ns = shm::CoarseNowNs();
   // The common path writes the stripe of the CPU admit ran on, without reading it again or
   // touching the thread's state; a thread moved to another CPU meanwhile is refused there, and
   // completes below on the CPU it runs on.

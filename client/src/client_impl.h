@@ -105,11 +105,19 @@ class ClientImpl final : public Client {
 
  private:
   // The bodies of AdmitRaw and CompleteRaw, inlined into them and into Admit and Complete, so
-  // that each call is one function deep.
+  // that the common path (a first attempt on a closed breaker and its success, on the stripe of
+  // the CPU admit ran on: shm::AdmitFirstAttemptOnStripe, shm::CompleteOnAdmitStripe) is one
+  // function deep, calls nothing but the clock, and saves few registers. Every other case is
+  // AdmitSlowly's or CompleteSlowly's, which the common path leaves having written nothing.
   [[gnu::always_inline]] inline int AdmitInline(int32_t dep, uint32_t attempt,
                                                 retryd_permit_t* permit);
   [[gnu::always_inline]] inline void CompleteInline(retryd_permit_t* permit, int outcome,
                                                     uint64_t latency_ns);
+  [[gnu::noinline]] int AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
+  // CompleteSlowly takes `now_ns` read already, or kNoTime.
+  static constexpr uint64_t kNoTime = ~uint64_t{0};
+  [[gnu::noinline]] void CompleteSlowly(retryd_permit_t* permit, int outcome,
+                                        uint64_t latency_ns, uint64_t now_ns);
 
  public:
 
@@ -190,6 +198,9 @@ class ClientImpl final : public Client {
   Status Bind(Entry& e, shm::Segment& seg, const Lookup& found) REQUIRES(mu_);
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
+  // MayNeedSlowPath: NeedsSlowPath might be true (a fork, a retired segment, degraded_ set),
+  // without reading the clock.
+  bool MayNeedSlowPath() const;
 
   std::string name_;    // segment name, or the socket's path in socket mode
   std::string socket_;  // empty: the segment is mapped by name
