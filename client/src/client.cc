@@ -93,6 +93,9 @@ void ClientImpl::ForgetConnectionInChild() {
   pending_connection_ = -1;
   hello_fd_ = -1;
   degraded_.fetch_and(~kWaiting, kRelaxed);
+  // The next call takes the slow path, whose first step makes the child a process of its own.
+  degraded_.fetch_or(kForked, kRelaxed);
+  next_upgrade_ns_.store(0, kRelaxed);
   moving_ = false;  // the thread that was moving this client does not exist in the child
   looking_again_ = false;  // nor the one looking names up again
 }
@@ -280,6 +283,7 @@ void ClientImpl::PaceSlowPath() {
   uint64_t at = next_attach_ns_;
   // While nothing needs attaching, next_attach_ns_ stays the time a retirement is noticed.
   if (d & kUnbound) at = attach ? std::min(at, next_lock_try_ns_) : next_lock_try_ns_;
+  if (d & kForked) at = 0;  // a fork not yet taken care of: at once
   next_upgrade_ns_.store(at, kRelaxed);
 }
 
@@ -452,6 +456,8 @@ void ClientImpl::AttachIfDue() {
   MutexLock lock(&mu_);
   // 1. A forked child is a new process: by name it registers itself; through the socket it
   // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
+  // The fork is taken care of below; the pacing the fork handler cleared comes back.
+  if (degraded_.fetch_and(~kForked, kRelaxed) & kForked) PaceSlowPath();
   const uint64_t gen = g_fork_generation.load(kRelaxed);
   bool forked = false;
   if (fork_generation_.load(kRelaxed) != gen) {
@@ -577,16 +583,13 @@ void ClientImpl::AttachIfDue() {
 }
 
 inline bool ClientImpl::NeedsSlowPath() const {
-  const shm::SegmentHeader* h = header_.load(kRelaxed);
-  // The clock is read only while retired, local or detached, to pace the attempts to attach.
-  return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
-         ((h->retired.load(kRelaxed) != 0 || degraded_.load(kRelaxed) != 0) &&
-          shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed));
+  // The clock is read only while retired, forked, local, detached or waiting, to pace the
+  // attempts to attach (a fork's are not paced: next_upgrade_ns_ 0).
+  return MayNeedSlowPath() && shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed);
 }
 
 inline bool ClientImpl::MayNeedSlowPath() const {
-  return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
-         (header_.load(kRelaxed)->retired.load(kRelaxed) | degraded_.load(kRelaxed)) != 0;
+  return (header_.load(kRelaxed)->retired.load(kRelaxed) | degraded_.load(kRelaxed)) != 0;
 }
 
 inline shm::Caller ClientImpl::MakeCaller() const {
@@ -604,7 +607,7 @@ inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_
   if (__builtin_expect(uint32_t(dep) < entry_count_.load(std::memory_order_acquire) &&
                            !MayNeedSlowPath(),
                        1)) {
-    Entry& e = entries_[dep];
+    Entry& e = entries_[uint32_t(dep)];
     shm::DependencySlot* const slot = e.slot.load(std::memory_order_acquire);
     const uint32_t generation = e.generation.load(kRelaxed);
     if (__builtin_expect(Bound(*slot, generation) &&

@@ -153,6 +153,10 @@ class ClientImpl final : public Client {
   static constexpr uint32_t kDetached = 2;  // socket mode, on the host's segment, no connection
   static constexpr uint32_t kWaiting = 4;   // socket mode, a hello sent (hello_fd_), no answer read
   static constexpr uint32_t kUnbound = 8;   // an entry waits_for_lock
+  // A forked child that has not yet taken its own place (AttachIfDue's first step): set for
+  // every client in the child by the fork handler, with next_upgrade_ns_ 0, so that the hot
+  // path's one test of degraded_ finds a fork too.
+  static constexpr uint32_t kForked = 16;
   static constexpr uint32_t kAttachBits = kLocal | kDetached | kWaiting;
 
   ClientImpl() = default;
@@ -213,7 +217,7 @@ class ClientImpl final : public Client {
   // held), in tables of growing size: a name keeps its slot in the first that holds it.
   std::vector<std::unique_ptr<shm::Segment>> privates_ GUARDED_BY(mu_);
   std::atomic<shm::SegmentHeader*> header_{nullptr};
-  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound
+  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound | kForked
   // Socket mode: this process's connection to the daemon (-1: none), and one just made that
   // SlowPath is about to take over (its lookups run with mu_ released).
   int connection_ GUARDED_BY(mu_) = -1;
