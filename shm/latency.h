@@ -52,8 +52,8 @@ inline constexpr uint32_t kLatencyLastBucket = kLatencyBuckets - 1;  // the one 
   // those whose (latency_ns - 1) / kLatencyBaseNs, rounded down, has i significant bits (0 for
   // a latency of 0). The bit scan of 2q + 1 gives q's significant bits without a branch for 0.
   const uint64_t q = (latency_ns - (latency_ns != 0)) / kLatencyBaseNs;
-  const uint32_t b = uint32_t(63 ^ __builtin_clzll(2 * q + 1));  // one bsr
-  return b < kLatencyLastBucket ? b : kLatencyLastBucket;
+  const uint64_t b = 63 ^ uint64_t(__builtin_clzll(2 * q + 1));  // one bsr
+  return uint32_t(b < kLatencyLastBucket ? b : kLatencyLastBucket);
 }
 
 // LatencyUs: `latency_ns` in microseconds, rounded to the nearest (an add, a multiply and
