@@ -400,6 +400,35 @@ TEST(StripesTest, TheCommonPathDeclinesWithoutWritingAnything) {
   EXPECT_EQ(bytes(), before);
 }
 
+// The permit of the common path carries the generation its caller checked, not the slot's read
+// again: a slot given to another name between the client's check and the admit records no
+// outcome of the call (as AdmitAsBound, RebindRaceTest), in the common path or in Complete.
+TEST(StripesTest, TheCommonPathsPermitCarriesTheGenerationItsCallerChecked) {
+  SKIP_WITHOUT_RSEQ();
+  PinnedHere pinned;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, LongWindowPolicy(), HostStripes());
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("orders", LongWindowPolicy(), &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  const uint64_t now = 1'000 * kSec;
+  Caller caller{1, 0, 1};
+  caller.OnCpu(CurrentCpu());
+  Permit p;
+  ASSERT_EQ(Admit(slot, index, 0, now, caller, &p), Decision::kAdmitted);  // the stripe's first
+  Complete(slot, &p, Outcome::kSuccess, kMs, now, caller);
+  const uint32_t checked = slot.generation.load();
+  slot.generation.fetch_add(1);  // given to another name after the check
+  ASSERT_TRUE(AdmitFirstAttemptOnStripe(slot, index, checked, 0, CurrentCpu(), &p));
+  EXPECT_EQ(p.generation, checked);
+  const uint64_t successes = ReadCounter(slot, kSuccesses);
+  EXPECT_TRUE(CompletesOnAdmitStripe(p, Outcome::kSuccess));
+  EXPECT_FALSE(CompleteOnAdmitStripe(slot, &p, kMs, now));
+  Complete(slot, &p, Outcome::kFailure, kMs, now, caller);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), successes);
+  EXPECT_EQ(ReadCounter(slot, kFailures), 0u);
+  EXPECT_EQ(ReadWindow(slot, now).failures, 0u);
+}
+
 // Workers killed with SIGKILL at random instants, mid-call or not: each loses at most the call
 // it was in (an admit counted whose completion never came), and nothing it committed.
 TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
