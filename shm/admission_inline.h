@@ -190,7 +190,8 @@ template <typename NowFn>
                                                              uint32_t attempt, uint16_t cpu,
                                                              Permit* p) {
   using namespace admission_internal;
-  // The steps of AdmitImpl that this case takes, in its order; any other case is AdmitImpl's.
+  // The steps AdmitImpl takes in this case, its checks all first, so that a decline has
+  // written nothing; any other case is AdmitImpl's.
   if (attempt != 0 || !StripeWritten(slot, cpu)) return false;
   const Mode mode = Mode(slot.mode.load(kRelaxed));
   if (mode != Mode::kEnforce && mode != Mode::kShadow) return false;
