@@ -456,8 +456,6 @@ void ClientImpl::AttachIfDue() {
   MutexLock lock(&mu_);
   // 1. A forked child is a new process: by name it registers itself; through the socket it
   // attaches with its own connection, at once (step 2), and takes no lease in its parent's name.
-  // The fork is taken care of below; the pacing the fork handler cleared comes back.
-  if (degraded_.fetch_and(~kForked, kRelaxed) & kForked) PaceSlowPath();
   const uint64_t gen = g_fork_generation.load(kRelaxed);
   bool forked = false;
   if (fork_generation_.load(kRelaxed) != gen) {
@@ -474,6 +472,10 @@ void ClientImpl::AttachIfDue() {
     }
     fork_generation_.store(gen, kRelaxed);
   }
+  // The fork is taken care of: only now may the hot path pass this client by without the slow
+  // path (another thread of the child admitting before would take its leases under the
+  // parent's owner); the pacing the fork handler cleared comes back.
+  if (degraded_.fetch_and(~kForked, std::memory_order_release) & kForked) PaceSlowPath();
   // 2. The segment was retired, we run on private state, or hold no connection: attach.
   const bool retired =
       !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
@@ -589,7 +591,9 @@ inline bool ClientImpl::NeedsSlowPath() const {
 }
 
 inline bool ClientImpl::MayNeedSlowPath() const {
-  return (header_.load(kRelaxed)->retired.load(kRelaxed) | degraded_.load(kRelaxed)) != 0;
+  // Acquire: a thread that finds kForked cleared finds the owner the child took before.
+  return (header_.load(kRelaxed)->retired.load(kRelaxed) |
+          degraded_.load(std::memory_order_acquire)) != 0;
 }
 
 inline shm::Caller ClientImpl::MakeCaller() const {
