@@ -67,6 +67,9 @@ inline constexpr uint8_t kPermitActive = 1u << 0;  // admitted and not yet compl
 inline constexpr uint8_t kPermitProbe = 1u << 1;
 inline constexpr uint8_t kPermitBulkhead = 1u << 2;
 inline constexpr uint8_t kPermitRecord = 1u << 3;  // record the outcome (not disabled mode)
+// Admitted by AdmitFirstAttemptOnStripe: the stripe of `cpu` is in the map of the stripes
+// written, which only grows, so CompleteOnAdmitStripe need not look at the map again.
+inline constexpr uint8_t kPermitOnStripe = 1u << 4;
 static_assert(sizeof(Permit) == 32);
 
 // Per-thread context of the caller: who owns the leases, a random state for jitter, and the
@@ -111,6 +114,27 @@ inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt,
 inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t generation,
                              uint32_t attempt, uint64_t (*now_ns)(), Caller& caller,
                              Permit* permit);
+
+// AdmitFirstAttemptOnStripe is Admit's common path alone, for a caller that writes the stripe
+// of the CPU it runs on in kPerCpu mode (the client): a first attempt (`attempt` 0) in enforce
+// or shadow mode, breaker closed, no bulkhead, by a caller on CPU `cpu` (CurrentCpu, stripes.h)
+// whose stripe is already in the map of the stripes written. Then it does what AdmitAsBound
+// does there (the deposit, the first attempt counted, the permit filled, decision kAdmitted),
+// sets kPermitOnStripe and returns true; otherwise it returns false having written nothing, and
+// the caller calls AdmitAsBound. It needs no lease tag and no random state. Thread-safe.
+inline bool AdmitFirstAttemptOnStripe(DependencySlot& slot, uint32_t index, uint32_t generation,
+                                      uint32_t attempt, uint16_t cpu, Permit* permit);
+
+// CompletesOnAdmitStripe: may `permit` complete with `outcome` through CompleteOnAdmitStripe?
+// (Admitted by AdmitFirstAttemptOnStripe, holding no lease, a success.) A test of the permit's
+// own words: the caller reads its clock only then.
+inline bool CompletesOnAdmitStripe(const Permit& permit, Outcome outcome);
+// CompleteOnAdmitStripe is CompleteOnStripe for a permit that CompletesOnAdmitStripe accepted,
+// written in the stripe of the CPU admit ran on (`permit->cpu`), in kPerCpu mode, without
+// looking at the map of the stripes written again. True if it completed the permit; false if it
+// wrote nothing and Complete must (on another CPU now, the sequences refuse). Thread-safe.
+inline bool CompleteOnAdmitStripe(DependencySlot& slot, Permit* permit, uint64_t latency_ns,
+                                  uint64_t now_ns);
 
 // CompleteOnStripe is Complete's common path alone: a success, not slow, holding no lease, in
 // the window period the caller's stripe holds, written in that stripe. True if it completed the

@@ -185,6 +185,59 @@ template <typename NowFn>
   return admission_internal::AdmitImpl(slot, index, generation, attempt, now_ns, caller, p);
 }
 
+[[gnu::always_inline]] inline bool AdmitFirstAttemptOnStripe(DependencySlot& slot,
+                                                             uint32_t index, uint32_t generation,
+                                                             uint32_t attempt, uint16_t cpu,
+                                                             Permit* p) {
+  using namespace admission_internal;
+  // The steps AdmitImpl takes in this case, its checks all first, so that a decline has
+  // written nothing; any other case is AdmitImpl's.
+  if (attempt != 0 || !StripeWritten(slot, cpu)) return false;
+  const Mode mode = Mode(slot.mode.load(kRelaxed));
+  if (mode != Mode::kEnforce && mode != Mode::kShadow) return false;
+  if (BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
+          BreakerState::kClosed ||
+      LoadKnob<Knob::bulkhead_limit>(slot.policy) != 0) {
+    return false;
+  }
+  *p = Permit{};
+  p->dependency = index;
+  p->generation = generation;
+  p->cpu = cpu;
+  p->flags = kPermitActive | kPermitRecord | kPermitOnStripe;
+  p->decision = uint8_t(Decision::kAdmitted);
+  Caller caller{0, 0, 1};
+  caller.OnCpu(cpu);  // cpu < kMaxStripes (StripeWritten): its own stripe
+  Stripe* const stripe = &StripeAt(slot, cpu);
+  Deposit(slot, stripe, caller, LoadKnob<Knob::retry_ratio_milli>(slot.policy),
+          LoadKnob<Knob::retry_burst>(slot.policy));
+  CountStriped(slot, stripe, caller, kFirstAttempts);
+  return true;
+}
+
+[[gnu::always_inline]] inline bool CompletesOnAdmitStripe(const Permit& p, Outcome outcome) {
+  return (p.flags & (kPermitActive | kPermitRecord | kPermitProbe | kPermitBulkhead |
+                     kPermitOnStripe)) == (kPermitActive | kPermitRecord | kPermitOnStripe) &&
+         outcome == Outcome::kSuccess;
+}
+
+[[gnu::always_inline]] inline bool CompleteOnAdmitStripe(DependencySlot& slot, Permit* p,
+                                                         uint64_t latency_ns, uint64_t now_ns) {
+  using namespace admission_internal;
+  // As CompleteOnStripe, the map aside: the slot's own generation, not slow, the period held.
+  // The bound on `cpu` keeps a scribbled permit's stripe inside the segment.
+  const uint16_t cpu = p->cpu;
+  if (cpu >= kMaxStripes || slot.generation.load(kRelaxed) != p->generation) return false;
+  const uint32_t slow_ms = LoadKnob<Knob::slow_call_ms>(slot.policy);
+  if (slow_ms != 0 && latency_ns >= uint64_t{slow_ms} * 1'000'000u) return false;
+  if (!RecordSuccessInStripePeriod(slot, now_ns, cpu, cpu, StripeMode::kPerCpu)) return false;
+  p->flags &= uint8_t(~kPermitActive);
+  Caller caller{0, 0, 1};
+  caller.OnCpu(cpu);
+  CountSuccess(slot, &StripeAt(slot, cpu), caller, latency_ns);
+  return true;
+}
+
 [[gnu::always_inline]] inline bool CompleteOnStripe(DependencySlot& slot, Permit* p,
                                                     Outcome outcome, uint64_t latency_ns,
                                                     uint64_t now_ns, const Caller& caller) {

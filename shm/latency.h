@@ -35,7 +35,6 @@
 #pragma once
 
 #include <atomic>
-#include <bit>
 #include <cstdint>
 
 #include "shm/layout.h"
@@ -47,20 +46,24 @@ inline constexpr uint64_t kLatencyBaseNs = 500'000;  // bucket 0's upper bound: 
 inline constexpr uint32_t kLatencyLastBucket = kLatencyBuckets - 1;  // the one without a bound
 
 // LatencyBucket: the bucket of a call that took `latency_ns`. A few instructions: a multiply
-// (the division by a constant), a bit count and two conditional moves.
+// (the division by a constant), a bit scan and a conditional move.
 [[gnu::always_inline]] inline uint32_t LatencyBucket(uint64_t latency_ns) {
-  // Capped, so that the rounding up below cannot overflow: the cap is in the last bucket.
-  constexpr uint64_t kCap = kLatencyBaseNs << kLatencyLastBucket;
-  const uint64_t ns = latency_ns < kCap ? latency_ns : kCap;
-  // Half-milliseconds, rounded up: bucket i holds 2^(i-1) < halves <= 2^i.
-  const uint64_t halves = (ns + kLatencyBaseNs - 1) / kLatencyBaseNs;
-  const uint32_t b = uint32_t(std::bit_width(halves - (halves != 0)));
-  return b < kLatencyLastBucket ? b : kLatencyLastBucket;
+  // Bucket i holds the latencies whose half-milliseconds, rounded up, are in (2^(i-1), 2^i]:
+  // those whose (latency_ns - 1) / kLatencyBaseNs, rounded down, has i significant bits (0 for
+  // a latency of 0). The bit scan of 2q + 1 gives q's significant bits without a branch for 0.
+  const uint64_t q = (latency_ns - (latency_ns != 0)) / kLatencyBaseNs;
+  const uint64_t b = 63 ^ uint64_t(__builtin_clzll(2 * q + 1));  // one bsr
+  return uint32_t(b < kLatencyLastBucket ? b : kLatencyLastBucket);
 }
 
-// LatencyUs: `latency_ns` in microseconds, rounded to the nearest (a multiply and a shift).
+// LatencyUs: `latency_ns` in microseconds, rounded to the nearest (an add, a multiply and
+// shifts; the latencies within 500 ns of 2^64 take a branch of their own).
 [[gnu::always_inline]] inline uint64_t LatencyUs(uint64_t latency_ns) {
-  return latency_ns / 1000 + (latency_ns % 1000 >= 500);
+  uint64_t up;
+  if (__builtin_expect(__builtin_add_overflow(latency_ns, uint64_t{500}, &up), 0)) {
+    return latency_ns / 1000 + (latency_ns % 1000 >= 500);
+  }
+  return up / 1000;
 }
 
 // LatencyBucketBoundNs: the upper bound of bucket `b` (a latency equal to it is in it); 0 for

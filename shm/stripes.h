@@ -97,11 +97,13 @@ struct StripeWindow {
   static uint64_t Make(uint64_t end_ms, uint64_t count) {
     return ((end_ms & kEndMask) << 24) | (count & kCountMask);
   }
-  // Holds: `now_ms` falls in the period of `w`, which starts at `start_ms`.
+  // Holds: `now_ms` falls in the period of `w`, which starts at `start_ms`: now_ms >= start_ms,
+  // now_ms - start_ms < kMaxPeriodMs, and the end 1 to kMaxPeriodMs ms ahead (modulo 2^40).
+  // Subtracting now_ms << 24 from the word leaves its count's bits alone and the ms to the end,
+  // modulo 2^40, above them.
   static bool Holds(uint64_t w, uint64_t start_ms, uint64_t now_ms) {
-    const uint64_t ahead = (End40(w) - now_ms) & kEndMask;  // ms from now to the end
-    return now_ms >= start_ms && now_ms - start_ms < kMaxPeriodMs && ahead != 0 &&
-           ahead <= kMaxPeriodMs;
+    const uint64_t ahead = (w - (now_ms << 24)) >> 24;  // (End40(w) - now_ms) & kEndMask
+    return now_ms >= start_ms && now_ms - start_ms < kMaxPeriodMs && ahead - 1 < kMaxPeriodMs;
   }
   // EndMs: the end of `w` in full, as seen at `now_ms`: the one within a period ahead of it, or
   // else the latest at or before it.

@@ -93,6 +93,9 @@ void ClientImpl::ForgetConnectionInChild() {
   pending_connection_ = -1;
   hello_fd_ = -1;
   degraded_.fetch_and(~kWaiting, kRelaxed);
+  // The next call takes the slow path, whose first step makes the child a process of its own.
+  degraded_.fetch_or(kForked, kRelaxed);
+  next_upgrade_ns_.store(0, kRelaxed);
   moving_ = false;  // the thread that was moving this client does not exist in the child
   looking_again_ = false;  // nor the one looking names up again
 }
@@ -280,6 +283,7 @@ void ClientImpl::PaceSlowPath() {
   uint64_t at = next_attach_ns_;
   // While nothing needs attaching, next_attach_ns_ stays the time a retirement is noticed.
   if (d & kUnbound) at = attach ? std::min(at, next_lock_try_ns_) : next_lock_try_ns_;
+  if (d & kForked) at = 0;  // a fork not yet taken care of: at once
   next_upgrade_ns_.store(at, kRelaxed);
 }
 
@@ -468,6 +472,10 @@ void ClientImpl::AttachIfDue() {
     }
     fork_generation_.store(gen, kRelaxed);
   }
+  // The fork is taken care of: only now may the hot path pass this client by without the slow
+  // path (another thread of the child admitting before would take its leases under the
+  // parent's owner); the pacing the fork handler cleared comes back.
+  if (degraded_.fetch_and(~kForked, std::memory_order_release) & kForked) PaceSlowPath();
   // 2. The segment was retired, we run on private state, or hold no connection: attach.
   const bool retired =
       !seg_->is_private() && seg_->header().retired.load(std::memory_order_acquire);
@@ -577,11 +585,15 @@ void ClientImpl::AttachIfDue() {
 }
 
 inline bool ClientImpl::NeedsSlowPath() const {
-  const shm::SegmentHeader* h = header_.load(kRelaxed);
-  // The clock is read only while retired, local or detached, to pace the attempts to attach.
-  return fork_generation_.load(kRelaxed) != g_fork_generation.load(kRelaxed) ||
-         ((h->retired.load(kRelaxed) != 0 || degraded_.load(kRelaxed) != 0) &&
-          shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed));
+  // The clock is read only while retired, forked, local, detached or waiting, to pace the
+  // attempts to attach (a fork's are not paced: next_upgrade_ns_ 0).
+  return MayNeedSlowPath() && shm::CoarseNowNs() >= next_upgrade_ns_.load(kRelaxed);
+}
+
+inline bool ClientImpl::MayNeedSlowPath() const {
+  // Acquire: a thread that finds kForked cleared finds the owner the child took before.
+  return (header_.load(kRelaxed)->retired.load(kRelaxed) |
+          degraded_.load(std::memory_order_acquire)) != 0;
 }
 
 inline shm::Caller ClientImpl::MakeCaller() const {
@@ -593,6 +605,29 @@ inline shm::Caller ClientImpl::MakeCaller() const {
 }
 
 inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  // The common path: what AdmitSlowly does for a first attempt on a closed breaker whose
+  // entry is bound, with no slow path due, on a CPU whose stripe this slot has.
+  if (__builtin_expect(uint32_t(dep) < entry_count_.load(std::memory_order_acquire) &&
+                           !MayNeedSlowPath(),
+                       1)) {
+    Entry& e = entries_[uint32_t(dep)];
+    shm::DependencySlot* const slot = e.slot.load(std::memory_order_acquire);
+    const uint32_t generation = e.generation.load(kRelaxed);
+    if (__builtin_expect(Bound(*slot, generation) &&
+                             shm::AdmitFirstAttemptOnStripe(*slot, e.index.load(kRelaxed),
+                                                            generation, attempt,
+                                                            shm::CurrentCpu(), &ps->permit),
+                         1)) {
+      ps->slot = slot;
+      raw->decision = RETRYD_ADMITTED;
+      return RETRYD_ADMITTED;
+    }
+  }
+  return AdmitSlowly(dep, attempt, raw);
+}
+
+int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
     raw->decision = RETRYD_EINVAL;
@@ -619,9 +654,24 @@ inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_
 
 inline void ClientImpl::CompleteInline(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
+  // The common path: the success of a permit the common path admitted.
+  if (__builtin_expect(!shm::CompletesOnAdmitStripe(ps->permit, shm::Outcome(outcome)), 0)) {
+    return CompleteSlowly(raw, outcome, latency_ns, kNoTime);
+  }
+  const uint64_t now_ns = shm::CoarseNowNs();
+  if (__builtin_expect(shm::CompleteOnAdmitStripe(*ps->slot, &ps->permit, latency_ns, now_ns),
+                       1)) {
+    return;
+  }
+  CompleteSlowly(raw, outcome, latency_ns, now_ns);
+}
+
+void ClientImpl::CompleteSlowly(retryd_permit_t* raw, int outcome, uint64_t latency_ns,
+                                uint64_t now_ns) {
+  auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (!(ps->permit.flags & shm::kPermitActive)) return;
   if (outcome < RETRYD_SUCCESS || outcome > RETRYD_IGNORED) outcome = RETRYD_FAILURE;
-  const uint64_t now_ns = shm::CoarseNowNs();
+  if (now_ns == kNoTime) now_ns = shm::CoarseNowNs();
   // The common path writes the stripe of the CPU admit ran on, without reading it again or
   // touching the thread's state; a thread moved to another CPU meanwhile is refused there, and
   // completes below on the CPU it runs on.

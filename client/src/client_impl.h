@@ -105,11 +105,19 @@ class ClientImpl final : public Client {
 
  private:
   // The bodies of AdmitRaw and CompleteRaw, inlined into them and into Admit and Complete, so
-  // that each call is one function deep.
+  // that the common path (a first attempt on a closed breaker and its success, on the stripe of
+  // the CPU admit ran on: shm::AdmitFirstAttemptOnStripe, shm::CompleteOnAdmitStripe) is one
+  // function deep, calls nothing but the clock, and saves few registers. Every other case is
+  // AdmitSlowly's or CompleteSlowly's, which the common path leaves having written nothing.
   [[gnu::always_inline]] inline int AdmitInline(int32_t dep, uint32_t attempt,
                                                 retryd_permit_t* permit);
   [[gnu::always_inline]] inline void CompleteInline(retryd_permit_t* permit, int outcome,
                                                     uint64_t latency_ns);
+  [[gnu::noinline]] int AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
+  // CompleteSlowly takes `now_ns` read already, or kNoTime.
+  static constexpr uint64_t kNoTime = ~uint64_t{0};
+  [[gnu::noinline]] void CompleteSlowly(retryd_permit_t* permit, int outcome,
+                                        uint64_t latency_ns, uint64_t now_ns);
 
  public:
 
@@ -145,6 +153,10 @@ class ClientImpl final : public Client {
   static constexpr uint32_t kDetached = 2;  // socket mode, on the host's segment, no connection
   static constexpr uint32_t kWaiting = 4;   // socket mode, a hello sent (hello_fd_), no answer read
   static constexpr uint32_t kUnbound = 8;   // an entry waits_for_lock
+  // A forked child that has not yet taken its own place (AttachIfDue's first step): set for
+  // every client in the child by the fork handler, with next_upgrade_ns_ 0, so that the hot
+  // path's one test of degraded_ finds a fork too.
+  static constexpr uint32_t kForked = 16;
   static constexpr uint32_t kAttachBits = kLocal | kDetached | kWaiting;
 
   ClientImpl() = default;
@@ -190,6 +202,9 @@ class ClientImpl final : public Client {
   Status Bind(Entry& e, shm::Segment& seg, const Lookup& found) REQUIRES(mu_);
   shm::Caller MakeCaller() const;
   bool NeedsSlowPath() const;
+  // MayNeedSlowPath: NeedsSlowPath might be true (a fork, a retired segment, degraded_ set),
+  // without reading the clock.
+  bool MayNeedSlowPath() const;
 
   std::string name_;    // segment name, or the socket's path in socket mode
   std::string socket_;  // empty: the segment is mapped by name
@@ -202,7 +217,7 @@ class ClientImpl final : public Client {
   // held), in tables of growing size: a name keeps its slot in the first that holds it.
   std::vector<std::unique_ptr<shm::Segment>> privates_ GUARDED_BY(mu_);
   std::atomic<shm::SegmentHeader*> header_{nullptr};
-  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound
+  std::atomic<uint32_t> degraded_{0};  // kLocal | kDetached | kWaiting | kUnbound | kForked
   // Socket mode: this process's connection to the daemon (-1: none), and one just made that
   // SlowPath is about to take over (its lookups run with mu_ released).
   int connection_ GUARDED_BY(mu_) = -1;

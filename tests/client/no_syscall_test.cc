@@ -88,5 +88,66 @@ TEST(NoSyscallTest, HotPathRunsUnderSeccompStrict) {
   EXPECT_GT(seg.seg->dependency(0)->counters[shm::kOpened].load(), 0u);
 }
 
+
+// The common path (a first attempt on a closed breaker with no bulkhead, and its success: the
+// test above, whose dependency has a bulkhead, never takes it) makes no syscall either, in a
+// forked child after its first call, and in a grandchild forked before the child made any.
+TEST(NoSyscallTest, TheCommonPathRunsUnderSeccompStrict) {
+  if (RunStrict([] {
+        timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        return char(1);
+      }) != 1) {
+    GTEST_SKIP() << "clock_gettime(CLOCK_MONOTONIC_COARSE) needs a syscall on this machine";
+  }
+  testing::NamedSegment seg("seccomp-common");
+  shm::Policy p;
+  p.min_calls = 1'000'000;
+  testing::AddDependency(*seg.seg, "orders", p);
+  ClientOptions opt;
+  opt.segment = seg.name;
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Open(opt, &c).ok());
+  Dependency d;
+  ASSERT_TRUE(c->Resolve("orders", &d).ok());
+  // Every CPU's stripe written first, so that the child's calls find theirs wherever it runs.
+  cpu_set_t was;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(was), &was), 0);
+  for (uint32_t cpu = 0; cpu < shm::HostStripes(); ++cpu) {
+    if (!CPU_ISSET(cpu, &was)) continue;
+    testing::PinTo(int(cpu));
+    Permit permit;
+    c->Admit(d, 0, &permit);
+    c->Complete(&permit, Outcome::kSuccess, std::chrono::microseconds(100));
+  }
+  sched_setaffinity(0, sizeof(was), &was);
+  constexpr int kCalls = 1'000'000;
+  const auto body = [&] {
+    int admitted = 0;
+    for (int i = 0; i < kCalls; ++i) {
+      Permit permit;
+      admitted += c->Admit(d, 0, &permit);
+      c->Complete(&permit, Outcome::kSuccess, std::chrono::microseconds(100 + i % 5'000));
+    }
+    return char(admitted == kCalls ? 1 : 2);
+  };
+  const auto first_call = [&] {
+    Permit permit;
+    c->Admit(d, 0, &permit);
+    c->Complete(&permit, Outcome::kSuccess, std::chrono::microseconds(100));
+  };
+  const uint64_t before = shm::ReadCounter(*seg.seg->dependency(0), shm::kFirstAttempts);
+  EXPECT_EQ(RunStrict(body, first_call), 1) << "-1: the child was killed by a syscall";
+  // The grandchild: the child forks before its first call; the grandchild makes its own first.
+  EXPECT_EQ(RunStrict([] { return char(1); },
+                      [&] {
+                        if (RunStrict(body, first_call) != 1) syscall(SYS_exit, 5);
+                      }),
+            1)
+      << "-1: the grandchild was killed by a syscall (or the child, before strict mode)";
+  EXPECT_EQ(shm::ReadCounter(*seg.seg->dependency(0), shm::kFirstAttempts) - before,
+            2u * (kCalls + 1));
+}
+
 }  // namespace
 }  // namespace retryd

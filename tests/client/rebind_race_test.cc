@@ -3,10 +3,13 @@
 // the new dependency's generation, or its outcome is recorded in the new dependency.
 //
 // The instant is a few instructions long. This binary makes it deterministic: it defines
-// getpid(), which the client library calls exactly there on a thread's first admit (to seed the
-// thread's random state, after the check and before Admit), and reassigns the slot from inside
-// it when armed, as the daemon would (retire the name, give the slot to another). Its own
-// binary, so that no other test runs with this getpid.
+// getpid(), which the client library calls exactly there on a thread's first admit off the
+// common path (to seed the thread's random state, after the check and before Admit; the common
+// path reads no thread state, and declines a slot whose stripe was never written, as here), and
+// reassigns the slot from inside it when armed, as the daemon would (retire the name, give the
+// slot to another). Its own binary, so that no other test runs with this getpid. The common
+// path's permit carries the generation checked the same way
+// (StripesTest.TheCommonPathsPermitCarriesTheGenerationItsCallerChecked).
 #include <sys/syscall.h>
 #include <unistd.h>
 

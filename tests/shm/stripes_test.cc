@@ -245,6 +245,190 @@ TEST(StripesTest, ProcessesOnEveryCpuCountEveryCallExactly) {
   EXPECT_LT(slot.counters[kSuccesses].load(), total / 100);
 }
 
+// PinnedHere pins the calling thread to CPU 0 for its life, then gives it back its CPUs.
+struct PinnedHere {
+  cpu_set_t was;
+  PinnedHere() {
+    sched_getaffinity(0, sizeof(was), &was);
+    PinTo(0);
+  }
+  ~PinnedHere() { sched_setaffinity(0, sizeof(was), &was); }
+};
+
+// The client's common path (AdmitFirstAttemptOnStripe, then CompleteOnAdmitStripe) counts what
+// Admit and Complete count for the same calls: two dependencies of one policy, one driven each
+// way through the same mix of outcomes and latencies (every bucket, slow calls, failures,
+// ignored), read the same in every counter, the latency histogram, the window, the waiting
+// deposits and the budget; and the permits are the same but for kPermitOnStripe.
+TEST(StripesTest, TheCommonPathCountsWhatAdmitAndCompleteCount) {
+  SKIP_WITHOUT_RSEQ();
+  PinnedHere pinned;
+  Policy policy = LongWindowPolicy();
+  policy.retry_burst = 1'000'000;  // the budget never fills: every first attempt deposits
+  policy.slow_call_ms = 3'000;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(2, 1, policy, HostStripes());
+  uint32_t fi = 0, pi = 0;
+  ASSERT_TRUE(seg->PutDependency("common", policy, &fi).ok());
+  ASSERT_TRUE(seg->PutDependency("plain", policy, &pi).ok());
+  DependencySlot& fast = *seg->dependency(fi);
+  DependencySlot& plain = *seg->dependency(pi);
+  const uint64_t now = 1'000 * kSec;
+  for (DependencySlot* d : {&fast, &plain}) d->budget.store(RetryBudget::Make(0, NsToMs32(now)));
+  constexpr uint64_t kCalls = 20'000;
+  uint64_t common_admits = 0, common_completes = 0;
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    // Every bucket; one call in four may be slow (over 3 s).
+    const uint64_t latency =
+        i % 97 == 0 ? 0 : (i * 7'919'000 + i % 1000) % (i % 4 == 0 ? 20 * kSec : 3 * kSec);
+    const Outcome outcome =
+        i % 13 == 0 ? Outcome::kFailure : i % 17 == 0 ? Outcome::kIgnored : Outcome::kSuccess;
+    Caller caller{1, 0, 1};
+    caller.OnCpu(CurrentCpu());
+    Permit pf, pp;
+    if (AdmitFirstAttemptOnStripe(fast, fi, fast.generation.load(), 0, CurrentCpu(), &pf)) {
+      ++common_admits;
+    } else {
+      ASSERT_EQ(Admit(fast, fi, 0, now, caller, &pf), Decision::kAdmitted);
+    }
+    ASSERT_EQ(Admit(plain, pi, 0, now, caller, &pp), Decision::kAdmitted);
+    EXPECT_EQ(pf.flags & ~kPermitOnStripe, pp.flags);
+    EXPECT_EQ(pf.decision, pp.decision);
+    EXPECT_EQ(pf.generation, pp.generation);
+    if (CompletesOnAdmitStripe(pf, outcome) && CompleteOnAdmitStripe(fast, &pf, latency, now)) {
+      ++common_completes;
+    } else {
+      Complete(fast, &pf, outcome, latency, now, caller);
+    }
+    Complete(plain, &pp, outcome, latency, now, caller);
+    EXPECT_EQ(pf.flags & ~kPermitOnStripe, pp.flags);
+  }
+  EXPECT_GT(common_admits, kCalls * 9 / 10);
+  EXPECT_GT(common_completes, kCalls / 2);
+  for (uint32_t c = 0; c < kCounterCount; ++c) {
+    EXPECT_EQ(ReadCounter(fast, Counter(c)), ReadCounter(plain, Counter(c))) << c;
+  }
+  const LatencyHistogram hf = ReadLatency(fast), hp = ReadLatency(plain);
+  for (uint32_t b = 0; b < kLatencyBuckets; ++b) EXPECT_EQ(hf.buckets[b], hp.buckets[b]) << b;
+  EXPECT_EQ(hf.sum_us, hp.sum_us);
+  EXPECT_EQ(hf.Count(), kCalls);
+  const WindowStats wf = ReadWindow(fast, now), wp = ReadWindow(plain, now);
+  EXPECT_EQ(wf.calls, wp.calls);
+  EXPECT_EQ(wf.failures, wp.failures);
+  EXPECT_EQ(wf.slow, wp.slow);
+  EXPECT_GT(PendingDeposits(fast), 0u);
+  EXPECT_EQ(PendingDeposits(fast), PendingDeposits(plain));
+  EXPECT_EQ(RetryBudget::Tokens(fast.budget.load()), RetryBudget::Tokens(plain.budget.load()));
+}
+
+// The common path declines, having written nothing, whatever it does not take: then Admit or
+// Complete decides.
+TEST(StripesTest, TheCommonPathDeclinesWithoutWritingAnything) {
+  SKIP_WITHOUT_RSEQ();
+  PinnedHere pinned;
+  const uint32_t stripes = HostStripes();
+  Policy policy = LongWindowPolicy();
+  policy.slow_call_ms = 3'000;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, policy, stripes);
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("orders", policy, &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  const uint64_t now = 1'000 * kSec;
+  const auto bytes = [&] {
+    const auto* b = reinterpret_cast<const unsigned char*>(&slot);
+    return std::vector<unsigned char>(b, b + SlotStride(stripes));
+  };
+  const uint32_t gen = slot.generation.load();
+  Permit p;
+  // The stripe's first write is Admit's (it puts the stripe in the map first).
+  std::vector<unsigned char> before = bytes();
+  EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
+  EXPECT_EQ(bytes(), before);
+  Caller caller{1, 0, 1};
+  caller.OnCpu(CurrentCpu());
+  ASSERT_EQ(Admit(slot, index, 0, now, caller, &p), Decision::kAdmitted);
+  Complete(slot, &p, Outcome::kSuccess, kMs, now, caller);
+  before = bytes();
+  EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 1, CurrentCpu(), &p));  // a retry
+  EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, kNoStripe, &p));
+  EXPECT_EQ(bytes(), before);
+  for (Mode m : {Mode::kDisabled, Mode::kForcedOpen}) {
+    slot.mode.store(uint32_t(m));
+    before = bytes();
+    EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
+    EXPECT_EQ(bytes(), before);
+  }
+  slot.mode.store(uint32_t(Mode::kShadow));
+  ASSERT_TRUE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
+  // A permit of the common path, completed in every way the common path does not take.
+  const Permit admitted = p;
+  const auto declines = [&](Outcome outcome, uint64_t latency, uint64_t at) {
+    Permit q = admitted;
+    const std::vector<unsigned char> b = bytes();
+    const bool declined =
+        !CompletesOnAdmitStripe(q, outcome) || !CompleteOnAdmitStripe(slot, &q, latency, at);
+    return declined && bytes() == b && q.flags == admitted.flags;
+  };
+  EXPECT_TRUE(declines(Outcome::kFailure, kMs, now));
+  EXPECT_TRUE(declines(Outcome::kIgnored, kMs, now));
+  EXPECT_TRUE(declines(Outcome::kSuccess, 60 * kSec, now));      // slow
+  EXPECT_TRUE(declines(Outcome::kSuccess, kMs, now + 3'600 * kSec));  // past the stripe's period
+  slot.generation.fetch_add(1);  // given to another name
+  EXPECT_TRUE(declines(Outcome::kSuccess, kMs, now));
+  slot.generation.fetch_sub(1);
+  Permit q = admitted;
+  q.flags &= uint8_t(~kPermitOnStripe);  // admitted by Admit
+  EXPECT_FALSE(CompletesOnAdmitStripe(q, Outcome::kSuccess));
+  q = admitted;
+  q.cpu = kMaxStripes;  // a scribbled permit
+  EXPECT_TRUE(CompletesOnAdmitStripe(q, Outcome::kSuccess));
+  EXPECT_FALSE(CompleteOnAdmitStripe(slot, &q, kMs, now));
+  // A breaker that is not closed.
+  slot.mode.store(uint32_t(Mode::kEnforce));
+  const uint64_t closed = slot.breaker.load();
+  BreakerWord open = BreakerWord::Decode(closed);
+  open.state = BreakerState::kOpen;
+  open.time_ms = NsToMs32(now) + 60'000;
+  slot.breaker.store(open.Encode());
+  EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
+  EXPECT_TRUE(declines(Outcome::kSuccess, kMs, now));
+  slot.breaker.store(closed);
+  EXPECT_FALSE(declines(Outcome::kSuccess, kMs, now));  // the common path takes it now
+  // A bulkhead.
+  slot.policy.bulkhead_limit.store(4);
+  before = bytes();
+  EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
+  EXPECT_EQ(bytes(), before);
+}
+
+// The permit of the common path carries the generation its caller checked, not the slot's read
+// again: a slot given to another name between the client's check and the admit records no
+// outcome of the call (as AdmitAsBound, RebindRaceTest), in the common path or in Complete.
+TEST(StripesTest, TheCommonPathsPermitCarriesTheGenerationItsCallerChecked) {
+  SKIP_WITHOUT_RSEQ();
+  PinnedHere pinned;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, LongWindowPolicy(), HostStripes());
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("orders", LongWindowPolicy(), &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  const uint64_t now = 1'000 * kSec;
+  Caller caller{1, 0, 1};
+  caller.OnCpu(CurrentCpu());
+  Permit p;
+  ASSERT_EQ(Admit(slot, index, 0, now, caller, &p), Decision::kAdmitted);  // the stripe's first
+  Complete(slot, &p, Outcome::kSuccess, kMs, now, caller);
+  const uint32_t checked = slot.generation.load();
+  slot.generation.fetch_add(1);  // given to another name after the check
+  ASSERT_TRUE(AdmitFirstAttemptOnStripe(slot, index, checked, 0, CurrentCpu(), &p));
+  EXPECT_EQ(p.generation, checked);
+  const uint64_t successes = ReadCounter(slot, kSuccesses);
+  EXPECT_TRUE(CompletesOnAdmitStripe(p, Outcome::kSuccess));
+  EXPECT_FALSE(CompleteOnAdmitStripe(slot, &p, kMs, now));
+  Complete(slot, &p, Outcome::kFailure, kMs, now, caller);
+  EXPECT_EQ(ReadCounter(slot, kSuccesses), successes);
+  EXPECT_EQ(ReadCounter(slot, kFailures), 0u);
+  EXPECT_EQ(ReadWindow(slot, now).failures, 0u);
+}
+
 // Workers killed with SIGKILL at random instants, mid-call or not: each loses at most the call
 // it was in (an admit counted whose completion never came), and nothing it committed.
 TEST(StripesTest, AWorkerKilledMidCallLosesAtMostThatCall) {
