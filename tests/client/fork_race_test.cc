@@ -4,12 +4,11 @@
 // name outlives the child that holds it (or is taken back from it while it lives, once the
 // parent dies).
 //
-// The instant is the length of the registration. This binary makes it deterministic: it
-// defines getpid(), which the client library calls there (the child's pid, before it
-// registers), and from inside it, when armed, lets another thread of the child admit a call to
+// The instant is the length of the registration. This binary makes it deterministic with the
+// getpid() of getpid_hook.h, which the client library calls there (the child's pid, before it
+// registers): from inside it, when armed, it lets another thread of the child admit a call to
 // a dependency with a bulkhead and waits for that admit (a while at most: a client that holds
-// that thread back until the child is registered passes). Its own binary, so that no other test
-// runs with this getpid.
+// that thread back until the child is registered passes).
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,26 +22,8 @@
 
 #include "retryd/client.h"
 #include "shm/registry.h"
+#include "tests/client/getpid_hook.h"
 #include "tests/shm/test_util.h"
-
-namespace {
-
-std::atomic<pid_t> g_armed_tid{0};
-std::function<void()>* g_on_getpid = nullptr;
-
-}  // namespace
-
-// Called by the client library (and by anything else in this binary): the real getpid, plus the
-// armed action once, on the armed thread.
-extern "C" pid_t getpid() {
-  const pid_t tid = pid_t(syscall(SYS_gettid));
-  pid_t armed = tid;
-  if (g_armed_tid.load() == tid && g_armed_tid.compare_exchange_strong(armed, 0) &&
-      g_on_getpid != nullptr) {
-    (*g_on_getpid)();
-  }
-  return pid_t(syscall(SYS_getpid));
-}
 
 namespace retryd {
 namespace {
@@ -102,16 +83,14 @@ TEST(ForkRaceTest, NoThreadOfAChildTakesALeaseInItsParentsNameWhileTheChildRegis
         std::this_thread::yield();
       }
     };
-    g_on_getpid = &let_the_other_admit;
-    g_armed_tid = pid_t(syscall(SYS_gettid));
+    testing::ArmGetpid(&let_the_other_admit);
     // The child's first call, from its first thread.
     Permit first;
     const bool ok = c->Admit(orders, 0, &first);
-    g_armed_tid = 0;
+    testing::DisarmGetpid();
     if (ok) c->Complete(&first, Outcome::kSuccess, milliseconds(1));
     go.store(1);
     other.join();
-    g_on_getpid = nullptr;
     if (admitted.load() != 1) return 3;
     const pid_t lease_pid = BulkheadLeaseOwnerPid(*seg.seg, fenced_index, fenced.bulkhead_limit);
     const pid_t me = pid_t(syscall(SYS_getpid));
