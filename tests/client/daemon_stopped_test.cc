@@ -40,6 +40,7 @@
 #include "shm/stripes.h"
 #include "tests/daemon/daemon_harness.h"
 #include "tests/sanitized.h"
+#include "tests/shm/test_util.h"
 
 namespace retryd {
 namespace {
@@ -132,7 +133,20 @@ std::vector<std::string> Words(const std::string& line) {
   return w;
 }
 
-uint64_t Elapsed(uint64_t since_ns) { return shm::PreciseNowNs() - since_ns; }
+// A start for Elapsed: the time, and how long the calling thread had waited for a CPU.
+struct Start {
+  uint64_t wall_ns;
+  uint64_t queued_ns;
+};
+Start Now() { return {shm::PreciseNowNs(), testing::ThreadRunQueueWaitNs()}; }
+// Elapsed: the time since `since`, less what the calling thread waited for a CPU meanwhile. A
+// call that waits for the daemon (it sleeps, or spins on a lock) takes that time whatever the
+// machine's load; a call preempted on a loaded machine does not.
+uint64_t Elapsed(const Start& since) {
+  const uint64_t wall = shm::PreciseNowNs() - since.wall_ns;
+  const uint64_t queued = testing::ThreadRunQueueWaitNs() - since.queued_ns;
+  return wall > queued ? wall - queued : 0;
+}
 
 class DaemonStoppedTest : public ::testing::TestWithParam<Mode> {
  protected:
@@ -222,7 +236,7 @@ struct Timings {
 uint64_t SlowestOf(int n, const std::function<void()>& call) {
   uint64_t slowest = 0;
   for (int i = 0; i < n; ++i) {
-    const uint64_t t = shm::PreciseNowNs();
+    const Start t = Now();
     call();
     slowest = std::max(slowest, Elapsed(t));
   }
@@ -240,7 +254,7 @@ TEST_P(DaemonStoppedTest, AWorkerOpenedWhileTheDaemonIsStoppedNeverWaitsAndAttac
     SCOPED_TRACE(c_abi ? "C ABI" : "C++");
     Worker w([&](int report) {
       Timings t;
-      uint64_t start = shm::PreciseNowNs();
+      Start start = Now();
       std::unique_ptr<Client> cpp;
       retryd_client_t* c = nullptr;
       retryd_dependency_t dep = -1;
@@ -304,7 +318,7 @@ TEST_P(DaemonStoppedTest, AWorkerOpenedWhileTheDaemonIsStoppedNeverWaitsAndAttac
     EXPECT_EQ(t[3], by_socket() ? "local" : "shared");
 
     daemon_->Signal(SIGCONT);
-    const uint64_t resumed = shm::PreciseNowNs();
+    const Start resumed = Now();
     const std::vector<std::string> a = Words(w.Line());
     ASSERT_EQ(a.size(), 2u) << "the worker never attached\n" << daemon_->Log();
     const uint64_t attach_ns = Elapsed(resumed);
@@ -492,7 +506,7 @@ TEST_P(DaemonStoppedTest, WorkersWhoseHelloADaemonNeverAnsweredAttachToTheNextOn
   StartDaemon();
   daemon_->Signal(SIGSTOP);
   std::unique_ptr<Client> c;
-  const uint64_t start = shm::PreciseNowNs();
+  const Start start = Now();
   ASSERT_TRUE(Client::Open(Options(), &c).ok());
   EXPECT_LT(Elapsed(start), kNoWaitNs);
   EXPECT_TRUE(c->local());
@@ -561,7 +575,7 @@ TEST(HungDaemonTest, OpenIsAsFastAsWithNoDaemonAndFallsBack) {
     ClientOptions o;
     o.socket = l.path();
     std::unique_ptr<Client> c;
-    uint64_t start = shm::PreciseNowNs();
+    Start start = Now();
     ASSERT_TRUE(Client::Open(o, &c).ok());
     EXPECT_LT(Elapsed(start), kNoWaitNs);
     EXPECT_TRUE(c->local());
@@ -575,14 +589,14 @@ TEST(HungDaemonTest, OpenIsAsFastAsWithNoDaemonAndFallsBack) {
     EXPECT_LT(slowest, kNoWaitNs);
     retryd_options_t opt = {nullptr, 1};
     retryd_client_t* raw = nullptr;
-    start = shm::PreciseNowNs();
+    start = Now();
     ASSERT_EQ(retryd_open_socket(l.path().c_str(), &opt, &raw), RETRYD_OK) << retryd_last_error();
     EXPECT_LT(Elapsed(start), kNoWaitNs);
     EXPECT_EQ(retryd_is_local(raw), 1);
     retryd_close(raw);
     // Without fallback: an error, after at most about a second.
     o.fallback_to_local = false;
-    start = shm::PreciseNowNs();
+    start = Now();
     EXPECT_FALSE(Client::Open(o, &c).ok());
     EXPECT_LT(Elapsed(start), 5'000'000'000u);
   }

@@ -58,6 +58,16 @@ inline uint64_t RunQueueWaitNs(pid_t pid) {
   return total;
 }
 
+// ThreadRunQueueWaitNs: how long the calling thread has waited for a CPU while ready to run
+// (the second figure of /proc/thread-self/schedstat); 0 without schedstat. A call's wall time
+// less what this grew by meanwhile is what the call took of its own (its work, its sleeps and
+// its waits for others), which a loaded machine does not lengthen.
+inline uint64_t ThreadRunQueueWaitNs() {
+  std::ifstream in("/proc/thread-self/schedstat");
+  unsigned long long on_cpu = 0, waiting = 0;
+  return in >> on_cpu >> waiting ? uint64_t(waiting) : 0;
+}
+
 // RaceClock: how long a test that runs a race for a time goes on. It runs for its time and, on
 // a loaded machine where the racing threads had too few turns in it, on until they have had
 // enough (GoesOn's argument), for a minute at most: a test that counts what the race did then
