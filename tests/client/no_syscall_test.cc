@@ -41,17 +41,21 @@ int RunStrict(const std::function<char()>& body, const std::function<void()>& wa
   return result;
 }
 
+// CoarseClockNeedsNoSyscall: does the coarse clock come from the vDSO here? If this kernel
+// serves it by syscall, a test cannot tell the library's syscalls from the clock's.
+bool CoarseClockNeedsNoSyscall() {
+  return RunStrict([] {
+           timespec ts;
+           clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+           return char(1);
+         }) == 1;
+}
+constexpr char kClockNeedsSyscall[] =
+    "clock_gettime(CLOCK_MONOTONIC_COARSE) needs a syscall on this machine (no vDSO): the hot "
+    "path cannot be syscall-free here";
+
 TEST(NoSyscallTest, HotPathRunsUnderSeccompStrict) {
-  // The coarse clock must come from the vDSO here; if this kernel serves it by syscall, the
-  // test cannot tell the library's syscalls from the clock's.
-  if (RunStrict([] {
-        timespec ts;
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-        return char(1);
-      }) != 1) {
-    GTEST_SKIP() << "clock_gettime(CLOCK_MONOTONIC_COARSE) needs a syscall on this machine "
-                    "(no vDSO): the hot path cannot be syscall-free here";
-  }
+  if (!CoarseClockNeedsNoSyscall()) GTEST_SKIP() << kClockNeedsSyscall;
   testing::NamedSegment seg("seccomp");
   shm::Policy p;
   p.bulkhead_limit = 8;
@@ -93,13 +97,7 @@ TEST(NoSyscallTest, HotPathRunsUnderSeccompStrict) {
 // test above, whose dependency has a bulkhead, never takes it) makes no syscall either, in a
 // forked child after its first call, and in a grandchild forked before the child made any.
 TEST(NoSyscallTest, TheCommonPathRunsUnderSeccompStrict) {
-  if (RunStrict([] {
-        timespec ts;
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-        return char(1);
-      }) != 1) {
-    GTEST_SKIP() << "clock_gettime(CLOCK_MONOTONIC_COARSE) needs a syscall on this machine";
-  }
+  if (!CoarseClockNeedsNoSyscall()) GTEST_SKIP() << kClockNeedsSyscall;
   testing::NamedSegment seg("seccomp-common");
   shm::Policy p;
   p.min_calls = 1'000'000;
