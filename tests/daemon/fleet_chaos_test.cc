@@ -240,13 +240,15 @@ class FleetChaosTest : public FleetTest {
   uint32_t Floor(int i) { return Orders(i).policy.min_retries_per_sec.load(); }
   // What the workers' admits cost, on hosts [first, last].
   struct AdmitStats {
-    uint64_t admits = 0, blocked = 0, preempted = 0, slowest_ns = 0, slowest_unpreempted_ns = 0;
+    uint64_t admits = 0, blocked = 0, paged_in = 0, preempted = 0, slowest_ns = 0,
+             slowest_unpreempted_ns = 0;
   };
   AdmitStats AdmitsOf(int first, int last) {
     AdmitStats a;
     for (int i = first; i <= last; ++i) {
       a.admits += ds_->admits[i].load();
       a.blocked += ds_->blocked_admits[i].load();
+      a.paged_in += ds_->paged_in_admits[i].load();
       a.preempted += ds_->preempted_admits[i].load();
       a.slowest_ns = std::max(a.slowest_ns, ds_->slowest_admit_ns[i].load());
       a.slowest_unpreempted_ns =
@@ -259,16 +261,18 @@ class FleetChaosTest : public FleetTest {
   void ResetAdmits(int i) {
     ds_->admits[i] = 0;
     ds_->blocked_admits[i] = 0;
+    ds_->paged_in_admits[i] = 0;
     ds_->preempted_admits[i] = 0;
     ds_->slowest_admit_ns[i] = 0;
     ds_->slowest_unpreempted_admit_ns[i] = 0;
   }
   // ExpectAdmitsNeverWaited: `a` printed and bounded.
   void ExpectAdmitsNeverWaited(const AdmitStats& a, const std::string& during) {
-    std::printf("%llu admits %s: none blocked: %s; the slowest %.3f ms (%.3f ms of the %llu "
-                "the scheduler did not preempt)\n",
+    std::printf("%llu admits %s: none blocked: %s (%llu slept in a major page fault); the "
+                "slowest %.3f ms (%.3f ms of the %llu the scheduler did not preempt)\n",
                 static_cast<unsigned long long>(a.admits), during.c_str(),
-                a.blocked == 0 ? "yes" : "NO", double(a.slowest_ns) / 1e6,
+                a.blocked == 0 ? "yes" : "NO", static_cast<unsigned long long>(a.paged_in),
+                double(a.slowest_ns) / 1e6,
                 double(a.slowest_unpreempted_ns) / 1e6,
                 static_cast<unsigned long long>(a.admits - a.preempted));
     EXPECT_GT(a.admits, 0u);

@@ -181,6 +181,10 @@ struct Downstream {
   // during it. One the scheduler preempted (an involuntary switch) took longer for the loaded
   // machine's sake alone; the slowest of the others is what the admit itself costs.
   std::atomic<uint64_t> blocked_admits[kMaxHosts];
+  // An admit that slept while it took a major page fault waited for the machine to read code or
+  // data back from disk (this machine's memory manager evicts cold pages of running programs),
+  // not for anything the admit asked: counted apart from the blocked ones.
+  std::atomic<uint64_t> paged_in_admits[kMaxHosts];
   std::atomic<uint64_t> preempted_admits[kMaxHosts];
   std::atomic<uint64_t> slowest_unpreempted_admit_ns[kMaxHosts];
 };
@@ -288,7 +292,10 @@ class FleetTest : public ::testing::Test {
           }
         };
         raise(ds_->slowest_admit_ns[i], took);
-        if (after.ru_nvcsw != before.ru_nvcsw) ds_->blocked_admits[i].fetch_add(1);
+        if (after.ru_nvcsw != before.ru_nvcsw) {
+          (after.ru_majflt != before.ru_majflt ? ds_->paged_in_admits : ds_->blocked_admits)[i]
+              .fetch_add(1);
+        }
         if (after.ru_nivcsw != before.ru_nivcsw) {
           ds_->preempted_admits[i].fetch_add(1);
         } else {
