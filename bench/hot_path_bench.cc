@@ -5,6 +5,7 @@
 // retryd paths (the public retryd::Client API on a real named segment; every Admit is followed
 // by its Complete, as callers must):
 //   BM_Retryd_FirstAttempt   first attempt, breaker closed, outcome success (also 1-8 threads)
+//   BM_Retryd_FirstAttemptPermitAcrossPages  the same, the caller's permit straddling a page
 //   BM_Retryd_Retry          a retry: withdraws a retry-budget token
 //   BM_Retryd_RejectOpen     breaker open: rejected at once
 //   BM_Retryd_HalfOpenProbe  breaker half-open: takes and gives back the probe lease
@@ -17,6 +18,13 @@
 // Baselines:
 //   BM_BareCas               one CAS on a word in a shared mapping: the floor (also 1-8 threads)
 //   BM_CoarseClockRead       one CLOCK_MONOTONIC_COARSE read (a first attempt reads it once)
+//   BM_HostWideLoop          the host's controls, no memory and no retryd code: 32 independent
+//   BM_HostChainLoop         register operations a pass (as many as the core can issue at once),
+//                            and 8 multiply-adds each waiting for the last (one at a time). A
+//                            core shared with another hardware thread slows the first, not the
+//                            second; a slower clock slows both. Beside the first attempt in each
+//                            of bench/run's separate processes, they tell the host's modes from
+//                            the code's.
 //   BM_MutexTokenBucket      token bucket under a robust process-shared mutex (also 1-8 threads)
 //   BM_MutexAdmission        the fair baseline: retryd's first attempt (budget deposit, window
 //                            bucket, breaker check, counters) admitted and completed under one
@@ -39,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -211,6 +220,23 @@ void BM_Retryd_FirstAttempt(benchmark::State& state) {
 }
 BENCHMARK(BM_Retryd_FirstAttempt)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
 
+// The same with the caller's permit straddling a page boundary, where 2 stack placements in 256
+// put it. A store split across two pages is several times the cost of one that is not: the
+// permit's words are written in 8-byte stores, none split (shm::ClearPermit), so this costs
+// what BM_Retryd_FirstAttempt costs.
+void BM_Retryd_FirstAttemptPermitAcrossPages(benchmark::State& state) {
+  RetrydFixture& f = Retryd();
+  alignas(4096) static unsigned char pages[2 * 4096];
+  Permit* p = new (pages + 4096 - 16) Permit;  // its private words from page offset 4088 on
+  uint64_t unexpected = 0;
+  for (auto _ : state) {
+    if (!f.client->Admit(f.first, 0, p)) ++unexpected;
+    f.client->Complete(p, Outcome::kSuccess, kLatency);
+  }
+  if (unexpected) Fail(state, "a first attempt was rejected");
+}
+BENCHMARK(BM_Retryd_FirstAttemptPermitAcrossPages);
+
 void BM_Retryd_Retry(benchmark::State& state) {
   RetrydFixture& f = Retryd();
   f.RefillRetryBudget();
@@ -339,6 +365,33 @@ void BM_CoarseClockRead(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(shm::CoarseNowNs());
 }
 BENCHMARK(BM_CoarseClockRead);
+
+// The host's controls (see the header): what the core gives code that issues many independent
+// operations at once, and code that waits for each result. Registers only: the empty asm
+// statements keep every value live and the loop unrolled as written.
+void BM_HostWideLoop(benchmark::State& state) {
+  uint64_t a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8;
+  for (auto _ : state) {
+    for (int i = 0; i < 4; ++i) {
+      a += b; b ^= c; c += d; d ^= e; e += f; f ^= g; g += h; h ^= a;
+      asm volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d), "+r"(e), "+r"(f), "+r"(g), "+r"(h));
+    }
+  }
+  benchmark::DoNotOptimize(a + b + c + d + e + f + g + h);
+}
+BENCHMARK(BM_HostWideLoop);
+
+void BM_HostChainLoop(benchmark::State& state) {
+  uint64_t x = 1;
+  for (auto _ : state) {
+    for (int i = 0; i < 8; ++i) {
+      x = x * 3 + 1;
+      asm volatile("" : "+r"(x));
+    }
+  }
+  benchmark::DoNotOptimize(x);
+}
+BENCHMARK(BM_HostChainLoop);
 
 void BM_MutexTokenBucket(benchmark::State& state) {
   MutexTokenBucket& b = Get(g_mutex_bucket);

@@ -160,7 +160,28 @@ def main():
             f"{fmt_ns(medians[0])} / {fmt_ns(medians[len(medians) // 2])} / {fmt_ns(medians[-1])}",
             fmt_x(spread) + " fastest", f"slowest ≤ {PROCESS_SPREAD_GOAL_X:g}x fastest",
             spread <= PROCESS_SPREAD_GOAL_X)
+        # The host's controls in the same processes: a wide loop that slows with the first
+        # attempt says the core was shared (or slower) in that process, not the code.
+        for name, what in (("BM_HostWideLoop", "wide loop, 32 independent register ops"),
+                           ("BM_HostChainLoop", "chain loop, 8 dependent multiply-adds")):
+            c = sorted(v for v in (r.get(name, cpu=True, median=True) for r in process_runs)
+                       if v is not None)
+            if c:
+                add(sec, f"(the host's control in the same processes: {what})",
+                    f"{fmt_ns(c[0])} / {fmt_ns(c[len(c) // 2])} / {fmt_ns(c[-1])}",
+                    fmt_x(c[-1] / c[0]) + " fastest")
+        # The first attempt over the wide loop, process by process: near 1.0x when every slow
+        # process was slow with the host.
+        ratios = sorted(f / w for f, w in ((r.get(first_name, cpu=True, median=True),
+                                            r.get("BM_HostWideLoop", cpu=True, median=True))
+                                           for r in process_runs) if f and w)
+        if ratios:
+            add(sec, "(the first attempt over the wide loop, process by process)",
+                f"{ratios[0]:.2f} / {ratios[len(ratios) // 2]:.2f} / {ratios[-1]:.2f}",
+                fmt_x(ratios[-1] / ratios[0]) + " lowest")
     paths = [
+        ("BM_Retryd_FirstAttemptPermitAcrossPages",
+         "admit+complete, first attempt, the caller's permit across two pages"),
         ("BM_Retryd_Retry", "admit+complete, retry (budget withdraw)"),
         ("BM_Retryd_RejectOpen", "admit, rejected by an open breaker"),
         ("BM_Retryd_HalfOpenProbe", "half-open probe acquire+release"),
@@ -169,6 +190,8 @@ def main():
         ("BM_Shm_AdmitCompleteSharedWords",
          "(breakdown: the same on the shared words, no stripe: what the stripes save)"),
         ("BM_CoarseClockRead", "(breakdown: one CLOCK_MONOTONIC_COARSE read; 1 per first attempt)"),
+        ("BM_HostWideLoop", "(the host: 32 independent register ops, no memory)"),
+        ("BM_HostChainLoop", "(the host: 8 dependent multiply-adds, no memory)"),
     ]
     for name, label in paths:
         v = hot.get(name, cpu=True)

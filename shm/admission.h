@@ -14,6 +14,7 @@
 // deposits) is lost, which can only make the window count fewer calls and the budget grant less.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "shm/breaker.h"
@@ -70,7 +71,26 @@ inline constexpr uint8_t kPermitRecord = 1u << 3;  // record the outcome (not di
 // Admitted by AdmitFirstAttemptOnStripe: the stripe of `cpu` is in the map of the stripes
 // written, which only grows, so CompleteOnAdmitStripe need not look at the map again.
 inline constexpr uint8_t kPermitOnStripe = 1u << 4;
-static_assert(sizeof(Permit) == 32);
+static_assert(sizeof(Permit) == 32 && alignof(Permit) == 8);
+
+// ClearPermit zeroes `*p`'s 8-byte words from word `first` on, each in one 8-byte store. A
+// permit is 8-byte aligned wherever its caller keeps it (its stack, the heap, a binding's
+// buffer), so none of these stores crosses a cache line or a page. A compiler zeroes a permit
+// in 16-byte stores at an 8-byte boundary, which cross a page when the permit straddles one (2
+// stack placements in 256): every call of such a caller then took about 35 % longer
+// (docs/BENCHMARKS.md, the placement mode). Word 0 is the dependency and the generation, which
+// an admit writes whole: it clears from word 1.
+inline void ClearPermit(Permit* p, int first = 0) {
+  static_assert(offsetof(Permit, generation) == 4 && offsetof(Permit, probe_lease) == 8 &&
+                sizeof(Permit) == 4 * sizeof(uint64_t));
+  using Word = uint64_t __attribute__((__may_alias__));
+  Word* words = reinterpret_cast<Word*>(p);
+  // Relaxed atomic stores, which a compiler does not merge into wider ones.
+  if (first <= 0) __atomic_store_n(&words[0], uint64_t{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&words[1], uint64_t{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&words[2], uint64_t{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&words[3], uint64_t{0}, __ATOMIC_RELAXED);
+}
 
 // Per-thread context of the caller: who owns the leases, a random state for jitter, and the
 // stripe it writes (stripes.h): that of the CPU it runs on, read just before the call, or

@@ -92,11 +92,11 @@ template <typename NowFn>
 [[gnu::always_inline]] inline Decision AdmitImpl(DependencySlot& slot, uint32_t index,
                                                 uint64_t generation, uint32_t attempt, NowFn now,
                                                 Caller& caller, Permit* p) {
-  *p = Permit{};
+  ClearPermit(p, 1);
   p->dependency = index;
-  p->cpu = caller.cpu;
   p->generation = generation == kReadGeneration ? slot.generation.load(kRelaxed)
                                                 : uint32_t(generation);
+  p->cpu = caller.cpu;
   const Mode mode = Mode(slot.mode.load(kRelaxed));
   if (__builtin_expect(mode == Mode::kDisabled, 0)) {
     p->flags = kPermitActive;
@@ -200,7 +200,7 @@ template <typename NowFn>
       LoadKnob<Knob::bulkhead_limit>(slot.policy) != 0) {
     return false;
   }
-  *p = Permit{};
+  ClearPermit(p, 1);
   p->dependency = index;
   p->generation = generation;
   p->cpu = cpu;

@@ -631,7 +631,7 @@ int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw)
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
     raw->decision = RETRYD_EINVAL;
-    ps->permit = shm::Permit{};
+    shm::ClearPermit(&ps->permit);
     return RETRYD_EINVAL;
   }
   if (__builtin_expect(NeedsSlowPath(), 0)) SlowPath();

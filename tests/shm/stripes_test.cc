@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -398,6 +399,80 @@ TEST(StripesTest, TheCommonPathDeclinesWithoutWritingAnything) {
   before = bytes();
   EXPECT_FALSE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), &p));
   EXPECT_EQ(bytes(), before);
+}
+
+// A permit that straddles a page boundary (where 2 stack placements in 256 put a caller's) is
+// written whole by every way an admit fills it, every word at once and nothing around it: its
+// words are 8-byte stores (ClearPermit), none split across the pages. Both pages are mapped
+// apart, so that a store running past the permit lands in bytes the test checks. What the split
+// stores cost is `BM_Retryd_FirstAttemptPermitAcrossPages`'s business (bench/).
+TEST(StripesTest, APermitAcrossTwoPagesIsWrittenWholeAndNothingAroundIt) {
+  SKIP_WITHOUT_RSEQ();
+  PinnedHere pinned;
+  std::unique_ptr<Segment> seg = Segment::CreatePrivate(1, 1, LongWindowPolicy(), HostStripes());
+  uint32_t index = 0;
+  ASSERT_TRUE(seg->PutDependency("orders", LongWindowPolicy(), &index).ok());
+  DependencySlot& slot = *seg->dependency(index);
+  const uint64_t now = 1'000 * kSec;
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  auto* pages = static_cast<unsigned char*>(
+      mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  constexpr unsigned char kScribble = 0xA5;
+  const auto around_untouched = [&](size_t at) {
+    for (size_t i = 0; i < 2 * page; ++i) {
+      if ((i < at || i >= at + sizeof(Permit)) && pages[i] != kScribble) return false;
+    }
+    return true;
+  };
+  const uint32_t gen = slot.generation.load();
+  // Every 8-byte placement of the permit that crosses the boundary, the first word's included.
+  for (size_t at = page - sizeof(Permit) + 8; at < page; at += 8) {
+    SCOPED_TRACE("permit at page offset " + std::to_string(at));
+    memset(pages, kScribble, 2 * page);
+    auto* p = reinterpret_cast<Permit*>(pages + at);
+    ClearPermit(p);
+    EXPECT_EQ(std::vector<unsigned char>(pages + at, pages + at + sizeof(Permit)),
+              std::vector<unsigned char>(sizeof(Permit), 0));
+    EXPECT_TRUE(around_untouched(at));
+
+    // The common path, into a permit full of another call's bytes.
+    memset(pages, kScribble, 2 * page);
+    Caller caller{1, 0, 1};
+    caller.OnCpu(CurrentCpu());
+    ASSERT_EQ(Admit(slot, index, 0, now, caller, p), Decision::kAdmitted);  // the stripe's first
+    memset(pages, kScribble, 2 * page);
+    ASSERT_TRUE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), p));
+    Permit expected{};
+    expected.dependency = index;
+    expected.generation = gen;
+    expected.cpu = CurrentCpu();
+    expected.flags = kPermitActive | kPermitRecord | kPermitOnStripe;
+    expected.decision = uint8_t(Decision::kAdmitted);
+    EXPECT_EQ(memcmp(p, &expected, sizeof(Permit)), 0);
+    EXPECT_TRUE(around_untouched(at));
+    ASSERT_TRUE(CompletesOnAdmitStripe(*p, Outcome::kSuccess));
+    ASSERT_TRUE(CompleteOnAdmitStripe(slot, p, kMs, now));
+    EXPECT_EQ(p->flags, kPermitRecord | kPermitOnStripe);
+    EXPECT_TRUE(around_untouched(at));
+
+    // The general path: a retry.
+    memset(pages, kScribble, 2 * page);
+    ASSERT_EQ(Admit(slot, index, 1, now, caller, p), Decision::kAdmitted);
+    EXPECT_EQ(p->dependency, index);
+    EXPECT_EQ(p->generation, gen);
+    EXPECT_EQ(p->probe_lease, 0u);
+    EXPECT_EQ(p->bulkhead_lease, 0u);
+    EXPECT_EQ(p->probe_index, 0u);
+    EXPECT_EQ(p->bulkhead_index, 0u);
+    EXPECT_EQ(p->breaker_seq, 0u);
+    EXPECT_EQ(p->cpu, caller.cpu);
+    EXPECT_EQ(p->flags, kPermitActive | kPermitRecord);
+    EXPECT_TRUE(around_untouched(at));
+    Complete(slot, p, Outcome::kSuccess, kMs, now, caller);
+    EXPECT_TRUE(around_untouched(at));
+  }
+  munmap(pages, 2 * page);
 }
 
 // The permit of the common path carries the generation its caller checked, not the slot's read
