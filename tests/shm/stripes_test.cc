@@ -426,6 +426,11 @@ TEST(StripesTest, APermitAcrossTwoPagesIsWrittenWholeAndNothingAroundIt) {
     return true;
   };
   const uint32_t gen = slot.generation.load();
+  Caller caller{1, 0, 1};
+  caller.OnCpu(CurrentCpu());
+  Permit first;  // the stripe's first write, and its first success opens its period
+  ASSERT_EQ(Admit(slot, index, 0, now, caller, &first), Decision::kAdmitted);
+  Complete(slot, &first, Outcome::kSuccess, kMs, now, caller);
   // Every 8-byte placement of the permit that crosses the boundary, the first word's included.
   for (size_t at = page - sizeof(Permit) + 8; at < page; at += 8) {
     SCOPED_TRACE("permit at page offset " + std::to_string(at));
@@ -437,10 +442,6 @@ TEST(StripesTest, APermitAcrossTwoPagesIsWrittenWholeAndNothingAroundIt) {
     EXPECT_TRUE(around_untouched(at));
 
     // The common path, into a permit full of another call's bytes.
-    memset(pages, kScribble, 2 * page);
-    Caller caller{1, 0, 1};
-    caller.OnCpu(CurrentCpu());
-    ASSERT_EQ(Admit(slot, index, 0, now, caller, p), Decision::kAdmitted);  // the stripe's first
     memset(pages, kScribble, 2 * page);
     ASSERT_TRUE(AdmitFirstAttemptOnStripe(slot, index, gen, 0, CurrentCpu(), p));
     Permit expected{};
