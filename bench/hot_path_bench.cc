@@ -5,7 +5,8 @@
 // retryd paths (the public retryd::Client API on a real named segment; every Admit is followed
 // by its Complete, as callers must):
 //   BM_Retryd_FirstAttempt   first attempt, breaker closed, outcome success (also 1-8 threads)
-//   BM_Retryd_FirstAttemptPermitAcrossPages  the same, the caller's permit straddling a page
+//   BM_Retryd_FirstAttemptPermitAcrossPages/N  the same through the C ABI, the caller's permit
+//                            at page offset N, straddling a page
 //   BM_Retryd_Retry          a retry: withdraws a retry-budget token
 //   BM_Retryd_RejectOpen     breaker open: rejected at once
 //   BM_Retryd_HalfOpenProbe  breaker half-open: takes and gives back the probe lease
@@ -47,16 +48,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 
 #include "bench/baselines.h"
 #include "bench/bench_segment.h"
 #include "retryd/client.h"
+#include "retryd/retryd.h"
 #include "shm/admission.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
@@ -86,6 +88,11 @@ struct RetrydFixture {
   shm::DependencySlot* first_slot = nullptr;
   uint32_t first_index = 0;
   shm::DependencySlot* retry_slot = nullptr;
+  // A client of the C ABI on the same segment, for a C caller's permit at any 8-byte offset.
+  retryd_client_t* c_client = nullptr;
+  retryd_dependency_t c_first = -1;
+
+  ~RetrydFixture() { retryd_close(c_client); }
 
   RetrydFixture() {
     std::snprintf(g_shm_path, sizeof(g_shm_path), "/%s", segment.name().c_str());
@@ -105,6 +112,11 @@ struct RetrydFixture {
     Resolve("open", &open);
     Resolve("half-open", &half_open);
     Resolve("bulkhead", &bulkhead);
+    const retryd_options_t c_options{segment.name().c_str(), 0};
+    if (retryd_open(&c_options, &c_client) != RETRYD_OK ||
+        retryd_resolve(c_client, "first-attempt", &c_first) != RETRYD_OK) {
+      Die(std::string("the C client: ") + retryd_last_error());
+    }
 
     // Open: one failure trips it for a day.
     Trip(open);
@@ -220,22 +232,26 @@ void BM_Retryd_FirstAttempt(benchmark::State& state) {
 }
 BENCHMARK(BM_Retryd_FirstAttempt)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
 
-// The same with the caller's permit straddling a page boundary, where 2 stack placements in 256
-// put it. A store split across two pages is several times the cost of one that is not: the
-// permit's words are written in 8-byte stores, none split (shm::ClearPermit), so this costs
-// what BM_Retryd_FirstAttempt costs.
+// The same with the caller's permit straddling a page boundary, at each of the 8-byte offsets
+// (the argument: the raw permit's offset in its page) where its 48 bytes cross one. A store split
+// across two pages costs several times one that is not, and a compiler writing the permit in
+// 16-byte stores at an 8-byte boundary splits one at some of these offsets, which depend on the
+// build: each row should cost what BM_Retryd_FirstAttempt costs. The library writes the permit
+// in 8-byte stores (shm::ClearPermit); a C++ caller's Permit is 16-byte aligned, so it never
+// sits at the offsets 4056, 4072 and 4088 that a C caller's may.
 void BM_Retryd_FirstAttemptPermitAcrossPages(benchmark::State& state) {
   RetrydFixture& f = Retryd();
   alignas(4096) static unsigned char pages[2 * 4096];
-  Permit* p = new (pages + 4096 - 16) Permit;  // its private words from page offset 4088 on
+  retryd_permit_t* p = new (pages + state.range(0)) retryd_permit_t{};
+  const uint64_t latency_ns = std::chrono::nanoseconds(kLatency).count();
   uint64_t unexpected = 0;
   for (auto _ : state) {
-    if (!f.client->Admit(f.first, 0, p)) ++unexpected;
-    f.client->Complete(p, Outcome::kSuccess, kLatency);
+    if (retryd_admit(f.c_client, f.c_first, 0, p) != RETRYD_ADMITTED) ++unexpected;
+    retryd_complete(f.c_client, p, RETRYD_SUCCESS, latency_ns);
   }
   if (unexpected) Fail(state, "a first attempt was rejected");
 }
-BENCHMARK(BM_Retryd_FirstAttemptPermitAcrossPages);
+BENCHMARK(BM_Retryd_FirstAttemptPermitAcrossPages)->DenseRange(4056, 4088, 8);
 
 void BM_Retryd_Retry(benchmark::State& state) {
   RetrydFixture& f = Retryd();
