@@ -91,8 +91,14 @@ class UWSGI:
              *VARIANTS[self.variant], "--http-socket", self.socket, "--module", "uwsgi_app",
              "--die-on-term", "--disable-logging", "--harakiri", "300"],
             cwd=self.tmp, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        self.workers()
+        workers = self.workers()
         poll(self._answers, "uWSGI to answer")
+        # Every worker serves before a test begins. With --lazy-apps each imports the app after
+        # its fork and accepts only then: on a loaded machine one worker served a test's whole
+        # burst of failures while the others were still importing, and the failures that
+        # tripped the shared breaker all came from it.
+        self.spread("/idle?sleep=0.05", lambda answers: workers <= {a["pid"] for a in answers},
+                    "every uWSGI worker to serve")
 
     def _answers(self):
         if not self.alive():

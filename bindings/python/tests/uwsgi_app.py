@@ -11,6 +11,7 @@ then inherits it), in each worker with it.
     /probe?sleep=S     one attempt on "probe", GET /probe
     /hold?hold=0|1     admit on "slow" (bulkhead of 1); with hold=1, write $APP_HOLD_DIR/hold-PID
                        and keep the lease until $APP_HOLD_DIR/release exists
+    /idle?sleep=S      no call: the worker answers after S seconds (it serves, and has its app)
 
 After the call, the worker sleeps S seconds: a busy worker leaves the next connection of a burst
 to another.
@@ -65,6 +66,9 @@ def application(environ, start_response):
         time.sleep(sleep)
     elif path == "/hold":
         body = hold_lease(client, HOLD_DIR, query.get("hold", ["1"])[0] == "1")
+    elif path == "/idle":
+        body = {"outcome": "idle"}
+        time.sleep(sleep)
     else:
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
