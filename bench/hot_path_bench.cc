@@ -7,6 +7,7 @@
 //   BM_Retryd_FirstAttempt   first attempt, breaker closed, outcome success (also 1-8 threads)
 //   BM_Retryd_FirstAttemptPermitAcrossPages/N  the same through the C ABI, the caller's permit
 //                            at page offset N, straddling a page
+//   BM_Retryd_FirstAttemptNewPermitAcrossPages/N  a new C++ Permit for each call, there
 //   BM_Retryd_Retry          a retry: withdraws a retry-budget token
 //   BM_Retryd_RejectOpen     breaker open: rejected at once
 //   BM_Retryd_HalfOpenProbe  breaker half-open: takes and gives back the probe lease
@@ -252,6 +253,24 @@ void BM_Retryd_FirstAttemptPermitAcrossPages(benchmark::State& state) {
   if (unexpected) Fail(state, "a first attempt was rejected");
 }
 BENCHMARK(BM_Retryd_FirstAttemptPermitAcrossPages)->DenseRange(4056, 4088, 8);
+
+// A C++ caller that makes a new Permit for each call, as the header's example does, at each
+// 16-byte offset where it straddles a page (a Permit is 16-byte aligned): the caller's own code
+// zeroes it, in stores that then cross no line and no page.
+void BM_Retryd_FirstAttemptNewPermitAcrossPages(benchmark::State& state) {
+  RetrydFixture& f = Retryd();
+  alignas(4096) static unsigned char pages[2 * 4096];
+  unsigned char* at = pages + state.range(0);
+  uint64_t unexpected = 0;
+  for (auto _ : state) {
+    Permit* p = new (at) Permit;
+    if (!f.client->Admit(f.first, 0, p)) ++unexpected;
+    f.client->Complete(p, Outcome::kSuccess, kLatency);
+    benchmark::ClobberMemory();
+  }
+  if (unexpected) Fail(state, "a first attempt was rejected");
+}
+BENCHMARK(BM_Retryd_FirstAttemptNewPermitAcrossPages)->Arg(4064)->Arg(4080);
 
 void BM_Retryd_Retry(benchmark::State& state) {
   RetrydFixture& f = Retryd();

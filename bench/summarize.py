@@ -184,14 +184,16 @@ def main():
                 fmt_x(ratios[-1] / ratios[0]) + " lowest")
     # The first attempt with a C caller's permit across two pages, at each offset where it
     # crosses one: the slowest of them.
-    across = [(n, v) for n, v in ((b, hot.get(b, cpu=True)) for b in hot.names()
-                                  if b.startswith("BM_Retryd_FirstAttemptPermitAcrossPages/"))
-              if v is not None]
-    if across:
-        name, v = max(across, key=lambda nv: nv[1])
-        add(sec, f"the same through the C ABI, the permit across two pages (slowest of "
-                 f"{len(across)} offsets: {name.split('/')[-1]})", fmt_ns(v),
-            fmt_x(v / cas) + " CAS" if cas else "")
+    for prefix, what in (("BM_Retryd_FirstAttemptPermitAcrossPages/",
+                           "the same through the C ABI, the permit across two pages"),
+                          ("BM_Retryd_FirstAttemptNewPermitAcrossPages/",
+                           "the same with a new C++ Permit each call, across two pages")):
+        across = [(n, v) for n, v in ((b, hot.get(b, cpu=True)) for b in hot.names()
+                                      if b.startswith(prefix)) if v is not None]
+        if across:
+            name, v = max(across, key=lambda nv: nv[1])
+            add(sec, f"{what} (slowest of {len(across)} offsets: {name.split('/')[-1]})",
+                fmt_ns(v), fmt_x(v / cas) + " CAS" if cas else "")
     paths = [
         ("BM_Retryd_Retry", "admit+complete, retry (budget withdraw)"),
         ("BM_Retryd_RejectOpen", "admit, rejected by an open breaker"),

@@ -69,6 +69,7 @@ class alignas(16) Permit {
  private:
   retryd_permit_t raw_{};
 };
+static_assert(alignof(Permit) == 16 && sizeof(Permit) == sizeof(retryd_permit_t));
 
 using LogFn = std::function<void(int level, std::string_view line)>;
 
