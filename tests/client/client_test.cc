@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -656,6 +657,24 @@ TEST(ClientTest, LocalClientMovesToTheSegmentWhenItAppears) {
   EXPECT_FALSE(c->local());
   EXPECT_GE(seg->Find("orders"), 0);
   shm::Segment::Remove(name);
+}
+
+// A new Permit is all zeros wherever it is made, across a page boundary included, and writes
+// nothing around it: its constructor zeroes it word by word (so that no store of it is split
+// across two pages, which `BM_Retryd_FirstAttemptNewPermitAt` times).
+TEST(PermitTest, ANewPermitIsZeroWhereverItIsMadeAndTouchesNothingAround) {
+  alignas(4096) static unsigned char pages[2 * 4096];
+  constexpr unsigned char kScribble = 0xA5;
+  for (size_t at = 4096 - sizeof(Permit) - 8; at <= 4096 + 8; at += 8) {
+    SCOPED_TRACE("permit at page offset " + std::to_string(at));
+    std::fill(std::begin(pages), std::end(pages), kScribble);
+    Permit* p = new (pages + at) Permit;
+    EXPECT_EQ(p->decision(), Decision(0));
+    for (size_t i = 0; i < sizeof(pages); ++i) {
+      const bool inside = i >= at && i < at + sizeof(Permit);
+      ASSERT_EQ(pages[i], inside ? 0 : kScribble) << "byte " << i;
+    }
+  }
 }
 
 }  // namespace

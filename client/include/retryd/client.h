@@ -54,11 +54,17 @@ struct Dependency {
 };
 
 // What one attempt holds from Admit until Complete. Caller-owned; reuse it freely.
-// 16-byte aligned: a compiler zeroes a new Permit in 16-byte stores, which then never cross a
-// cache line or a page (a store split across two pages made each call about a third slower
-// where the permit straddled one; the library writes it in 8-byte stores).
-class alignas(16) Permit {
+class Permit {
  public:
+  // Zeroed word by word: a compiler zeroes 48 bytes in 16-byte stores, and where a permit
+  // straddles a page one of them is split across the two, which made each call with a new
+  // Permit about a third slower. Admit writes the whole permit in 8-byte stores too.
+  Permit() noexcept {
+    static_cast<volatile int32_t&>(raw_.decision) = 0;
+    static_cast<volatile uint32_t&>(raw_.reserved) = 0;
+    for (uint64_t& word : raw_.opaque) static_cast<volatile uint64_t&>(word) = 0;
+  }
+
   Decision decision() const { return Decision(raw_.decision); }
   bool admitted() const {
     return raw_.decision == RETRYD_ADMITTED || raw_.decision == RETRYD_ADMITTED_PROBE;
@@ -67,9 +73,8 @@ class alignas(16) Permit {
   retryd_permit_t* raw() { return &raw_; }
 
  private:
-  retryd_permit_t raw_{};
+  retryd_permit_t raw_;
 };
-static_assert(alignof(Permit) == 16 && sizeof(Permit) == sizeof(retryd_permit_t));
 
 using LogFn = std::function<void(int level, std::string_view line)>;
 
