@@ -405,7 +405,7 @@ TEST(StripesTest, TheCommonPathDeclinesWithoutWritingAnything) {
 // written whole by every way an admit fills it, every word at once and nothing around it: its
 // words are 8-byte stores (ClearPermit), none split across the pages. Both pages are mapped
 // apart, so that a store running past the permit lands in bytes the test checks. What the split
-// stores cost is `BM_Retryd_FirstAttemptPermitAcrossPages`'s business (bench/).
+// stores cost is `BM_Retryd_FirstAttemptPermitAt`'s business (bench/).
 TEST(StripesTest, APermitAcrossTwoPagesIsWrittenWholeAndNothingAroundIt) {
   SKIP_WITHOUT_RSEQ();
   PinnedHere pinned;
