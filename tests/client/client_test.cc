@@ -19,6 +19,10 @@
 
 #include <gtest/gtest.h>
 
+#include "retryd/backoff.h"
+#include "retryd/call.h"
+#include "retryd/classify.h"
+#include "retryd/deadline.h"
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/counters.h"
@@ -658,6 +662,19 @@ TEST(ClientTest, LocalClientMovesToTheSegmentWhenItAppears) {
   EXPECT_GE(seg->Find("orders"), 0);
   shm::Segment::Remove(name);
 }
+
+// The C++ classes the library exports (retryd/export.h) are part of its ABI: a program built
+// against one version's headers calls the next version's library with its own idea of their
+// size, alignment and members. A change to any of these needs a new SONAME (debian/libretryd0.*),
+// not a quiet edit: a 16-byte alignment once given to Permit moved the permit inside CallSteps,
+// and a program built against the older header crashed on the newer library.
+static_assert(sizeof(Permit) == 48 && alignof(Permit) == 8);
+static_assert(sizeof(Dependency) == 4 && alignof(Dependency) == 4);
+static_assert(sizeof(CallSteps) == 392 && alignof(CallSteps) == 8);
+static_assert(sizeof(RetryLoop) == 232 && alignof(RetryLoop) == 8);
+static_assert(sizeof(Backoff) == 72 && alignof(Backoff) == 8);
+static_assert(sizeof(ClassificationPolicy) == 8168 && alignof(ClassificationPolicy) == 8);
+static_assert(sizeof(Deadline) == 24 && alignof(Deadline) == 8);
 
 // A new Permit is all zeros wherever it is made, across a page boundary included, and writes
 // nothing around it: its constructor zeroes it word by word (so that no store of it is split
