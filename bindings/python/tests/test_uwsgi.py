@@ -139,8 +139,14 @@ class UWSGI:
         end = time.monotonic() + TIMEOUT
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             while not until(answers):
+                if not self.alive():
+                    pytest.fail("uwsgi exited: " + (self.tmp / "uwsgi.log").read_text())
                 if time.monotonic() > end:
-                    pytest.fail(f"timed out waiting for {what}; answers: {answers}")
+                    by_worker = collections.Counter((a["pid"], a["outcome"]) for a in answers)
+                    silent = sorted(set(children(self.master.pid)) - {a["pid"] for a in answers})
+                    pytest.fail(f"timed out waiting for {what}: {len(answers)} answers, by worker "
+                                f"and outcome {dict(by_worker)}; workers that answered none: "
+                                f"{silent}")
                 answers.extend(pool.map(lambda _: self.get(path), range(concurrency)))
         return answers
 
