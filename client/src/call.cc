@@ -94,7 +94,7 @@ CallSteps::Next CallSteps::Admit(AttemptContext* ctx, AttemptRecord* record, boo
   // wait that overslept, a slow admit), so check again.
   if (!deadline_.CanFinish(Needed())) return Finish(StopReason::kDeadline);
 
-  if (!client_->Admit(dep_, attempt_, &permit_)) {  // it writes the whole permit
+  if (!client_->Admit(dep_, attempt_, &permit_)) {  // it writes what complete reads
     client_->Complete(&permit_, Outcome::kIgnored, nanoseconds(0));  // a no-op; the contract
     result_.rejection = permit_.decision();
     *record = AttemptRecord();

@@ -116,9 +116,9 @@ RETRYD_EXPORT int retryd_resolve(retryd_client_t* client, const char* name,
                                  retryd_dependency_t* out);
 
 /* retryd_admit asks whether attempt number `attempt` (0 = first attempt, 1 = first retry...)
- * may go out now, and fills *permit (all of its private words: a caller need not clear it
- * first, and a compiler's clearing of it, in 16-byte stores, costs a third more per call where
- * the permit straddles a page). Returns the decision (RETRYD_ADMITTED...) or
+ * may go out now, and fills *permit (every word the library reads of it later: a caller need
+ * not clear it first, and a compiler's clearing of it, in 16-byte stores, costs a third more
+ * per call where the permit straddles a page). Returns the decision (RETRYD_ADMITTED...) or
  * RETRYD_EINVAL for a bad handle. Every admit must be followed by one retryd_complete with
  * the same permit, whatever the decision. Hot path. Thread-safe. */
 RETRYD_EXPORT int retryd_admit(retryd_client_t* client, retryd_dependency_t dependency,
