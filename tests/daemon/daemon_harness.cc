@@ -121,7 +121,9 @@ NotifySocket::NotifySocket() {
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
   unlink(path_.c_str());
+  const int on = 1;
   if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof(on)) != 0 ||
       pipe2(stop_, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "cannot bind notify socket " << path_ << ": " << std::strerror(errno);
     return;
@@ -163,7 +165,7 @@ void NotifySocket::DrainLocked() {
 void NotifySocket::ReceiveLocked(int flags) {
   char buf[4096];
   iovec iov{buf, sizeof(buf)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64) + CMSG_SPACE(sizeof(timespec))];
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -172,7 +174,13 @@ void NotifySocket::ReceiveLocked(int flags) {
   const ssize_t n = recvmsg(fd_, &msg, flags | MSG_CMSG_CLOEXEC);
   if (n < 0) return;
   std::vector<int> fds;
+  uint64_t sent_at_ns = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+      sent_at_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+    }
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
@@ -183,6 +191,7 @@ void NotifySocket::ReceiveLocked(int flags) {
   }
   const std::string text(buf, size_t(n));
   messages_.push_back(text);
+  sent_at_ns_.push_back(sent_at_ns);
   std::string name = "stored";
   bool store = false, remove = false;
   std::istringstream lines(text);
@@ -231,6 +240,22 @@ std::string NotifySocket::WaitFor(const std::string& line, int timeout_ms) {
       return "";
     }
   }
+}
+
+std::vector<uint64_t> NotifySocket::SentAtNs(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
+  std::vector<uint64_t> at;
+  for (size_t i = 0; i < messages_.size(); ++i) {
+    std::istringstream lines(messages_[i]);
+    for (std::string l; std::getline(lines, l);) {
+      if (l == line) {
+        at.push_back(sent_at_ns_[i]);
+        break;
+      }
+    }
+  }
+  return at;
 }
 
 std::vector<StoredFd> NotifySocket::Store() {

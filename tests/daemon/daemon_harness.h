@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <mutex>
@@ -40,6 +41,10 @@ class NotifySocket {
   // "READY=1") and returns it, or returns "" after `timeout_ms`. The messages before the one
   // returned are not looked at again.
   std::string WaitFor(const std::string& line, int timeout_ms);
+  // SentAtNs: when each message received so far that holds the line `line` was sent, in
+  // CLOCK_REALTIME nanoseconds, by the kernel's stamp (SO_TIMESTAMPNS): the daemon's own pace,
+  // which a late reader here does not change.
+  std::vector<uint64_t> SentAtNs(const std::string& line);
   // Store is what the fd store holds now (every message sent so far applied, and what hung up
   // dropped); the descriptors stay the store's.
   std::vector<StoredFd> Store();
@@ -56,6 +61,7 @@ class NotifySocket {
   std::mutex mu_;
   std::condition_variable received_;
   std::vector<std::string> messages_;  // guarded by mu_
+  std::vector<uint64_t> sent_at_ns_;   // each message's kernel stamp; guarded by mu_
   size_t looked_at_ = 0;               // messages_ WaitFor is done with; guarded by mu_
   std::vector<StoredFd> store_;        // guarded by mu_
   std::thread reader_;
