@@ -8,8 +8,8 @@
 // their host's segment alone, so no admit blocks (a voluntary context switch during it), and the
 // slowest stays under kAdmitBoundNs (kPreemptedAdmitBoundNs for one the scheduler preempted on a
 // loaded machine), far below any network wait (every store timeout here is 250 ms). Bounds are
-// those the design guarantees, with a margin for a loaded 2-core machine, and each measured
-// figure is printed.
+// those the design guarantees, plus what the processes that act in turn waited for a CPU
+// (measured, CpuWaits) and kTimerSlackMs, and each measured figure is printed.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -56,11 +56,9 @@ constexpr uint64_t kAdmitBoundNs = 5'000'000;  // an admit that waited on anythi
 // An admit the scheduler preempted waits for a CPU, a few time slices on a loaded machine: a
 // fifth of the store's timeout still tells it from a network wait.
 constexpr uint64_t kPreemptedAdmitBoundNs = 50'000'000;
-// What a loaded 2-core machine adds to a bound the design guarantees: scheduling of the
-// daemon's fleet thread, the workers, the store and the proxy.
-constexpr uint32_t kLoadMarginMs = 250;
-// Where a test measures what the machine kept its processes from running (RunQueueWaitNs), it
-// allows that instead of kLoadMarginMs, and this for the timers' and polls' own lateness.
+// A bound the design guarantees is allowed what the machine kept the processes in the chain from
+// running (the fleet's CpuWaits: daemons, workers, store, proxy), and this for the timers' and
+// the test's polls' own lateness: no margin for a loaded machine.
 constexpr uint32_t kTimerSlackMs = 50;
 
 double MsSince(uint64_t t_ns) { return double(shm::PreciseNowNs() - t_ns) / 1e6; }
@@ -346,6 +344,8 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   master->Kill();
   const uint64_t killed_ns = shm::PreciseNowNs();
   const uint64_t killed_unix_ms = shm::UnixNowMs();
+  const std::vector<pid_t> stores = {replica.pid(), sentinel.pid()};
+  const auto killed_waits = CpuWaits(stores);
   // Every host local at its next command; none held (a held host's role is gone with its hold).
   uint64_t local_ns[kMaxHosts] = {};
   ASSERT_TRUE(WaitUntil([&] {
@@ -361,9 +361,11 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   for (int i = 0; i < kHosts; ++i) {
     slowest_local_ms = std::max(slowest_local_ms, double(local_ns[i] - killed_ns) / 1e6);
   }
+  const double local_waited_ms = WaitedMsSince(killed_waits, stores);
   std::printf("every host local %.0f ms after the master died (the prober's next command is at "
-              "its next sync, %u ms)\n", slowest_local_ms, kSyncMs);
-  EXPECT_LE(slowest_local_ms, kSyncMs + kStepMs + kLoadMarginMs);
+              "its next sync, %u ms; the processes waited %.0f ms for a CPU)\n",
+              slowest_local_ms, kSyncMs, local_waited_ms);
+  EXPECT_LE(slowest_local_ms, kSyncMs + kStepMs + kTimerSlackMs + local_waited_ms);
 
   // Through the failover each held host probes on its own, once: its breaker's own
   // half_open_probes, as a host-local retryd would.
@@ -405,13 +407,16 @@ TEST_F(FleetChaosTest, ASentinelFailoverWhileTheFleetsProbeIsInFlight) {
   ds_->failing = 0;
   ds_->hang_ms = 0;
   const uint64_t healed_ns = shm::PreciseNowNs();
+  const auto healed_waits = CpuWaits(stores);
   ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[size_t(prober)].daemon->Log();
   const double closed_ms = MsSince(healed_ns);
+  const double closed_waited_ms = WaitedMsSince(healed_waits, stores);
   const uint64_t round_probes = ProbesSoFar() - probes_at_heal;
   std::printf("every host closed %.0f ms after the downstream healed, on %llu probe(s) "
-              "(open_for_max %u ms, sync %u ms)\n", closed_ms,
-              static_cast<unsigned long long>(round_probes), kOpenForMaxMs, kSyncMs);
-  EXPECT_LE(closed_ms, kOpenForMaxMs + 2 * kSyncMs + kLoadMarginMs);
+              "(open_for_max %u ms, sync %u ms; the processes waited %.0f ms for a CPU)\n",
+              closed_ms, static_cast<unsigned long long>(round_probes), kOpenForMaxMs, kSyncMs,
+              closed_waited_ms);
+  EXPECT_LE(closed_ms, kOpenForMaxMs + 2 * kSyncMs + kTimerSlackMs + closed_waited_ms);
   EXPECT_EQ(round_probes, 1u) << "the new round sent more than fleet_half_open_probes";
   // One outcome for the new round: a success.
   EXPECT_EQ(Outcome(replica, "result"), "success");
@@ -449,6 +454,7 @@ TEST_F(FleetChaosTest, AProberStoppedPastItsLeaseNeitherHoldsTheFleetNorOverride
   ds_->failing = 0;
   hosts_[size_t(prober)].daemon->Signal(SIGSTOP);
   const uint64_t stopped_ns = shm::PreciseNowNs();
+  const auto stopped_waits = CpuWaits({redis.pid()});
   ResetAdmits(prober);  // its workers' admits while its daemon is stopped
 
   int heir = -1;
@@ -459,9 +465,11 @@ TEST_F(FleetChaosTest, AProberStoppedPastItsLeaseNeitherHoldsTheFleetNorOverride
     return heir >= 0;
   }, 10'000)) << hosts_[(prober + 1) % kHosts].daemon->Log();
   const double lease_ms = MsSince(stopped_ns);
+  const double lease_waited_ms = WaitedMsSince(stopped_waits, {redis.pid()});
   std::printf("host %d took the fleet probe lease %.0f ms after the prober's daemon stopped "
-              "(its lease lives %u ms past its last renewal)\n", heir, lease_ms, 3 * kSyncMs);
-  EXPECT_LE(lease_ms, 3 * kSyncMs + kStepMs + kLoadMarginMs);
+              "(its lease lives %u ms past its last renewal; the processes waited %.0f ms for a "
+              "CPU)\n", heir, lease_ms, 3 * kSyncMs, lease_waited_ms);
+  EXPECT_LE(lease_ms, 3 * kSyncMs + kStepMs + kTimerSlackMs + lease_waited_ms);
   ASSERT_TRUE(WaitUntil([&] {
     return All([&](int i) { return i == prober || State(i) == shm::BreakerState::kClosed; });
   }, 10'000)) << hosts_[size_t(heir)].daemon->Log();
@@ -482,13 +490,16 @@ TEST_F(FleetChaosTest, AProberStoppedPastItsLeaseNeitherHoldsTheFleetNorOverride
   const uint64_t own_probes = ds_->probes[prober].load();
   hosts_[size_t(prober)].daemon->Signal(SIGCONT);
   const uint64_t continued_ns = shm::PreciseNowNs();
+  const auto continued_waits = CpuWaits({redis.pid()});
   ASSERT_TRUE(WaitUntil([&] { return State(prober) == shm::BreakerState::kClosed; }, 10'000))
       << hosts_[size_t(prober)].daemon->Log();
   const double closed_ms = MsSince(continued_ns);
+  const double closed_waited_ms = WaitedMsSince(continued_waits, {redis.pid()});
   std::printf("the continued host closed %.0f ms after its daemon ran again, on the fleet's "
-              "success (its own open period: %u ms)\n", closed_ms, 2'000u);
-  // Its first step after it runs again, and a loaded machine.
-  EXPECT_LE(closed_ms, kStepMs + kLoadMarginMs);
+              "success (its own open period: %u ms; the processes waited %.0f ms for a CPU)\n",
+              closed_ms, 2'000u, closed_waited_ms);
+  // Its first step after it runs again, and what the processes waited for a CPU.
+  EXPECT_LE(closed_ms, kStepMs + kTimerSlackMs + closed_waited_ms);
   EXPECT_EQ(ds_->probes[prober].load(), own_probes) << "it probed on its own";
   const std::string log = hosts_[size_t(prober)].daemon->Log();
   EXPECT_NE(log.find("this host's fleet probe: failure (its lease had expired: not published)"),
@@ -544,13 +555,18 @@ TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
     proxy.Cut();
   }
   const uint64_t cut_ns = shm::PreciseNowNs();
+  const std::vector<pid_t> stores = {redis.pid(), proxy.pid()};
+  const auto cut_waits = CpuWaits(stores);
   StartWorker(0, {20, false});
   ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kLocal; }, 10'000));
   const uint64_t local_ns = shm::PreciseNowNs();
   const double local_ms = double(local_ns - cut_ns) / 1e6;
-  std::printf("%s: the cut host local %.0f ms after the cut (sync %u ms, timeout %u ms)\n",
-              freeze ? "freeze" : "cut", local_ms, kSyncMs, kTimeoutMs);
-  EXPECT_LE(local_ms, kSyncMs + kStepMs + (freeze ? kTimeoutMs : 0) + kLoadMarginMs);
+  const double local_waited_ms = WaitedMsSince(cut_waits, stores);
+  std::printf("%s: the cut host local %.0f ms after the cut (sync %u ms, timeout %u ms; the "
+              "processes waited %.0f ms for a CPU)\n", freeze ? "freeze" : "cut", local_ms,
+              kSyncMs, kTimeoutMs, local_waited_ms);
+  EXPECT_LE(local_ms,
+            kSyncMs + kStepMs + (freeze ? kTimeoutMs : 0) + kTimerSlackMs + local_waited_ms);
   EXPECT_EQ(Floor(0), shm::Policy().min_retries_per_sec) << "its own floor";
 
   // The others count two hosts and share the floor between them.
@@ -558,9 +574,11 @@ TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
     return LiveHosts(1) == 2 && LiveHosts(2) == 2 && Floor(1) == 15 && Floor(2) == 15;
   }, 10'000));
   const double dropped_ms = MsSince(cut_ns);
+  const double dropped_waited_ms = WaitedMsSince(cut_waits, stores);
   std::printf("the others counted 2 hosts %.0f ms after the cut (3 syncs of freshness, then "
-              "their next sync)\n", dropped_ms);
-  EXPECT_LE(dropped_ms, 4 * kSyncMs + kStepMs + kLoadMarginMs);
+              "their next sync; the processes waited %.0f ms for a CPU)\n", dropped_ms,
+              dropped_waited_ms);
+  EXPECT_LE(dropped_ms, 4 * kSyncMs + kStepMs + kTimerSlackMs + dropped_waited_ms);
 
   // Alone: it trips on its own window, and probes on its own open period, with no lease.
   ASSERT_TRUE(WaitUntil([&] { return ds_->probes[0].load() >= 1; }, 10'000))
@@ -581,6 +599,7 @@ TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
   ds_->failing_at[0] = 0;
   proxy.Relay();
   const uint64_t healed_ns = shm::PreciseNowNs();
+  const auto healed_waits = CpuWaits(stores);
   const double outage_ms = double(healed_ns - local_ns) / 1e6;
   // Its reconnect backoff doubles from 250 ms, each wait uniform in [half, all] of it: the waits
   // before attempt k add up to at least half its backoff less 125 ms, so the wait under way
@@ -589,10 +608,12 @@ TEST_P(FleetPartitionTest, OneHostCutFromTheStoreDecidesAloneAndRejoins) {
   ASSERT_TRUE(WaitUntil([&] { return FleetStateOf(0) == shm::FleetState::kJoined; }, 40'000))
       << hosts_[0].daemon->Log();
   const double rejoin_ms = MsSince(healed_ns);
-  std::printf("the cut host rejoined %.0f ms after the proxy relayed again (local for %.0f ms)\n",
-              rejoin_ms, outage_ms);
-  EXPECT_LE(rejoin_ms,
-            kTimeoutMs + 2 * (outage_ms + kTimeoutMs) + 250 + kStepMs + kLoadMarginMs);
+  const double rejoin_waited_ms = WaitedMsSince(healed_waits, stores);
+  std::printf("the cut host rejoined %.0f ms after the proxy relayed again (local for %.0f ms; "
+              "the processes waited %.0f ms for a CPU)\n", rejoin_ms, outage_ms,
+              rejoin_waited_ms);
+  EXPECT_LE(rejoin_ms, kTimeoutMs + 2 * (outage_ms + kTimeoutMs) + 250 + kStepMs +
+                           kTimerSlackMs + rejoin_waited_ms);
   ASSERT_TRUE(WaitUntil([&] {
     return All([&](int i) { return LiveHosts(i) == 3 && Floor(i) == 10; });
   }, 10'000));

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "shm/segment.h"
 #include "shm/stripes.h"
 #include "tests/daemon/daemon_harness.h"
+#include "tests/shm/test_util.h"
 
 // Without redis-server the fleet cannot be tested: skipped, except where RETRYD_REQUIRE_REDIS is
 // set (scripts/test sets it, having installed redis-server), so that CI cannot pass by skipping.
@@ -383,6 +385,35 @@ class FleetTest : public ::testing::Test {
   }
   int HangTheFleetsProbe(const Redis& redis, const std::string& dependency, uint32_t hang_ms) {
     return HangTheFleetsProbe("redis = \"" + redis.address() + "\"\n", dependency, hang_ms);
+  }
+
+  // CpuWaits: how long each process of the fleet (every host's daemon and workers, and the
+  // `others`: the store, a proxy) has waited for a CPU while ready to run, by pid. WaitedMsSince: what those
+  // still running have waited since `before`, summed. A bound on how long the fleet takes to
+  // act allows this on top: a chain of them (a call, a sync, the store's answer, another
+  // host's sync) acts in turn, and on a loaded machine each step is late by what its process
+  // waited, which nothing in retryd decides.
+  std::map<pid_t, uint64_t> CpuWaits(const std::vector<pid_t>& others = {}) {
+    std::map<pid_t, uint64_t> waits;
+    auto add = [&](pid_t pid) { waits[pid] = retryd::testing::RunQueueWaitNs(pid); };
+    for (const Host& h : hosts_) {
+      if (h.daemon) add(h.daemon->pid());
+      for (pid_t w : h.workers) add(w);
+    }
+    for (pid_t pid : others) {
+      if (pid > 0) add(pid);
+    }
+    return waits;
+  }
+  double WaitedMsSince(const std::map<pid_t, uint64_t>& before,
+                       const std::vector<pid_t>& others = {}) {
+    uint64_t waited = 0;
+    for (const auto& [pid, now] : CpuWaits(others)) {
+      const auto was = before.find(pid);
+      const uint64_t from = was == before.end() ? 0 : was->second;
+      if (now > from) waited += now - from;  // a process gone since reads as 0
+    }
+    return double(waited) / 1e6;
   }
 
   shm::FleetRole Role(int i) { return shm::FleetWord::Role(Orders(i).fleet.load()); }
