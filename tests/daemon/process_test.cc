@@ -710,14 +710,23 @@ void DeadWorkerTest::Check(int tick_ms, bool watched, int bound_ms) {
   kill(worker, SIGKILL);
   waitpid(worker, nullptr, 0);
   const auto died = std::chrono::steady_clock::now();
+  // What the daemon and this thread (which looks every millisecond) wait for a CPU meanwhile
+  // is allowed on top of the bound: a loaded machine delays both, and nothing in retryd does.
+  const uint64_t queued_before =
+      retryd::testing::RunQueueWaitNs(d->pid()) + retryd::testing::ThreadRunQueueWaitNs();
   while (taken() != 0 && std::chrono::steady_clock::now() - died < std::chrono::seconds(3)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - died)
                       .count();
+  const uint64_t queued_ms =
+      (retryd::testing::RunQueueWaitNs(d->pid()) + retryd::testing::ThreadRunQueueWaitNs() -
+       queued_before) / 1'000'000;
   EXPECT_EQ(taken(), 0) << "leases of the dead worker still held";
-  EXPECT_LE(ms, bound_ms) << "reclaimed " << ms << "ms after death, tick " << kTickMs << "ms";
+  EXPECT_LE(uint64_t(ms), uint64_t(bound_ms) + queued_ms)
+      << "reclaimed " << ms << "ms after death, tick " << kTickMs << "ms; the daemon and the "
+      << "test waited " << queued_ms << "ms for a CPU meanwhile";
   RecordProperty("reclaim_ms", int(ms));
   EXPECT_EQ(seg->dependency(uint32_t(bulk))->counters[shm::kLeasesReclaimedDead].load(), 1u);
   EXPECT_EQ(seg->dependency(uint32_t(probe))->counters[shm::kLeasesReclaimedDead].load(), 1u);
