@@ -388,11 +388,11 @@ class FleetTest : public ::testing::Test {
   }
 
   // CpuWaits: how long each process of the fleet (every host's daemon and workers, and the
-  // `others`: the store, a proxy) has waited for a CPU while ready to run, by pid. WaitedMsSince: what those
-  // still running have waited since `before`, summed. A bound on how long the fleet takes to
-  // act allows this on top: a chain of them (a call, a sync, the store's answer, another
-  // host's sync) acts in turn, and on a loaded machine each step is late by what its process
-  // waited, which nothing in retryd decides.
+  // `others`: the store, a proxy) has waited for a CPU while ready to run, by pid.
+  // WaitedMsSince: what those still running have waited since `before`, summed. A bound on how
+  // long the fleet takes to act allows this on top: a chain of them (a call, a sync, the
+  // store's answer, another host's sync) acts in turn, and on a loaded machine each step is
+  // late by what its process waited, which nothing in retryd decides.
   std::map<pid_t, uint64_t> CpuWaits(const std::vector<pid_t>& others = {}) {
     std::map<pid_t, uint64_t> waits;
     auto add = [&](pid_t pid) { waits[pid] = retryd::testing::RunQueueWaitNs(pid); };
