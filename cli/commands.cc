@@ -462,7 +462,8 @@ int RunReset(const Context& c) {
   b.only = {name};
   shm::SegmentStatus before, after;
   if (Status s = shm::BuildStatus(*seg, b, &before); !s.ok()) return Fail(c, s.message());
-  shm::Reset(*seg->dependency(index), b.now_ns);
+  // Closed at the clients' clock (shm/clock.h, CoarseNowNs).
+  shm::Reset(*seg->dependency(index), shm::CoarseNowNs());
   b.now_ns = shm::PreciseNowNs();
   if (Status s = shm::BuildStatus(*seg, b, &after); !s.ok()) return Fail(c, s.message());
   const shm::DependencyStatus& x = before.dependencies.front();

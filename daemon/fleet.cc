@@ -688,7 +688,9 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       }
     }
     if (run.close_at_ms != 0 && now_ms >= run.close_at_ms) {
-      if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetClosed, now_ns, 0, rng_)) {
+      // Closed at the clients' clock (shm/clock.h, CoarseNowNs).
+      if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetClosed, shm::CoarseNowNs(), 0,
+                                 rng_)) {
         LOG(INFO) << "fleet: dependency " << name << ": closed: the fleet's probe succeeded";
       }
       return true;

@@ -24,6 +24,12 @@ using ClockGettime = int (*)(clockid_t, timespec*);
 extern std::atomic<ClockGettime> g_clock_gettime;
 }  // namespace clock_internal
 
+// A writer other than a client (the daemon, retryctl, a segment's creator) stamps a breaker's
+// close with CoarseNowNs too, never PreciseNowNs: the close is the floor of the window
+// (breaker.cc, FloorPeriod), which hides the calls stamped in the periods before it, and a
+// precise read is up to a clock tick ahead of a coarse read made after it. Stamped precisely,
+// a close just past a period's start would hide the calls the clients made in the next few
+// milliseconds, their coarse reads still in the period before.
 inline uint64_t CoarseNowNs() {
   timespec ts;
   clock_internal::g_clock_gettime.load(std::memory_order_relaxed)(CLOCK_MONOTONIC_COARSE, &ts);

@@ -271,7 +271,9 @@ Status Segment::Put(std::string_view name, const Policy& policy, uint32_t* index
   d.name_len.store(uint32_t(name.size()), kRelaxed);
   StorePolicy(policy, d.policy);
   d.mode.store(uint32_t(policy.mode), kRelaxed);
-  const uint64_t now_ns = PreciseNowNs();
+  // The clients' clock (clock.h): the close stamped here is the floor of the window the
+  // clients' first calls are counted in.
+  const uint64_t now_ns = CoarseNowNs();
   BreakerWord closed{BreakerState::kClosed, 0, 0, 0, NsToMs32(now_ns)};
   d.breaker.store(closed.Encode(), kRelaxed);
   // The operator's words beside it describe this dependency from now on, not the slot's

@@ -890,6 +890,23 @@ TEST(RetryctlChange, SetModeChangesTheSegmentAndSaysWhat) {
   EXPECT_EQ(seg.slot(i).mode.load(), uint32_t(shm::Mode::kEnforce));
 }
 
+// A reset's close is the floor of the window (shm/clock.h): stamped at the clients' coarse
+// clock, never ahead of a coarse read made after it, or the calls the workers make in the next
+// few milliseconds could be hidden from the window. Stamped with the precise clock it was ahead
+// in most of these resets.
+TEST(RetryctlChange, AResetIsStampedAtTheClientsClock) {
+  TestSegment seg;
+  const uint32_t i = seg.AddDependency("orders", TestPolicy(4, 60'000));
+  int ahead = 0;
+  for (int k = 0; k < 20; ++k) {
+    const RunResult r = Retryctl({"reset", "orders", "--segment", seg.name()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const uint32_t now_ms = shm::NsToMs32(shm::CoarseNowNs());
+    ahead += !shm::MsReached(now_ms, shm::BreakerWord::Decode(seg.slot(i).breaker.load()).time_ms);
+  }
+  EXPECT_EQ(ahead, 0) << "of 20 resets, stamped ahead of a coarse read made after";
+}
+
 TEST(RetryctlChange, ResetClosesTheBreakerAndRefillsTheBudget) {
   TestSegment seg;
   shm::Policy p = TestPolicy(4, 60'000);

@@ -18,6 +18,7 @@
 #include "shm/breaker.h"
 #include "shm/clock.h"
 #include "shm/latency.h"
+#include "shm/registry.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -122,6 +123,46 @@ TEST(SegmentTest, AdoptKeepsStateAndIncompatibleIsRetired) {
 // The stripes a slot gets are the segment's, decided at its creation: one per CPU the kernel can
 // bring online by default, any number up to kMaxStripes when asked. Another number is another
 // capacity: the old segment is retired and replaced, as for another table size.
+// A new dependency's breaker is closed at its creation, and that close is the floor of its
+// window: the calls stamped in the periods before it are not counted (FloorPeriod). The clients
+// stamp their calls with the coarse clock, so the close must never be ahead of a coarse read
+// made after it. Stamped with the precise clock, it always was here (a tick's lag), and a
+// creation just past a period's start hid the first calls that came right after it from the
+// reads of later ones: here, with 50 ms periods, a success at once and three failures once the
+// clock has passed the creation (a worker forked meanwhile) read as three calls, under
+// min_calls, and the breaker stayed closed.
+TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
+  Policy p;
+  p.min_calls = 4;
+  p.failure_rate_pct = 50;
+  p.window_ms = 500;  // ten periods of 50 ms: many period starts in the second this runs
+  p.open_for_ms = 60'000;
+  p.open_for_max_ms = 60'000;
+  const uint64_t start = CoarseNowNs();
+  int rounds = 0, not_tripped = 0, stamped_ahead = 0;
+  for (; CoarseNowNs() - start < 1'000'000'000u; ++rounds) {
+    std::unique_ptr<Segment> seg = Segment::CreatePrivate(2, 2, p);
+    uint32_t index = 0;
+    ASSERT_TRUE(seg->PutDependency("orders", p, &index).ok());
+    DependencySlot& slot = *seg->dependency(index);
+    const uint32_t created_ms = BreakerWord::Decode(slot.breaker.load()).time_ms;
+    stamped_ahead += !MsReached(NsToMs32(CoarseNowNs()), created_ms);
+    Caller caller{RegisterProcess(*seg, getpid()), 0, 1};
+    for (const Outcome o : {Outcome::kSuccess, Outcome::kFailure, Outcome::kFailure,
+                            Outcome::kFailure}) {
+      Permit permit;
+      ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, CoarseNowNs(), caller, &permit)));
+      Complete(slot, &permit, o, 1'000'000, CoarseNowNs(), caller);
+      while (!MsReached(NsToMs32(CoarseNowNs()), created_ms + 1)) {
+      }
+    }
+    not_tripped += BreakerWord::Decode(slot.breaker.load()).state != BreakerState::kOpen;
+  }
+  EXPECT_EQ(stamped_ahead, 0) << "of " << rounds << " creations";
+  EXPECT_EQ(not_tripped, 0) << "of " << rounds << " rounds, each of four calls, 3 failed";
+  EXPECT_GE(rounds, 20);
+}
+
 TEST(SegmentTest, TheStripesFollowTheHostAndAnotherCountIsAnotherCapacity) {
   std::unique_ptr<Segment> host = Segment::CreatePrivate(2, 2, Policy{});
   EXPECT_EQ(host->stripes_per_slot(), HostStripes());
