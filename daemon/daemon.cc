@@ -224,7 +224,7 @@ int Daemon::Run() {
   }
   ArmTimer();
   if (fleet_) fleet_->Start();
-  Tick(shm::PreciseNowNs());
+  Tick(shm::CoarseNowNs());
   last_status_ = StatusLine();
   Notify("READY=1\nSTATUS=" + last_status_);
   LOG(INFO) << "daemon: ready, pid " << getpid() << ": " << last_status_;
@@ -241,7 +241,7 @@ int Daemon::Run() {
       return 1;
     }
     if (std::any_of(fds.begin() + 3, fds.end(), [](const pollfd& p) { return p.revents != 0; })) {
-      Reap(shm::PreciseNowNs());
+      Reap(shm::CoarseNowNs());
     }
     if (fds[2].revents & POLLIN) {
       // Hellos answered and hang-ups reclaimed as they come, not on the next tick.
@@ -252,7 +252,7 @@ int Daemon::Run() {
     if (fds[1].revents & POLLIN) {
       uint64_t expirations;
       if (read(timer_fd_, &expirations, sizeof(expirations)) == sizeof(expirations)) {
-        Tick(shm::PreciseNowNs());
+        Tick(shm::CoarseNowNs());
         if (attach_) attach_->ResumeAccepting();
       }
     }

@@ -718,10 +718,12 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
         segment_.header().fleet_leases.fetch_add(1, kRelaxed);
         LOG(INFO) << "fleet: dependency " << name << ": this host probes for the fleet (lease "
                   << run.lease << " of " << run.cfg.fleet.half_open_probes << ")";
-        // The open period as drawn is over: the next admit takes the breaker half-open.
+        // The role first, so that the probe the next admit takes is never seen under the
+        // role of a held host; then the open period as drawn is over: the next admit takes the
+        // breaker half-open.
+        StoreIfChanged(slot->fleet, shm::FleetWord::Make(shm::FleetRole::kProbing, run.hosts));
         if (run.held) shm::SetOpenUntil(*slot, run.seq, run.due_ms, now_ns);
         run.held = false;
-        StoreIfChanged(slot->fleet, shm::FleetWord::Make(shm::FleetRole::kProbing, run.hosts));
         return true;
       }
     }

@@ -55,7 +55,10 @@ uint64_t FloorPeriod(const DependencySlot& slot, uint64_t now_ns, const WindowSh
   const uint32_t age_ms = NsToMs32(now_ns) - b.time_ms;
   const uint64_t age_ns = uint64_t{age_ms} * 1'000'000u;
   if (age_ns >= s.bucket_ns * s.buckets || age_ns > now_ns) return 0;
-  return (now_ns - age_ns) / s.bucket_ns;
+  // The close's own millisecond, as its full time gives it above: not the reader's offset
+  // within it, which for a period that is not a whole number of ms could put the floor a
+  // period past the calls made in that millisecond after the close.
+  return (now_ns / 1'000'000u - age_ms) * 1'000'000u / s.bucket_ns;
 }
 
 // RestartWindow empties the bucket of `now_ns`, which may hold calls from before a trip. A

@@ -6,7 +6,8 @@
 // calls the vDSO's clock_gettime directly, found when the library is loaded (clock.cc),
 // sparing glibc's wrapper (BM_CoarseClockRead 1.4 to 2.2 ns less here: docs/BENCHMARKS.md);
 // where there is none, glibc's.
-// CLOCK_MONOTONIC is system-wide, so every process on the host agrees on it.
+// CLOCK_MONOTONIC is system-wide, so every process on the host agrees on it, as long as they
+// share one time namespace (`unshare --time` moves it; not detected: README.md).
 // Thread safety: thread-safe.
 #pragma once
 
@@ -25,11 +26,13 @@ extern std::atomic<ClockGettime> g_clock_gettime;
 }  // namespace clock_internal
 
 // A writer other than a client (the daemon, retryctl, a segment's creator) stamps a breaker's
-// close with CoarseNowNs too, never PreciseNowNs: the close is the floor of the window
-// (breaker.cc, FloorPeriod), which hides the calls stamped in the periods before it, and a
-// precise read is up to a clock tick ahead of a coarse read made after it. Stamped precisely,
-// a close just past a period's start would hide the calls the clients made in the next few
-// milliseconds, their coarse reads still in the period before.
+// close with CoarseNowNs too, never PreciseNowNs, and the daemon's tick judges the leases the
+// clients stamped on it: a precise read is ahead of a coarse read made after it by the coarse
+// clock's lag (a tick or more: 2.6 to 11.3 ms measured on a VM whose ticks are 4 ms). The close
+// is the floor of the window (breaker.cc, FloorPeriod), which hides the calls stamped in the
+// periods before it: stamped precisely, a close just past a period's start would hide the calls
+// the clients made in the next few milliseconds; and a sweep on the precise clock would expire a
+// lease that clock's lag early.
 inline uint64_t CoarseNowNs() {
   timespec ts;
   clock_internal::g_clock_gettime.load(std::memory_order_relaxed)(CLOCK_MONOTONIC_COARSE, &ts);

@@ -885,6 +885,29 @@ TEST_F(DaemonProcessTest, AutoCreateOffIsPublishedAndUnknownNamesAreReported) {
   EXPECT_TRUE(LogHas(*d, "workers named unconfigured dependencies 1 times"));
 }
 
+// The tick judges the leases the clients stamped (the sweep) and writes the heartbeat on the
+// clients' clock, the coarse one (shm/clock.h): on the precise one, up to a tick ahead of it,
+// the sweep expired a probe the clients' clock still found within its timeout, and reopened
+// the breaker. Its heartbeat, written with the tick's time, shows which clock it reads: never
+// ahead of a coarse read made after it.
+TEST_F(DaemonProcessTest, TheTickRunsOnTheClientsClock) {
+  auto d = StartDaemon(Config(""));
+  auto seg = Attach();
+  ASSERT_NE(seg, nullptr);
+  int beats = 0, ahead = 0;
+  uint64_t last = 0;
+  for (const uint64_t start = shm::PreciseNowNs(); shm::PreciseNowNs() - start < 500'000'000u;) {
+    const uint64_t beat = seg->header().heartbeat_ns.load();
+    const uint64_t now = shm::CoarseNowNs();
+    if (beat == last) continue;
+    last = beat;
+    ++beats;
+    ahead += beat > now;
+  }
+  EXPECT_GE(beats, 2);
+  EXPECT_EQ(ahead, 0) << "of " << beats << " heartbeats, ahead of a coarse read made after";
+}
+
 TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   WriteFile(config_, Config(""));
   // systemd's WatchdogSec=200ms arrives as WATCHDOG_USEC: a ping at least every 100ms.

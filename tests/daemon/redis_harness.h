@@ -172,6 +172,9 @@ struct Downstream {
   std::atomic<uint64_t> calls;
   std::atomic<uint64_t> failed;                 // calls answered while failing
   std::atomic<uint64_t> probes[kMaxHosts];      // admitted as probes, per host
+  // Of those, admitted while the host held no fleet lease (its role not kProbing): probes on
+  // the host's own rules, as after a hold that lapsed.
+  std::atomic<uint64_t> own_probes[kMaxHosts];
   std::atomic<uint64_t> calls_from[kMaxHosts];  // calls that reached it, per host
   std::atomic<uint64_t> slowest_admit_ns[kMaxHosts];
   std::atomic<uint64_t> retries_granted[kMaxHosts];
@@ -283,9 +286,11 @@ class FleetTest : public ::testing::Test {
         shm::Permit permit;
         rusage before{}, after{};
         getrusage(RUSAGE_THREAD, &before);
+        // The times given to retryd are the clients' clock (shm/clock.h), as the library's;
+        // the admit's duration is measured on the precise one.
         const uint64_t t0 = shm::PreciseNowNs();
-        const shm::Decision d =
-            shm::Admit(slot, uint32_t(index), plan.retries_only ? 1 : 0, t0, caller, &permit);
+        const shm::Decision d = shm::Admit(slot, uint32_t(index), plan.retries_only ? 1 : 0,
+                                           shm::CoarseNowNs(), caller, &permit);
         const uint64_t took = shm::PreciseNowNs() - t0;
         getrusage(RUSAGE_THREAD, &after);
         auto raise = [](std::atomic<uint64_t>& slowest, uint64_t t) {
@@ -309,6 +314,9 @@ class FleetTest : public ::testing::Test {
         const bool probe = d == shm::Decision::kAdmittedProbe;
         if (probe) {
           ds_->probes[i].fetch_add(1);
+          if (shm::FleetWord::Role(slot.fleet.load()) != shm::FleetRole::kProbing) {
+            ds_->own_probes[i].fetch_add(1);
+          }
           const uint32_t now = ds_->probes_in_flight.fetch_add(1) + 1;
           uint32_t most = ds_->most_probes_in_flight.load();
           while (now > most && !ds_->most_probes_in_flight.compare_exchange_weak(most, now)) {
@@ -325,7 +333,7 @@ class FleetTest : public ::testing::Test {
           usleep(10'000);
         }
         shm::Complete(slot, &permit, fail ? shm::Outcome::kFailure : shm::Outcome::kSuccess,
-                      1'000'000, shm::PreciseNowNs(), caller);
+                      1'000'000, shm::CoarseNowNs(), caller);
         if (probe) ds_->probes_in_flight.fetch_sub(1);
       }
       _exit(0);
@@ -431,6 +439,11 @@ class FleetTest : public ::testing::Test {
   uint64_t ProbesSoFar() {
     uint64_t n = 0;
     for (auto& p : ds_->probes) n += p.load();
+    return n;
+  }
+  uint64_t OwnProbesSoFar() {
+    uint64_t n = 0;
+    for (auto& p : ds_->own_probes) n += p.load();
     return n;
   }
   bool All(const std::function<bool(int)>& f) {

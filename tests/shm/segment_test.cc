@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "shm/clock.h"
 #include "shm/latency.h"
 #include "shm/registry.h"
+#include "shm/view.h"
 #include "tests/shm/test_util.h"
 
 namespace retryd::shm {
@@ -120,9 +122,6 @@ TEST(SegmentTest, AdoptKeepsStateAndIncompatibleIsRetired) {
   EXPECT_TRUE(AttachStatus(first.name).ok());
 }
 
-// The stripes a slot gets are the segment's, decided at its creation: one per CPU the kernel can
-// bring online by default, any number up to kMaxStripes when asked. Another number is another
-// capacity: the old segment is retired and replaced, as for another table size.
 // A new dependency's breaker is closed at its creation, and that close is the floor of its
 // window: the calls stamped in the periods before it are not counted (FloorPeriod). The clients
 // stamp their calls with the coarse clock, so the close must never be ahead of a coarse read
@@ -163,6 +162,97 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
   EXPECT_GE(rounds, 20);
 }
 
+// The close a new dependency is created with is written in full beside the breaker word, as
+// every later transition writes it, so that a reader takes the window's floor from the close's
+// own millisecond. Without it, the floor came from the close's age on the reader's clock, so at
+// the reader's sub-millisecond offset: with a period that is not a whole number of ms (window
+// 913 ms in 3 buckets), a boundary inside the creation's millisecond put the floor of a precise
+// reader (the fleet's publishing, `retryctl status`) a period past the calls made right after
+// the creation, and all of them vanished from its window (5 of 5 rounds). WindowAt finds such a
+// shape for the coming millisecond.
+struct WindowAt {
+  uint32_t window_ms = 0, buckets = 0;
+  uint64_t boundary_ns = 0;
+};
+
+bool FindWindowAt(uint64_t coarse_ns, WindowAt* out) {
+  const uint64_t ms_end = (coarse_ns / 1'000'000u + 1) * 1'000'000u;
+  for (uint32_t buckets : {3u, 6u, 7u, 9u, 11u, 12u, 13u, 14u}) {
+    for (uint32_t w = 200; w <= 5000; ++w) {
+      if (w / buckets < 50) continue;
+      const uint64_t bucket_ns = uint64_t{w} * 1'000'000u / buckets;  // as breaker.cc Shape
+      if (bucket_ns % 1'000'000u == 0) continue;
+      const uint64_t b = (coarse_ns / bucket_ns + 1) * bucket_ns;
+      // Room on both sides: the boundary at least 0.05 ms after the stamp and before the ms ends.
+      if (b >= coarse_ns + 50'000 && b + 50'000 < ms_end) {
+        *out = {w, buckets, b};
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+TEST(SegmentTest, AReaderOnEitherClockCountsTheCallsRightAfterACreation) {
+  int tried = 0, shown = 0;
+  for (; tried < 200 && shown < 5; ++tried) {
+    // Wait for a fresh coarse tick, then pick a shape with a boundary inside its ms.
+    const uint64_t c0 = CoarseNowNs();
+    while (CoarseNowNs() == c0) {
+    }
+    const uint64_t c = CoarseNowNs();
+    WindowAt shape;
+    ASSERT_TRUE(FindWindowAt(c, &shape));
+    Policy p;
+    p.window_ms = shape.window_ms;
+    p.window_buckets = shape.buckets;
+    p.min_calls = 1000;  // never trips here: only the counting is looked at
+    std::unique_ptr<Segment> seg = Segment::CreatePrivate(2, 2, p);
+    uint32_t index = 0;
+    ASSERT_TRUE(seg->PutDependency("orders", p, &index).ok());
+    DependencySlot& slot = *seg->dependency(index);
+    Caller caller{RegisterProcess(*seg, getpid()), 0, 1};
+    int made = 0;
+    for (const Outcome o : {Outcome::kSuccess, Outcome::kFailure, Outcome::kSuccess,
+                            Outcome::kFailure}) {
+      Permit permit;
+      ASSERT_TRUE(IsAdmitted(Admit(slot, index, 0, CoarseNowNs(), caller, &permit)));
+      Complete(slot, &permit, o, 1'000'000, CoarseNowNs(), caller);
+      ++made;
+    }
+    const uint32_t created_ms = BreakerWord::Decode(slot.breaker.load()).time_ms;
+    if (created_ms != NsToMs32(c) || CoarseNowNs() != c) continue;  // the tick moved: again
+    // The calls were all stamped at c, inside the creation's own tick: after the creation.
+    // A precise reader a few ms later, at a sub-ms past the boundary's.
+    const uint64_t boundary_sub = shape.boundary_ns % 1'000'000u;
+    uint64_t r;
+    do {
+      r = PreciseNowNs();
+    } while (r < c + 3'000'000u || r % 1'000'000u <= boundary_sub + 20'000);
+    const WindowStats precise = ReadWindow(slot, r);
+    const WindowStats coarse = ReadWindow(slot, CoarseNowNs());
+    BuildOptions b;
+    b.now_ns = r;
+    SegmentStatus view;
+    ASSERT_TRUE(BuildStatus(*seg, b, &view).ok());
+    std::printf("window %ums / %u buckets (period %.6f ms): created at coarse %llu (sub-ms "
+                "%llu ns), boundary at sub-ms %llu ns; %d calls; coarse reader counts %llu, "
+                "precise reader at sub-ms %llu counts %llu (status shows %llu)\n",
+                shape.window_ms, shape.buckets, double(shape.window_ms) / shape.buckets,
+                (unsigned long long)c, (unsigned long long)(c % 1'000'000u),
+                (unsigned long long)boundary_sub, made, (unsigned long long)coarse.calls,
+                (unsigned long long)(r % 1'000'000u), (unsigned long long)precise.calls,
+                (unsigned long long)view.dependencies.front().window.calls);
+    EXPECT_EQ(coarse.calls, uint64_t(made));
+    EXPECT_EQ(precise.calls, uint64_t(made)) << "calls made right after the creation hidden";
+    ++shown;
+  }
+  EXPECT_GE(shown, 1) << "no round stayed within one tick in " << tried;
+}
+
+// The stripes a slot gets are the segment's, decided at its creation: one per CPU the kernel can
+// bring online by default, any number up to kMaxStripes when asked. Another number is another
+// capacity: the old segment is retired and replaced, as for another table size.
 TEST(SegmentTest, TheStripesFollowTheHostAndAnotherCountIsAnotherCapacity) {
   std::unique_ptr<Segment> host = Segment::CreatePrivate(2, 2, Policy{});
   EXPECT_EQ(host->stripes_per_slot(), HostStripes());
