@@ -162,14 +162,14 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
   EXPECT_GE(rounds, 20);
 }
 
-// The close a new dependency is created with is written in full beside the breaker word, as
-// every later transition writes it, so that a reader takes the window's floor from the close's
-// own millisecond. Without it, the floor came from the close's age on the reader's clock, so at
-// the reader's sub-millisecond offset: with a period that is not a whole number of ms (window
-// 913 ms in 3 buckets), a boundary inside the creation's millisecond put the floor of a precise
-// reader (the fleet's publishing, `retryctl status`) a period past the calls made right after
-// the creation, and all of them vanished from its window (5 of 5 rounds). WindowAt finds such a
-// shape for the coming millisecond.
+// A new dependency's close is known only by its 32-bit time (no full time word), so a reader
+// takes the window's floor from the close's age on its own clock. That floor is the period of
+// the close's own millisecond; it was the reader's now less the age, so at the reader's
+// sub-millisecond offset: with a period that is not a whole number of ms (window 913 ms in 3
+// buckets), a boundary inside the creation's millisecond put the floor of a precise reader (the
+// fleet's publishing, `retryctl status`) a period past the calls made right after the creation,
+// and all of them vanished from its window (5 of 5 rounds). WindowAt finds such a shape for
+// the coming millisecond.
 struct WindowAt {
   uint32_t window_ms = 0, buckets = 0;
   uint64_t boundary_ns = 0;
