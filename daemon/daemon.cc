@@ -224,6 +224,8 @@ int Daemon::Run() {
   }
   ArmTimer();
   if (fleet_) fleet_->Start();
+  // The tick and the reaper run on the clients' clock, the coarse one: they judge the leases
+  // the clients stamped with it (shm/clock.h).
   Tick(shm::CoarseNowNs());
   last_status_ = StatusLine();
   Notify("READY=1\nSTATUS=" + last_status_);
