@@ -886,9 +886,9 @@ TEST_F(DaemonProcessTest, AutoCreateOffIsPublishedAndUnknownNamesAreReported) {
 }
 
 // The tick judges the leases the clients stamped (the sweep) and writes the heartbeat on the
-// clients' clock, the coarse one (shm/clock.h): on the precise one, up to a tick ahead of it,
-// the sweep expired a probe the clients' clock still found within its timeout, and reopened
-// the breaker. Its heartbeat, written with the tick's time, shows which clock it reads: never
+// clients' clock, the coarse one (shm/clock.h): on the precise one, ahead of it by the coarse
+// clock's lag, the sweep expired a probe the clients' clock still found within its timeout, and
+// reopened the breaker. Its heartbeat, written with the tick's time, shows which clock it reads: never
 // ahead of a coarse read made after it.
 TEST_F(DaemonProcessTest, TheTickRunsOnTheClientsClock) {
   auto d = StartDaemon(Config(""));
