@@ -13,8 +13,14 @@ RETRYD_DEPS=(
 # missing, quietly, as root or through sudo. Runs `apt-get update` only if something is missing.
 retryd_install_deps() {
   local want=("${RETRYD_DEPS[@]}" "$@") missing=() pkg
+  # One dpkg-query for all of them: each reads the whole package database (about 40 ms here,
+  # 3 s for scripts/test's 73 names one at a time).
+  local -A installed=()
+  while read -r pkg; do installed[$pkg]=1; done < <(
+    dpkg-query -W -f='${Package} ${Status}\n' "${want[@]}" 2>/dev/null |
+      awk '$2 == "install" && $3 == "ok" && $4 == "installed" { sub(/:.*/, "", $1); print $1 }')
   for pkg in "${want[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    [ -n "${installed[$pkg]:-}" ] || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=()
