@@ -14,13 +14,15 @@ RETRYD_DEPS=(
 retryd_install_deps() {
   local want=("${RETRYD_DEPS[@]}" "$@") missing=() pkg
   # One dpkg-query for all of them: each reads the whole package database (about 40 ms here,
-  # 3 s for scripts/test's 73 names one at a time).
+  # 3 s for scripts/test's 73 names one at a time). Installed: "ok installed", whatever the
+  # package is selected for (install, hold, deinstall); by its name and by its name with its
+  # architecture (libc6:amd64).
   local -A installed=()
   while read -r pkg; do installed[$pkg]=1; done < <(
-    dpkg-query -W -f='${Package} ${Status}\n' "${want[@]}" 2>/dev/null |
-      awk '$2 == "install" && $3 == "ok" && $4 == "installed" { sub(/:.*/, "", $1); print $1 }')
+    dpkg-query -W -f='${Package} ${binary:Package} ${Status}\n' "${want[@]}" 2>/dev/null |
+      awk '$4 == "ok" && $5 == "installed" { print $1; print $2 }')
   for pkg in "${want[@]}"; do
-    [ -n "${installed[$pkg]:-}" ] || missing+=("$pkg")
+    [ -z "$pkg" ] || [ -n "${installed[$pkg]:-}" ] || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=()
