@@ -90,14 +90,26 @@ if grep -q "NEEDED.*libretryd" <<<"$(objdump -p "$dir/consumer-build/consumer_st
   die "consumer_static needs libretryd.so: retryd::retryd_static is not the static library"
 fi
 
+# Each language's client below, as the C and C++ workers above: opening waits at most 20 ms
+# for the daemon, and a client it did not answer in time (a loaded machine) attaches on a later
+# call; each calls every 50 ms until it is attached, for 30 s at most.
 step "python3: import retryd; retryd.Client(); an admission through the C Permit"
 python3 -c '
+import time
 import retryd
 client = retryd.Client()
-print("library", retryd.library_path(), "local" if client.local else "attached")
+dep = client.dependency("python")
+calls, deadline = 0, time.monotonic() + 30
+while client.local and time.monotonic() < deadline:
+    with dep.admit():
+        pass
+    calls += 1
+    time.sleep(0.05)
+print("library", retryd.library_path(), "local" if client.local else "attached",
+      f"({calls} calls before)")
 assert retryd.library_path() == "libretryd.so.0", retryd.library_path()
 assert not client.local, "the client did not attach to the daemon"
-with client.dependency("python").admit() as permit:
+with dep.admit() as permit:
     assert type(permit).__module__ == "retryd._speedups", type(permit)
 ' || die "the Python client did not open on the daemon"
 
@@ -108,8 +120,17 @@ grep -qxF "retryd ($version)" <<<"$(gem list --local retryd)" ||
 ruby -e '
   require "retryd"
   client = Retryd::Client.new
+  dep = client.dependency("ruby")
+  calls = 0
+  deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+  while client.local? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    dep.admit {}
+    calls += 1
+    sleep 0.05
+  end
   gem = $LOADED_FEATURES.grep(%r{/retryd\.rb\z}).first
-  puts "#{gem}: library #{Retryd.library_path}, #{client.local? ? "local" : "attached"}"
+  puts "#{gem}: library #{Retryd.library_path}, #{client.local? ? "local" : "attached"} " \
+       "(#{calls} calls before)"
   abort "loaded #{gem}, not vendor_ruby" unless gem == "/usr/lib/ruby/vendor_ruby/retryd.rb"
   abort "loaded #{Retryd.library_path}" unless Retryd.library_path == "libretryd.so.0"
   abort "the client did not attach to the daemon" if client.local?
@@ -117,11 +138,21 @@ ruby -e '
 
 step "luajit: require \"retryd\" from /usr/share/lua/5.1; retryd.open()"
 luajit -e '
+  local ffi = require "ffi"
+  ffi.cdef "int poll(void *fds, unsigned long nfds, int timeout);"
   local retryd = require "retryd"
   local client = assert(retryd.open())
+  local dep = assert(client:dependency("lua"))
+  local calls, deadline = 0, os.time() + 30
+  while client:is_local() and os.time() < deadline do
+    local permit = dep:admit()
+    if permit then permit:complete("success") end
+    calls = calls + 1
+    ffi.C.poll(nil, 0, 50)
+  end
   local module = package.searchpath("retryd", package.path)
   print(module .. ": library " .. retryd.library_path .. ", " ..
-        (client:is_local() and "local" or "attached"))
+        (client:is_local() and "local" or "attached") .. " (" .. calls .. " calls before)")
   assert(module == "/usr/share/lua/5.1/retryd.lua", "loaded " .. module)
   assert(retryd.library_path == "libretryd.so.0", "loaded " .. retryd.library_path)
   assert(not client:is_local(), "the client did not attach to the daemon")

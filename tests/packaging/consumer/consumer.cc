@@ -4,13 +4,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include <retryd/client.h>
 
 int main(int argc, char** argv) {
   bool want_attached = argc > 1 && std::strcmp(argv[1], "--attached") == 0;
   retryd::ClientOptions options;
-  options.fallback_to_local = !want_attached;
   std::unique_ptr<retryd::Client> client;
   if (retryd::Status st = retryd::Client::Open(options, &client); !st.ok()) {
     std::fprintf(stderr, "consumer: Open: %s\n", st.message().c_str());
@@ -24,7 +24,14 @@ int main(int argc, char** argv) {
   retryd::Permit permit;
   bool admitted = client->Admit(orders, 0, &permit);
   client->Complete(&permit, retryd::Outcome::kSuccess, std::chrono::milliseconds(1));
-  std::printf("%s %s\n", client->local() ? "local" : "attached",
-              admitted ? "admitted" : "rejected");
+  int calls = 1;
+  while (want_attached && client->local() && calls < 600) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    admitted = client->Admit(orders, 0, &permit);
+    client->Complete(&permit, retryd::Outcome::kSuccess, std::chrono::milliseconds(1));
+    ++calls;
+  }
+  std::printf("%s %s (%d calls)\n", client->local() ? "local" : "attached",
+              admitted ? "admitted" : "rejected", calls);
   return want_attached && client->local() ? 1 : 0;
 }
