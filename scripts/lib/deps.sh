@@ -14,7 +14,7 @@ RETRYD_DEPS=(
 retryd_install_deps() {
   local want=("${RETRYD_DEPS[@]}" "$@") missing=() pkg
   # One dpkg-query for all of them: each reads the whole package database (about 40 ms here,
-  # 3 s for scripts/test's 73 names one at a time). Installed: "ok installed", whatever the
+  # 3.8 s for scripts/test's 73 names one at a time, 0.06 s at once). Installed: "ok installed", whatever the
   # package is selected for (install, hold, deinstall); by its name and by its name with its
   # architecture (libc6:amd64).
   local -A installed=()
