@@ -139,10 +139,10 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
   p.open_for_ms = 60'000;
   p.open_for_max_ms = 60'000;
   const uint64_t start = CoarseNowNs();
-  int rounds = 0, not_tripped = 0, stamped_ahead = 0;
+  int rounds = 0, not_tripped = 0, stamped_ahead = 0, outlasted = 0;
   // A second of rounds (20 period starts), and on a loaded machine on until 200 rounds ran.
-  for (; CoarseNowNs() - start < 1'000'000'000u || (rounds < 200 && CoarseNowNs() - start <
-                                                   60'000'000'000u); ++rounds) {
+  while (CoarseNowNs() - start < 1'000'000'000u ||
+         (rounds < 200 && CoarseNowNs() - start < 60'000'000'000u)) {
     std::unique_ptr<Segment> seg = Segment::CreatePrivate(2, 2, p);
     uint32_t index = 0;
     ASSERT_TRUE(seg->PutDependency("orders", p, &index).ok());
@@ -150,6 +150,7 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
     const uint32_t created_ms = BreakerWord::Decode(slot.breaker.load()).time_ms;
     stamped_ahead += !MsReached(NsToMs32(CoarseNowNs()), created_ms);
     Caller caller{RegisterProcess(*seg, getpid()), 0, 1};
+    const uint64_t first_ns = CoarseNowNs();
     for (const Outcome o : {Outcome::kSuccess, Outcome::kFailure, Outcome::kFailure,
                             Outcome::kFailure}) {
       Permit permit;
@@ -158,10 +159,20 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
       while (!MsReached(NsToMs32(CoarseNowNs()), created_ms + 1)) {
       }
     }
+    // A round kept from the CPU for most of a window (a loaded machine stops a process for
+    // hundreds of milliseconds; stopped for 0.6 s in every 0.7 s, 9 to 12 rounds of 200 failed)
+    // lets its first calls age out of the window before its last: the breaker rightly stays
+    // closed. Such a round says nothing of the creation, and is not counted.
+    if (CoarseNowNs() - first_ns >= uint64_t{p.window_ms - 2 * p.window_ms / 10} * 1'000'000u) {
+      ++outlasted;
+      continue;
+    }
     not_tripped += BreakerWord::Decode(slot.breaker.load()).state != BreakerState::kOpen;
+    ++rounds;
   }
-  EXPECT_EQ(stamped_ahead, 0) << "of " << rounds << " creations";
-  EXPECT_EQ(not_tripped, 0) << "of " << rounds << " rounds, each of four calls, 3 failed";
+  EXPECT_EQ(stamped_ahead, 0) << "of " << rounds + outlasted << " creations";
+  EXPECT_EQ(not_tripped, 0) << "of " << rounds << " rounds, each of four calls, 3 failed ("
+                            << outlasted << " more outlasted the window)";
   EXPECT_GE(rounds, 200);
 }
 
@@ -196,14 +207,16 @@ bool FindWindowAt(uint64_t coarse_ns, WindowAt* out) {
   return false;
 }
 
-// The coarse clock's time moves in whole ticks, so its sub-millisecond phase stays the same for
-// as long as the machine runs (739,237 ns on one boot, every tick 4 ms on). A phase late in its
-// millisecond leaves no room for a boundary between a creation's stamp and the millisecond's
-// end: from about 0.88 ms, none of FindWindowAt's shapes fit, and from 0.75 ms some ticks fit
-// none (373 of 20,000 at 0.8 ms). LaggingCoarseClock serves the coarse clock set back to the
-// last time at a phase of 0.3 ms: less than a millisecond back, never backwards, a new value at
-// every tick, and still behind the precise clock, as the coarse clock always is. The segment's
-// stamps read it too: it is the clock CoarseNowNs calls.
+// The coarse clock's time moves in whole ticks, so on a host whose clock is not slewed its
+// sub-millisecond phase stays the same from tick to tick (739,237 ns at every tick, 4 ms apart,
+// on one boot of the machine these tests run on). A phase late in its millisecond leaves no
+// room for a boundary between a creation's stamp and the millisecond's end: from 0.9 ms none of
+// FindWindowAt's shapes can fit, and from about 0.75 ms some ticks fit none, how many depending
+// on the time since boot (373 of 20,000 ticks at 0.8 ms half an hour after boot).
+// LaggingCoarseClock serves the coarse clock set back to the last time at a phase of 0.3 ms:
+// less than a millisecond back, never backwards, a new value at every tick of a millisecond or
+// more, and still behind the precise clock, as the coarse clock always is. The segment's stamps
+// read it too: it is the clock CoarseNowNs calls.
 constexpr uint64_t kChosenPhaseNs = 300'000;
 
 int LaggingCoarseClock(clockid_t id, timespec* ts) {
