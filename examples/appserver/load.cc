@@ -463,7 +463,8 @@ int main(int argc, char** argv) {
               (unsigned long long)late, kLateS * 1e3, max_late * 1e3);
   std::printf("answers: %llu by the application, %llu failed at the front (not 200), %llu not "
               "answered within %.0f s; the binding refused an attempt of %llu (breaker open, probe "
-              "busy or no retry budget), and %llu had no time left when a child took them\n",
+              "busy, no retry budget, or a probe given back for want of time), and %llu had no "
+              "time left when a child took them\n",
               (unsigned long long)answered, (unsigned long long)front_failed,
               (unsigned long long)no_answer, FLAGS_timeout_s, (unsigned long long)rejected,
               (unsigned long long)expired);

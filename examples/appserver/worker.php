@@ -9,7 +9,7 @@
 //     attempt gets what is left, at most TIMEOUT_MS, and a retry is taken only if its wait and
 //     the slowest attempt so far still fit (the rule of retryd::RetryLoop, as retryd_fleet);
 //   - a half-open probe carries `X-Retryd-Probe: 1`, so that the downstream counts probes, and
-//     is sent only with the time a fresh request's first attempt gets (else given back unused);
+//     goes out only with TIMEOUT_MS left, or half the deadline if less (else given back unused);
 //
 // SCOPE=host: every child admits through one dependency, DEPENDENCY, on the host's segment.
 // SCOPE=process: each child has a dependency of its own, DEPENDENCY.<pid>, which the daemon
@@ -65,12 +65,14 @@ for ($attempt = 0;; $attempt++) {
     }
     $probe = $permit->isProbe();
     // A half-open lets a probe through for every child of the host at once (SCOPE=host): a probe
-    // sent with less time than a fresh request's first attempt gets, by a request that waited
-    // for a child most of its deadline, fails for want of time alone, and the breaker stays open
-    // for another period (php-fpm stopped for 1.98 s as the half-open began: the oldest queued
-    // request probed with 15 ms left and reopened it). Such a request gives the probe back
-    // unused (ignored: its place goes to the next caller, in the same half-open) and is refused.
-    if ($probe && $left < min($timeout, $deadline - $arrived)) {
+    // sent by a request that waited for a child most of its deadline fails for want of time
+    // alone, and the breaker stays open for another period (php-fpm stopped for 1.98 s as the
+    // half-open began: the oldest queued request probed with 15 ms left and reopened it). A
+    // probe goes out only with the per-attempt timeout, or half the request's whole deadline if
+    // that is less (so that with a deadline under the timeout a fresh request still probes);
+    // a request with less time gives it back unused (ignored: its place goes to the next
+    // caller, in the same half-open) and is refused.
+    if ($probe && $left < min($timeout, ($deadline - $arrived) / 2)) {
         $permit->ignored();
         $rejected = true;
         break;
