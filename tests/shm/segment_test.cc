@@ -160,7 +160,7 @@ TEST(SegmentTest, TheCallsRightAfterADependencyIsCreatedAllCount) {
       }
     }
     // A round kept from the CPU for most of a window (a loaded machine stops a process for
-    // hundreds of milliseconds; stopped for 0.6 s in every 0.7 s, 9 to 12 rounds of 200 failed)
+    // hundreds of milliseconds; stopped for 0.6 s in every 0.7 s, 8 to 12 rounds of 200 failed)
     // lets its first calls age out of the window before its last: the breaker rightly stays
     // closed. Such a round says nothing of the creation, and is not counted.
     if (CoarseNowNs() - first_ns >= uint64_t{p.window_ms - 2 * p.window_ms / 10} * 1'000'000u) {
