@@ -918,6 +918,7 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   ASSERT_NE(notify_.WaitFor("READY=1", kReadyTimeoutMs), "") << d.Log();
   const size_t before = notify_.SentAtNs("WATCHDOG=1").size();
   const uint64_t queued_before = retryd::testing::RunQueueWaitNs(d.pid());
+  const retryd::testing::ThreadTimes times_before = retryd::testing::ReadThreadTimes(d.pid());
   constexpr size_t kPings = 12;
   for (size_t i = 0; i < kPings; ++i) {
     ASSERT_NE(notify_.WaitFor("WATCHDOG=1", 10'000), "") << "ping " << i << "\n" << d.Log();
@@ -926,6 +927,9 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   // does not widen them; what the daemon itself waited for a CPU meanwhile (a loaded machine's
   // share) is allowed on top of the bound, nothing else.
   const uint64_t queued = retryd::testing::RunQueueWaitNs(d.pid()) - queued_before;
+  // What else the daemon's threads did meanwhile, for a failure to name.
+  const std::string meanwhile =
+      (retryd::testing::ReadThreadTimes(d.pid()) - times_before).Describe();
   std::vector<uint64_t> sent = notify_.SentAtNs("WATCHDOG=1");
   sent.erase(sent.begin(), sent.begin() + std::ptrdiff_t(before));
   ASSERT_GE(sent.size(), kPings);
@@ -942,7 +946,7 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   // never the whole 200ms interval without one (150ms leaves the timer half a period of lateness).
   EXPECT_LE(widest, 150'000'000u + queued)
       << "gaps:" << gaps.str() << "; the daemon waited " << queued / 1'000'000
-      << "ms for a CPU meanwhile";
+      << "ms for a CPU meanwhile; its threads: " << meanwhile;
   // And no more often than half the interval, about every 100ms: 75ms apart on average at
   // the least (a daemon kept waiting at the first ping shortens the span by that wait).
   EXPECT_LE(sent.size() - 1, (span + queued) / 75'000'000u) << "gaps:" << gaps.str();

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,53 @@ inline uint64_t RunQueueWaitNs(pid_t pid) {
     if (in >> on_cpu >> waiting) total += waiting;
   }
   return total;
+}
+
+// ThreadTimes: what every thread of a process has done so far, summed over /proc/PID/task: its
+// time on a CPU and waiting for one (schedstat), its major page faults (stat), and how often it
+// gave up its CPU of its own accord (to sleep or block) or was made to (status). The difference
+// of two says what a process did between them; a test that bounds a process's lateness prints
+// it, so that a failure says whether the process computed, waited for a CPU, paged in or slept.
+struct ThreadTimes {
+  uint64_t on_cpu_ns = 0, waiting_ns = 0, major_faults = 0, voluntary = 0, involuntary = 0;
+  ThreadTimes operator-(const ThreadTimes& o) const {
+    return {on_cpu_ns - o.on_cpu_ns, waiting_ns - o.waiting_ns, major_faults - o.major_faults,
+            voluntary - o.voluntary, involuntary - o.involuntary};
+  }
+  std::string Describe() const {
+    return std::to_string(on_cpu_ns / 1'000'000) + "ms on a CPU, " +
+           std::to_string(waiting_ns / 1'000'000) + "ms waiting for one, " +
+           std::to_string(major_faults) + " major page faults, " + std::to_string(voluntary) +
+           " sleeps or blocks, " + std::to_string(involuntary) + " preemptions";
+  }
+};
+inline ThreadTimes ReadThreadTimes(pid_t pid) {
+  ThreadTimes t;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream sched(task.path() / "schedstat");
+    unsigned long long on_cpu = 0, waiting = 0;
+    if (sched >> on_cpu >> waiting) t.on_cpu_ns += on_cpu, t.waiting_ns += waiting;
+    // stat: "pid (comm) state ..." with majflt the 12th field; comm may hold spaces.
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    if (std::getline(stat, line)) {
+      std::istringstream rest(line.substr(line.rfind(')') + 2));
+      std::string field;
+      for (int i = 3; i <= 12 && rest >> field; ++i) {
+        if (i == 12) t.major_faults += std::stoull(field);
+      }
+    }
+    std::ifstream status(task.path() / "status");
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) t.voluntary += std::stoull(line.substr(24));
+      if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        t.involuntary += std::stoull(line.substr(27));
+      }
+    }
+  }
+  return t;
 }
 
 // ThreadRunQueueWaitNs: how long the calling thread has waited for a CPU while ready to run
