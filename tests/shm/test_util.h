@@ -84,7 +84,10 @@ inline ThreadTimes ReadThreadTimes(pid_t pid) {
   for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
     std::ifstream sched(task.path() / "schedstat");
     unsigned long long on_cpu = 0, waiting = 0;
-    if (sched >> on_cpu >> waiting) t.on_cpu_ns += on_cpu, t.waiting_ns += waiting;
+    if (sched >> on_cpu >> waiting) {
+      t.on_cpu_ns += on_cpu;
+      t.waiting_ns += waiting;
+    }
     // stat: "pid (comm) state ..." with majflt the 12th field; comm may hold spaces.
     std::ifstream stat(task.path() / "stat");
     std::string line;
