@@ -917,8 +917,7 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   DaemonProcess d({"--config=" + config_}, notify_.path(), {"WATCHDOG_USEC=200000"});
   ASSERT_NE(notify_.WaitFor("READY=1", kReadyTimeoutMs), "") << d.Log();
   const size_t before = notify_.SentAtNs("WATCHDOG=1").size();
-  const uint64_t queued_before = retryd::testing::RunQueueWaitNs(d.pid());
-  const retryd::testing::ThreadTimes times_before = retryd::testing::ReadThreadTimes(d.pid());
+  const retryd::testing::ThreadTimes before_pings = retryd::testing::ReadThreadTimes(d.pid());
   constexpr size_t kPings = 12;
   for (size_t i = 0; i < kPings; ++i) {
     ASSERT_NE(notify_.WaitFor("WATCHDOG=1", 10'000), "") << "ping " << i << "\n" << d.Log();
@@ -926,10 +925,10 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   // The gaps are taken from the kernel's stamps of the daemon's sends, so a late reader here
   // does not widen them; what the daemon itself waited for a CPU meanwhile (a loaded machine's
   // share) is allowed on top of the bound, nothing else.
-  const uint64_t queued = retryd::testing::RunQueueWaitNs(d.pid()) - queued_before;
-  // What else the daemon's threads did meanwhile, for a failure to name.
-  const std::string meanwhile =
-      (retryd::testing::ReadThreadTimes(d.pid()) - times_before).Describe();
+  // What else its threads did meanwhile (ran, paged in, slept) is printed, for a failure to name.
+  const retryd::testing::ThreadTimes meanwhile =
+      retryd::testing::ReadThreadTimes(d.pid()) - before_pings;
+  const uint64_t queued = meanwhile.waiting_ns;
   std::vector<uint64_t> sent = notify_.SentAtNs("WATCHDOG=1");
   sent.erase(sent.begin(), sent.begin() + std::ptrdiff_t(before));
   ASSERT_GE(sent.size(), kPings);
@@ -946,7 +945,7 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   // never the whole 200ms interval without one (150ms leaves the timer half a period of lateness).
   EXPECT_LE(widest, 150'000'000u + queued)
       << "gaps:" << gaps.str() << "; the daemon waited " << queued / 1'000'000
-      << "ms for a CPU meanwhile; its threads: " << meanwhile;
+      << "ms for a CPU meanwhile; its threads: " << meanwhile.Describe();
   // And no more often than half the interval, about every 100ms: 75ms apart on average at
   // the least (a daemon kept waiting at the first ping shortens the span by that wait).
   EXPECT_LE(sent.size() - 1, (span + queued) / 75'000'000u) << "gaps:" << gaps.str();

@@ -66,9 +66,12 @@ inline uint64_t RunQueueWaitNs(pid_t pid) {
 // it, so that a failure says whether the process computed, waited for a CPU, paged in or slept.
 struct ThreadTimes {
   uint64_t on_cpu_ns = 0, waiting_ns = 0, major_faults = 0, voluntary = 0, involuntary = 0;
+  // A thread that ended between the two takes its share with it: a field never goes below 0.
   ThreadTimes operator-(const ThreadTimes& o) const {
-    return {on_cpu_ns - o.on_cpu_ns, waiting_ns - o.waiting_ns, major_faults - o.major_faults,
-            voluntary - o.voluntary, involuntary - o.involuntary};
+    auto less = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+    return {less(on_cpu_ns, o.on_cpu_ns), less(waiting_ns, o.waiting_ns),
+            less(major_faults, o.major_faults), less(voluntary, o.voluntary),
+            less(involuntary, o.involuntary)};
   }
   std::string Describe() const {
     return std::to_string(on_cpu_ns / 1'000'000) + "ms on a CPU, " +
