@@ -108,6 +108,7 @@ void FleetModel::GoLocal(Host& h, shm::DependencySlot& slot, int64_t now_ns) {
     SetFloor(slot, local_floor_, local_burst_);
   }
   h.joined = false;
+  ++counters_.fallbacks;
   h.open_known = false;
   h.lease = -1;  // the store frees it at its expiry
   h.close_at_ns = -1;

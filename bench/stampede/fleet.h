@@ -64,6 +64,7 @@ struct FleetCounters {
   uint64_t closed = 0;       // held breakers closed on the fleet's success (kFleetClosed)
   uint64_t reopened = 0;     // held breakers reopened on the fleet's failure (kFleetReopened)
   uint64_t local_syncs = 0;  // host syncs that found the store unreachable
+  uint64_t fallbacks = 0;    // times a joined host lost the store and began deciding alone
 };
 
 class FleetModel {

@@ -937,6 +937,7 @@ int main(int argc, char** argv) {
     const retryd::shm::SegmentHeader& h = seg->header();
     r.fleet.trips += h.fleet_trips.load(std::memory_order_relaxed);
     r.fleet.leases += h.fleet_leases.load(std::memory_order_relaxed);
+    r.fleet.fallbacks += h.fleet_fallbacks.load(std::memory_order_relaxed);
   }
   // A run ended early (--stop_when_closed) ends, in its figures, with the bin it stopped in.
   Scenario report_sc = sc;

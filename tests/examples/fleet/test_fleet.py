@@ -438,3 +438,35 @@ def test_scenario_incident_kinds(tmp_path):
     bad = scenario(tmp_path, name="bad.toml", stall='[[stall]]\nkind = "flood"\n')
     out = subprocess.run([STAMPEDE, f"--scenario={bad}"], capture_output=True, text=True)
     assert out.returncode == 2 and 'stall[0].kind must be "stall", "errors" or "refused"' in out.stderr
+
+
+COMPARE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "fleet", "fleet_compare.py")
+
+
+def summary_csv(path, runs):
+    """A --summary_csv of two hosts, one row per run: (probes per reopening, fleet_fallbacks)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["strategy", "open_s_each_host", "stall_sent_each_host", "probes_each_host",
+                    "probes_per_reopening", "closed_after_s", "fleet_fallbacks"])
+        for probes, fallbacks in runs:
+            w.writerow(["fleet", "1.0 1.2", "100 90", f"{probes} 0", probes, "2.0", fallbacks])
+    return str(path)
+
+
+def test_fleet_compare_leaves_out_a_real_run_in_which_the_store_was_lost(tmp_path):
+    sim = summary_csv(tmp_path / "sim.csv", [(3, 0), (3, 0), (4, 0)])
+    compare = lambda runs: subprocess.run(
+        ["python3", COMPARE, summary_csv(tmp_path / "real.csv", runs), sim, "--check=1"],
+        capture_output=True, text=True)
+    # Hosts that decided alone probed alone: 8 probes, named and not compared; none left: 3.
+    out = compare([(8, 6)])
+    assert out.returncode == 3, out
+    assert "real run 1: its daemons lost the store 6 times in all" in out.stderr, out.stderr
+    # The run that kept the store is compared alone.
+    out = compare([(8, 6), (4, 0)])
+    assert out.returncode == 0, out
+    assert "real (1 runs)" in out.stdout and "real run 1:" in out.stderr and "real run 2" not in out.stderr
+    # The same probes with the store kept throughout disagree.
+    out = compare([(8, 0)])
+    assert out.returncode == 1 and "disagree: probes per fleet-wide reopening" in out.stderr, out
