@@ -2,12 +2,14 @@
 // the config into it.
 #include <fcntl.h>
 #include <glog/logging.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -28,6 +30,62 @@ void RaiseFileLimit(uint32_t max_processes) {
     LOG(WARNING) << "daemon: open-file limit " << lim.rlim_cur << " is below max_processes + 256 ("
                  << want << "): dead workers past the limit are found by lease expiry only";
   }
+}
+
+// LockCode locks in memory the file-backed mappings nobody writes (the program's and its
+// libraries' code and read-only data), faulting them in first. A host short of memory reclaims
+// file pages that have not been touched for a while (kswapd, or a proactive reclaimer such as
+// DAMON's pageout); a code path the daemon takes again after a quiet minute then waits on the
+// disk, for hundreds of milliseconds when the disk is busy, and its tick (watchdog pings,
+// reaping, the fleet's syncs) with it. Its heap and stacks are anonymous: paged out only to
+// swap, and not locked. Needs RLIMIT_MEMLOCK above the size (the unit's LimitMEMLOCK=) or
+// CAP_IPC_LOCK; without them the daemon runs unlocked and says so.
+void LockCode() {
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) {
+    LOG(WARNING) << "daemon: cannot lock its code in memory: /proc/self/maps: "
+                 << std::strerror(errno);
+    return;
+  }
+  uint64_t locked = 0, refused = 0;
+  int error = 0;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long begin = 0, end = 0;
+    char perms[8] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &begin, &end, perms, &path_at) < 3 ||
+        path_at == 0 || line[path_at] != '/' || perms[1] == 'w' ||
+        std::strncmp(line + path_at, "/memfd:", 7) == 0) {
+      continue;
+    }
+    if (mlock(reinterpret_cast<void*>(begin), end - begin) == 0) {
+      locked += end - begin;
+    } else {
+      refused += end - begin;
+      if (error == 0) error = errno;
+    }
+  }
+  std::fclose(maps);
+  const auto mib = [](uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f MiB", double(bytes) / double(1 << 20));
+    return std::string(text);
+  };
+  if (refused == 0) {
+    LOG(INFO) << "daemon: " << mib(locked)
+              << " of code and read-only data locked in memory (reclaim cannot page out what the "
+                 "tick runs)";
+    return;
+  }
+  rlimit lim{};
+  getrlimit(RLIMIT_MEMLOCK, &lim);
+  LOG(WARNING) << "daemon: cannot lock all its code in memory: " << mib(locked) << " of "
+               << mib(locked + refused) << " locked (mlock: " << std::strerror(error)
+               << "; RLIMIT_MEMLOCK "
+               << (lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : mib(lim.rlim_cur))
+               << "): on a host short of memory, its tick, watchdog pings and fleet syncs may wait "
+                  "on the disk. Raise the limit (the unit's LimitMEMLOCK=) to lock it";
 }
 
 // ProcHidesOthers: does /proc hide processes other than this user's (hidepid=, or the unit's
@@ -197,6 +255,7 @@ Status Daemon::Start(const DaemonOptions& options, std::unique_ptr<Daemon>* out)
   if (Status st = ResolveOwnership(cfg.daemon, cfg.source, &uid, &gid); !st.ok()) return st;
   if (Status st = CheckPermissions(cfg.daemon, cfg.source, uid, gid); !st.ok()) return st;
   RaiseFileLimit(cfg.daemon.max_processes);
+  LockCode();
 
   if (Status st = cfg.daemon.socket.empty() ? d->OpenNamedSegment(cfg, uid, gid)
                                             : d->OpenSealedSegment(cfg, uid, gid);

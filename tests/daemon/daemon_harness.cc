@@ -281,7 +281,7 @@ void NotifySocket::Flush() {
 
 DaemonProcess::DaemonProcess(const std::vector<std::string>& args, const std::string& notify_path,
                              const std::vector<std::string>& env,
-                             const std::vector<StoredFd>& passed) {
+                             const std::vector<StoredFd>& passed, void (*in_child)()) {
   log_path_ = TempPath(".log");
   const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   std::vector<std::string> daemon_env = {"WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
@@ -314,6 +314,7 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& args, const std::st
     for (size_t i = 0; i < n; ++i) dup2(high[i], 3 + int(i));
     if (listen_pid != nullptr) FormatPid(getpid(), listen_pid);
     if (log >= 0) dup2(log, STDERR_FILENO);
+    if (in_child != nullptr) in_child();
     exec.Run();
   }
   if (log >= 0) close(log);

@@ -74,8 +74,11 @@ class NotifySocket {
 // LISTEN_FDS, LISTEN_PID and LISTEN_FDNAMES set.
 class DaemonProcess {
  public:
+  // `in_child`, if set, runs in the child just before the exec: async-signal-safe calls only
+  // (setrlimit, prctl), as between fork and exec in a threaded test.
   DaemonProcess(const std::vector<std::string>& args, const std::string& notify_path,
-                const std::vector<std::string>& env = {}, const std::vector<StoredFd>& passed = {});
+                const std::vector<std::string>& env = {}, const std::vector<StoredFd>& passed = {},
+                void (*in_child)() = nullptr);
   ~DaemonProcess();  // kills (SIGKILL) and reaps a child still running
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;

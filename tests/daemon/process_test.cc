@@ -6,7 +6,11 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
+#include <linux/capability.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -949,6 +954,100 @@ TEST_F(DaemonProcessTest, PingsTheWatchdogAtHalfTheInterval) {
   // And no more often than half the interval, about every 100ms: 75ms apart on average at
   // the least (a daemon kept waiting at the first ping shortens the span by that wait).
   EXPECT_LE(sent.size() - 1, (span + queued) / 75'000'000u) << "gaps:" << gaps.str();
+}
+
+// One mapping of /proc/PID/smaps: its range, permissions, file, Size and Rss, and whether it is
+// locked (VmFlags "lo": smaps' Locked is a proportional share, less than Rss for a page that
+// two mappings share).
+struct Mapping {
+  unsigned long begin = 0, end = 0;
+  std::string perms, path;
+  uint64_t size_kb = 0, rss_kb = 0;
+  bool locked = false;
+};
+
+std::vector<Mapping> MappingsOf(pid_t pid) {
+  std::vector<Mapping> out;
+  std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/smaps"));
+  for (std::string line; std::getline(in, line);) {
+    Mapping m;
+    char perms[8] = {};
+    int path_at = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %*s %*s %*s %n", &m.begin, &m.end, perms,
+                    &path_at) >= 3 && path_at > 0) {
+      m.perms = perms;
+      m.path = line.substr(size_t(path_at));
+      out.push_back(m);
+      continue;
+    }
+    unsigned long long kb = 0;
+    if (out.empty()) continue;
+    if (std::sscanf(line.c_str(), "Size: %llu kB", &kb) == 1) out.back().size_kb = kb;
+    if (std::sscanf(line.c_str(), "Rss: %llu kB", &kb) == 1) out.back().rss_kb = kb;
+    if (line.rfind("VmFlags:", 0) == 0) out.back().locked = (line + " ").find(" lo ") != std::string::npos;
+  }
+  return out;
+}
+
+// The daemon's own program, as it maps it: its code and read-only data.
+std::vector<Mapping> ProgramMappings(pid_t pid) {
+  std::vector<Mapping> out;
+  const std::string program =
+      std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe").string();
+  for (const Mapping& m : MappingsOf(pid)) {
+    if (m.path == program && m.perms[1] != 'w') out.push_back(m);
+  }
+  return out;
+}
+
+// A host short of memory reclaims file pages not touched for a while (here as DAMON's pageout
+// scheme does: MADV_PAGEOUT on the daemon's mappings). With a busy disk, a daemon whose code
+// was paged out waited on page faults for 100 to 800 ms per tick (its watchdog's gaps, 58 to
+// 66 major faults in 1.2 s); its code and read-only data are locked, and stay.
+TEST_F(DaemonProcessTest, ItsCodeIsLockedInMemoryAndStaysThereUnderReclaim) {
+  auto d = StartDaemon(Config(""));
+  EXPECT_NE(d->Log().find(" of code and read-only data locked in memory"), std::string::npos)
+      << d->Log();
+  const std::vector<Mapping> before = ProgramMappings(d->pid());
+  ASSERT_FALSE(before.empty()) << ReadFile("/proc/" + std::to_string(d->pid()) + "/maps");
+  std::vector<iovec> ranges;
+  for (const Mapping& m : before) {
+    EXPECT_TRUE(m.locked) << m.perms << " " << m.path;
+    EXPECT_EQ(m.rss_kb, m.size_kb) << m.perms << " " << m.path;
+    ranges.push_back({reinterpret_cast<void*>(m.begin), m.end - m.begin});
+  }
+  const int pidfd = int(syscall(SYS_pidfd_open, d->pid(), 0));
+  ASSERT_GE(pidfd, 0) << std::strerror(errno);
+  constexpr int kPageout = 21;  // MADV_PAGEOUT, Linux 5.4
+  const long paged = syscall(SYS_process_madvise, pidfd, ranges.data(), ranges.size(), kPageout, 0);
+  const int error = errno;
+  close(pidfd);
+  if (paged < 0 && (error == ENOSYS || error == EPERM)) {
+    GTEST_SKIP() << "process_madvise: " << std::strerror(error)
+                 << " (Linux 5.10 and CAP_SYS_NICE needed to page out another process)";
+  }
+  // EINVAL: the kernel refuses to page out locked pages (madvise(2)); DAMON skips them.
+  ASSERT_TRUE(paged >= 0 || error == EINVAL) << std::strerror(error);
+  for (const Mapping& m : ProgramMappings(d->pid())) {
+    EXPECT_EQ(m.rss_kb, m.size_kb) << "paged out: " << m.perms << " " << m.path;
+  }
+}
+
+// Without the privilege or the limit to lock (a unit with a low LimitMEMLOCK=), the daemon
+// runs, and its log says what it could not lock and which limit to raise.
+TEST_F(DaemonProcessTest, RunsAndSaysSoWhenItCannotLockItsCode) {
+  WriteFile(config_, Config(""));
+  DaemonProcess d({"--config=" + config_}, notify_.path(), {}, {}, +[] {
+    prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0);  // root keeps no CAP_IPC_LOCK across exec
+    const rlimit lim{64 << 10, 64 << 10};
+    setrlimit(RLIMIT_MEMLOCK, &lim);
+  });
+  ASSERT_NE(notify_.WaitFor("READY=1", kReadyTimeoutMs), "") << d.Log();
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("daemon: cannot lock all its code in memory: "), std::string::npos) << log;
+  EXPECT_NE(log.find("; RLIMIT_MEMLOCK 0.1 MiB): on a host short of memory"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("Raise the limit (the unit's LimitMEMLOCK=)"), std::string::npos) << log;
 }
 
 TEST_F(DaemonProcessTest, StartFailsWithTheConfigError) {
