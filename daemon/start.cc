@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,8 +33,9 @@ void RaiseFileLimit(uint32_t max_processes) {
   }
 }
 
-// LockCode locks in memory the file-backed mappings nobody writes (the program's and its
-// libraries' code and read-only data), faulting them in first. A host short of memory reclaims
+// LockCode locks in memory the file-backed mappings that are read and never written (the
+// program's and its libraries' code and read-only data; not the inaccessible gaps between a
+// library's segments), faulting them in first. A host short of memory reclaims
 // file pages that have not been touched for a while (kswapd, or a proactive reclaimer such as
 // DAMON's pageout); a code path the daemon takes again after a quiet minute then waits on the
 // disk, for hundreds of milliseconds when the disk is busy, and its tick (watchdog pings,
@@ -55,11 +57,13 @@ void LockCode() {
     char perms[8] = {};
     int path_at = 0;
     if (std::sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &begin, &end, perms, &path_at) < 3 ||
-        path_at == 0 || line[path_at] != '/' || perms[1] == 'w' ||
+        path_at == 0 || line[path_at] != '/' || perms[0] != 'r' || perms[1] == 'w' ||
         std::strncmp(line + path_at, "/memfd:", 7) == 0) {
       continue;
     }
-    if (mlock(reinterpret_cast<void*>(begin), end - begin) == 0) {
+    // The system call itself: the sanitizers' runtimes turn mlock() into a no-op that succeeds
+    // (they keep mlockall from locking their shadow memory), which would hide this in tests.
+    if (syscall(SYS_mlock, begin, end - begin) == 0) {
       locked += end - begin;
     } else {
       refused += end - begin;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <sstream>
 #include <cstdio>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
