@@ -30,11 +30,12 @@
 // (publish a config, reload), watch.cc (log what others changed, and full tables),
 // metrics_file.cc (the textfile), daemon.cc (the loop and the tick). A new subsystem that talks
 // to the outside gets its own file, and its fd in Run's poll set or, if it blocks, a thread of
-// its own (the fleet, fleet.h: docs/ARCHITECTURE.md).
+// its own (the fleet, fleet.h; the textfile's writer, metrics_file.h: docs/ARCHITECTURE.md).
 //
 // Thread safety: not thread-safe. One thread owns a Daemon; signals arrive through a
 // signalfd that `Run` reads, never in a handler. The fleet's thread, if any, shares only the
-// segment's atomic words and Fleet's own locked hand-over of the fleet dependencies.
+// segment's atomic words and Fleet's own locked hand-over of the fleet dependencies; the
+// textfile's writer only the rendered text it is handed.
 #pragma once
 
 #include <sys/types.h>
@@ -48,6 +49,7 @@
 #include "daemon/attach_server.h"
 #include "daemon/config.h"
 #include "daemon/fleet.h"
+#include "daemon/metrics_file.h"
 #include "retryd/status.h"
 #include "shm/admission.h"
 #include "shm/registry.h"
@@ -172,6 +174,7 @@ class Daemon {
   void Observe(uint32_t index, bool log_changes);
   void ObserveAll(bool log_changes);
   void CheckEvents(uint64_t now_ns);
+  // WriteMetrics renders the textfile and hands it to metrics_writer_ (never waits on the disk).
   void WriteMetrics(uint64_t now_ns);
   void Notify(const std::string& message);
   void ArmTimer();
@@ -207,7 +210,8 @@ class Daemon {
   uint64_t last_watchdog_ns_ = 0;
   uint64_t next_status_ns_ = 0;
   uint64_t next_metrics_ns_ = 0;
-  uint64_t metrics_error_logged_ns_ = 0;
+  // Writes the textfile off the tick ([daemon] metrics_textfile), or null until the first write.
+  std::unique_ptr<MetricsFileWriter> metrics_writer_;
   std::string last_status_;
   std::string last_reload_error_;
 

@@ -1,15 +1,21 @@
-// The daemon's Prometheus textfile: rendered from the segment and replaced atomically (write a
-// temporary file, then rename), so that node_exporter never reads half a file.
+// The daemon's Prometheus textfile: rendered by the tick, written by a thread of its own
+// (metrics_file.h).
+#include "daemon/metrics_file.h"
+
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "daemon/daemon.h"
 #include "daemon/metrics.h"
+#include "shm/clock.h"
 
 namespace retryd::daemon {
 namespace {
@@ -18,34 +24,101 @@ constexpr uint64_t kMetricsErrorPeriodNs = 60'000'000'000;
 
 }  // namespace
 
-void Daemon::WriteMetrics(uint64_t now_ns) {
-  const std::string& path = config_.daemon.metrics_textfile;
-  const std::string text = RenderPrometheus(*segment_, now_ns);
+struct MetricsFileWriter::State {
+  std::mutex mu;
+  std::condition_variable changed;  // a post, a stop, or the thread's end
+  bool stop = false;
+  bool done = false;  // the thread has returned from its loop
+  bool pending = false;
+  std::string path, text;  // the text to write next, if pending
+  std::string writing;     // the path of the write under way, for the log
+  uint64_t error_logged_ns = 0;
+};
+
+namespace {
+
+// WriteFile puts `text` in place at `path` through a temporary file and a rename. "" if done,
+// else what failed (errno tells why).
+std::string WriteFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  std::string failed;
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    failed = "open " + tmp;
-  } else {
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        failed = "write " + tmp;
-        break;
-      }
-      done += size_t(n);
+  if (fd < 0) return "open " + tmp;
+  std::string failed;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      failed = "write " + tmp;
+      break;
     }
-    if (close(fd) != 0 && failed.empty()) failed = "close " + tmp;
-    if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) failed = "rename to " + path;
-    if (!failed.empty()) unlink(tmp.c_str());
+    done += size_t(n);
   }
-  if (!failed.empty() && (metrics_error_logged_ns_ == 0 ||
-                          now_ns - metrics_error_logged_ns_ >= kMetricsErrorPeriodNs)) {
-    metrics_error_logged_ns_ = now_ns;
-    LOG(WARNING) << "metrics: " << failed << ": " << std::strerror(errno);
+  if (close(fd) != 0 && failed.empty()) failed = "close " + tmp;
+  if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) failed = "rename to " + path;
+  if (!failed.empty()) {
+    const int error = errno;
+    unlink(tmp.c_str());
+    errno = error;
   }
+  return failed;
+}
+
+}  // namespace
+
+MetricsFileWriter::MetricsFileWriter()
+    : state_(std::make_shared<State>()), thread_([s = state_] { Loop(s); }) {}
+
+MetricsFileWriter::~MetricsFileWriter() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->stop = true;
+  state_->changed.notify_all();
+  if (state_->changed.wait_for(lock, std::chrono::milliseconds(kStopWaitMs),
+                               [this] { return state_->done; })) {
+    lock.unlock();
+    thread_.join();
+    return;
+  }
+  LOG(WARNING) << "metrics: still writing " << state_->writing << " after " << kStopWaitMs
+               << "ms (the file system does not answer): left behind";
+  thread_.detach();  // it holds the state; the process is about to end
+}
+
+void MetricsFileWriter::Post(std::string path, std::string text) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->path = std::move(path);
+  state_->text = std::move(text);
+  state_->pending = true;
+  state_->changed.notify_all();
+}
+
+void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  for (;;) {
+    s->changed.wait(lock, [&] { return s->pending || s->stop; });
+    if (!s->pending) break;  // stopping, nothing left to write
+    const std::string path = std::move(s->path);
+    const std::string text = std::move(s->text);
+    s->pending = false;
+    s->writing = path;
+    lock.unlock();
+    const std::string failed = WriteFile(path, text);
+    const int error = errno;
+    lock.lock();
+    const uint64_t now_ns = shm::PreciseNowNs();
+    if (!failed.empty() &&
+        (s->error_logged_ns == 0 || now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs)) {
+      s->error_logged_ns = now_ns;
+      LOG(WARNING) << "metrics: " << failed << ": " << std::strerror(error);
+    }
+  }
+  s->done = true;
+  s->changed.notify_all();
+}
+
+void Daemon::WriteMetrics(uint64_t now_ns) {
+  if (!metrics_writer_) metrics_writer_ = std::make_unique<MetricsFileWriter>();
+  metrics_writer_->Post(config_.daemon.metrics_textfile, RenderPrometheus(*segment_, now_ns));
 }
 
 }  // namespace retryd::daemon

@@ -2,7 +2,6 @@
 // mode set by retryctl, breaker transitions) and conditions that must never be silent (a full
 // table or registry, unconfigured names), logged with a rate limit.
 #include <glog/logging.h>
-#include <pwd.h>
 
 #include <algorithm>
 #include <iterator>
@@ -69,10 +68,10 @@ void Daemon::Observe(uint32_t index, bool log_changes) {
         const uint64_t setter = slot.mode_setter.load(kRelaxed);
         std::string by;
         if (shm::ModeSetter::Known(setter)) {
-          const uid_t uid = shm::ModeSetter::Uid(setter);
-          const passwd* pw = getpwuid(uid);
+          // The uid alone: its name would be a lookup in the user database (NSS: files, but
+          // also sssd or LDAP), which may wait on a disk or a server, and the tick must not.
           by = " (set by pid " + std::to_string(shm::ModeSetter::Pid(setter)) + ", uid " +
-               std::to_string(uid) + (pw ? " " + std::string(pw->pw_name) : std::string()) + ")";
+               std::to_string(shm::ModeSetter::Uid(setter)) + ")";
         }
         LOG(INFO) << "dependency " << shm::ReadName(slot) << ": mode "
                   << shm::ModeName(shm::Mode(old.mode)) << " -> "

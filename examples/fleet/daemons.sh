@@ -8,13 +8,15 @@
 #       redis-server of its own on 127.0.0.1, then one retryd per host with its host id and the
 #       store (--print_config --host_index --redis). Nothing for a `process` strategy. Returns
 #       once every daemon has logged "daemon: ready" (its segment exists a moment before it is
-#       initialized: a worker that attaches then finds no dependency), or 1 if one exited or did
-#       not say so within 10 s. Sets `host_segments` (comma-separated, in host order); the logs
+#       initialized: a worker that attaches then finds no dependency) and, for a fleet, that it
+#       joined the store (until then it decides alone, which no scenario models), or 1 if one
+#       exited or did not say so within 10 s. Sets `host_segments` (comma-separated, in host order); the logs
 #       are OUTDIR/retryd-TAG-H.log and OUTDIR/redis-TAG.log.
 #   stop_started
 #       Stops what start_hosts started (by the pids it saved) and removes its segments.
-#   wait_ready PID LOG
-#       Until LOG says "daemon: ready" (10 s at most, or until PID exits): 0 once it does.
+#   wait_ready PID LOG [TEXT]
+#       Until LOG says TEXT (default "daemon: ready"; 10 s at most, or until PID exits): 0 once
+#       it does.
 #   stop_pids PID...
 #       Asks each process to stop (SIGTERM, and SIGCONT for one that was stopped), gives it 10 s,
 #       then kills it (SIGKILL); each is reaped. A stopped daemon cannot hang its caller.
@@ -42,15 +44,16 @@ stop_started() {
   started_pids=() started_segments=() host_segments=""
 }
 
-# wait_ready PID LOG: until LOG says "daemon: ready"; 1 if PID exits first or after 10 s.
+# wait_ready PID LOG [TEXT]: until LOG says TEXT ("daemon: ready"); 1 if PID exits first or
+# after 10 s.
 wait_ready() {
-  local pid=$1 log=$2 _
+  local pid=$1 log=$2 text=${3:-daemon: ready} _
   for _ in $(seq 200); do
-    grep -q "daemon: ready" "$log" 2>/dev/null && return 0
+    grep -qF "$text" "$log" 2>/dev/null && return 0
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
   done
-  echo "daemons.sh: the retryd logging to $log is not ready:" >&2
+  echo "daemons.sh: the retryd logging to $log is not ready (no '$text' within 10 s):" >&2
   tail -5 "$log" >&2
   return 1
 }
@@ -91,5 +94,8 @@ start_hosts() {
   done
   for h in $(seq 0 $((hosts - 1))); do
     wait_ready "${pids[$h]}" "$out/retryd-$tag-$h.log" || return 1
+    if [ "$scope" = fleet ]; then
+      wait_ready "${pids[$h]}" "$out/retryd-$tag-$h.log" "fleet: host host-$h joined" || return 1
+    fi
   done
 }

@@ -7,7 +7,11 @@
 # The scenarios assume a store that answers. A real run in which a daemon lost it (a command
 # slower than the fleet's 250 ms timeout: on a loaded machine, Redis or a fleet thread kept off
 # a CPU) ran hosts that decided alone for a while; fleet_compare.py names it and exits 3, and the
-# scenario runs again, three times at most, each loss shown with the daemons' own lines.
+# scenario runs again, three times at most, each loss shown with the run's figures and the
+# daemons' own lines. A loss at any moment of a run leaves the run out, even one after every
+# breaker closed (the count has no time): a disagreement of such a run is not judged, which a
+# loss in each of the three attempts turns into a failure. The workers start only once every
+# daemon has joined the store (daemons.sh).
 # Usage: fleet_compare_test.sh BUILD_DIR SOURCE_DIR WORKDIR
 set -euo pipefail
 build=$1 src=$2 dir=$3
@@ -18,7 +22,8 @@ for s in fleet_quiet_prober fleet_recovery; do
     RUNS=1 SIM_RUNS=5 CHECK=1 "$src/examples/fleet/fleet_compare.sh" "$build" \
       "$src/bench/stampede/scenarios/$s.toml" "$out" || rc=$?
     [ "$rc" -eq 3 ] || break
-    echo "$s: attempt $attempt lost the store; what the daemons said:" >&2
+    echo "$s: attempt $attempt lost the store; its figures, and what the daemons said:" >&2
+    grep -hE "probes|fleet:|closed after" "$out"/*.1.txt >&2 || true
     grep -h "^W.*fleet: .*deciding locally" "$out"/retryd-*.log >&2 || true
   done
   [ "$rc" -eq 0 ] || {
