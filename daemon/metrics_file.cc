@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 
 #include "daemon/daemon.h"
 #include "daemon/metrics.h"
@@ -32,35 +33,37 @@ struct MetricsFileWriter::State {
   bool pending = false;
   std::string path, text;  // the text to write next, if pending
   std::string writing;     // the path of the write under way, for the log
+  bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
 };
 
 namespace {
 
 // WriteFile puts `text` in place at `path` through a temporary file and a rename. "" if done,
-// else what failed (errno tells why).
+// else what failed and why.
 std::string WriteFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const auto why = [](const std::string& what, int error) {
+    return what + ": " + (error != 0 ? std::strerror(error) : "no progress");
+  };
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return "open " + tmp;
+  if (fd < 0) return why("open " + tmp, errno);
   std::string failed;
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      failed = "write " + tmp;
+      failed = why("write " + tmp, n < 0 ? errno : 0);
       break;
     }
     done += size_t(n);
   }
-  if (close(fd) != 0 && failed.empty()) failed = "close " + tmp;
-  if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) failed = "rename to " + path;
-  if (!failed.empty()) {
-    const int error = errno;
-    unlink(tmp.c_str());
-    errno = error;
+  if (close(fd) != 0 && failed.empty()) failed = why("close " + tmp, errno);
+  if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) {
+    failed = why("rename to " + path, errno);
   }
+  if (!failed.empty()) unlink(tmp.c_str());
   return failed;
 }
 
@@ -79,7 +82,10 @@ MetricsFileWriter::~MetricsFileWriter() {
     thread_.join();
     return;
   }
-  LOG(WARNING) << "metrics: still writing " << state_->writing << " after " << kStopWaitMs
+  state_->abandoned = true;
+  const std::string writing = state_->writing;
+  lock.unlock();
+  LOG(WARNING) << "metrics: still writing " << writing << " after " << kStopWaitMs
                << "ms (the file system does not answer): left behind";
   thread_.detach();  // it holds the state; the process is about to end
 }
@@ -103,21 +109,31 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     s->writing = path;
     lock.unlock();
     const std::string failed = WriteFile(path, text);
-    const int error = errno;
-    lock.lock();
+    // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up
+    // neither Post nor the destructor's bounded wait.
     const uint64_t now_ns = shm::PreciseNowNs();
-    if (!failed.empty() &&
-        (s->error_logged_ns == 0 || now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs)) {
-      s->error_logged_ns = now_ns;
-      LOG(WARNING) << "metrics: " << failed << ": " << std::strerror(error);
-    }
+    lock.lock();
+    const bool log = !failed.empty() && !s->abandoned &&
+                     (s->error_logged_ns == 0 ||
+                      now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs);
+    if (log) s->error_logged_ns = now_ns;
+    lock.unlock();
+    if (log) LOG(WARNING) << "metrics: " << failed;
+    lock.lock();
   }
   s->done = true;
   s->changed.notify_all();
 }
 
 void Daemon::WriteMetrics(uint64_t now_ns) {
-  if (!metrics_writer_) metrics_writer_ = std::make_unique<MetricsFileWriter>();
+  if (!metrics_writer_) {
+    try {
+      metrics_writer_ = std::make_unique<MetricsFileWriter>();
+    } catch (const std::system_error& e) {  // no thread to be had (a pids limit): next time
+      LOG(WARNING) << "metrics: cannot start the textfile's writer: " << e.what();
+      return;
+    }
+  }
   metrics_writer_->Post(config_.daemon.metrics_textfile, RenderPrometheus(*segment_, now_ns));
 }
 

@@ -9,8 +9,8 @@
 #       store (--print_config --host_index --redis). Nothing for a `process` strategy. Returns
 #       once every daemon has logged "daemon: ready" (its segment exists a moment before it is
 #       initialized: a worker that attaches then finds no dependency) and, for a fleet, that it
-#       joined the store (until then it decides alone, which no scenario models), or 1 if one
-#       exited or did not say so within 10 s. Sets `host_segments` (comma-separated, in host order); the logs
+#       joined the store (until then it decides alone, which no scenario models); 1 if one
+#       exited or was not ready within 10 s, 3 if one had not joined 10 s after it was. Sets `host_segments` (comma-separated, in host order); the logs
 #       are OUTDIR/retryd-TAG-H.log and OUTDIR/redis-TAG.log.
 #   stop_started
 #       Stops what start_hosts started (by the pids it saved) and removes its segments.
@@ -95,7 +95,7 @@ start_hosts() {
   for h in $(seq 0 $((hosts - 1))); do
     wait_ready "${pids[$h]}" "$out/retryd-$tag-$h.log" || return 1
     if [ "$scope" = fleet ]; then
-      wait_ready "${pids[$h]}" "$out/retryd-$tag-$h.log" "fleet: host host-$h joined" || return 1
+      wait_ready "${pids[$h]}" "$out/retryd-$tag-$h.log" "fleet: host host-$h joined" || return 3
     fi
   done
 }

@@ -9,7 +9,8 @@
 # daemon; then the simulator runs the same file over seeds 1..SIM_RUNS. fleet_compare.py prints
 # the fleet's figures side by side (each host's first open, probes per fleet-wide reopening,
 # every breaker closed after the stall, each host's attempts during the stall) and, with
-# CHECK=1, exits 1 if real and simulated disagree beyond the tolerances it states.
+# CHECK=1, exits 1 if real and simulated disagree beyond the tolerances it states, 3 if no real
+# run kept the store throughout (or a daemon never joined it).
 #
 # Usage: fleet_compare.sh BUILD_DIR SCENARIO OUTDIR [STRATEGY]   (default: its first fleet one)
 # Environment: RUNS (real runs, default 3), SIM_RUNS (default 10), CHECK (0 or 1), RETRYD (the
@@ -44,7 +45,8 @@ hosts=$("$stampede" --scenario="$scenario" --print_hosts)
 trap stop_started EXIT
 
 for run in $(seq "$runs"); do
-  start_hosts "$fleet" "$retryd" "$scenario" "$strategy" fleet "$hosts" "$out" "$run" || exit 1
+  # 3: a daemon did not join the store (as with a run that lost it: exit 3, see below).
+  start_hosts "$fleet" "$retryd" "$scenario" "$strategy" fleet "$hosts" "$out" "$run" || exit $?
   echo "run $run/$runs: $strategy on $hosts daemons" >&2
   "$fleet" --scenario="$scenario" --strategy="$strategy" --segments="$host_segments" --threads=16 \
     --workdir="$out" --summary_csv="$real_csv" --seed="$run" --csv="$out/$strategy.$run.csv" \
