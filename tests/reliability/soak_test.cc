@@ -222,6 +222,12 @@ TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
   EXPECT_GT(slots[kPool]->counters[shm::kRejectedBulkheadFull].load(), 0u) << "the pool never filled";
   EXPECT_GT(slots[kFlaky]->counters[shm::kOpened].load(), 0u) << "flaky never tripped";
   checks += 4 + board->checks.load();
+  // The last file written is the one in force: "extra" is configured after an odd number of
+  // reloads. However loaded the machine, the daemon gets to it.
+  const bool extra_last = reloads % 2 == 1;
+  EXPECT_TRUE(WaitUntil([&] { return (seg->Find("extra") >= 0) == extra_last; }, 10'000))
+      << "the last config written was never applied:\n" << daemon.Log();
+  const uint64_t generation = seg->header().generation.load();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(10'000), 0) << daemon.Log();
   const std::string log = daemon.Log();
@@ -229,7 +235,14 @@ TEST(SoakTest, InvariantsHoldUnderLoadTicksAndReloads) {
   for (size_t at = log.find("reload: "); at != std::string::npos; at = log.find("reload: ", at + 1)) {
     applied += log.compare(at, 8, "reload: ") == 0 && log.find(" applied", at) < log.find('\n', at);
   }
-  EXPECT_EQ(applied, reloads) << log;
+  // Signals of one kind do not queue: two SIGHUPs that the daemon had no turn to read between
+  // arrive as one, and that one reload reads the later file (a loaded run kept its loop off a
+  // CPU for 490 ms: 17 signals, 16 reloads, the last file applied). So no more reloads than
+  // signals, at least one, each counted in the segment's generation (1 at start), and the last
+  // file applied (above).
+  EXPECT_LE(applied, reloads) << log;
+  EXPECT_GE(applied, 1u) << log;
+  EXPECT_EQ(generation, 1 + applied) << log;
   Figure("seconds", elapsed_s);
   Figure("operations", double(operations));
   Figure("operations_per_second", double(operations) / elapsed_s);
