@@ -173,6 +173,8 @@ Summary Summarize(const Scenario& sc, const Result& r) {
   s.fleet_leases_lost = r.fleet.leases_lost;
   s.fleet_leases_unused = r.fleet.leases_unused;
   s.fleet_fallbacks = r.fleet.fallbacks;
+  s.calls = r.calls;
+  s.late_calls = r.late_calls;
   s.fleet_closed = r.fleet.closed;
   s.fleet_reopened = r.fleet.reopened;
   s.retries_denied = r.retries_denied;
@@ -318,7 +320,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
        "dropped_expired,outage_s,outage_over,other_user_requests,other_user_failed,"
        "reopenings,probes_per_reopening,probes_each_reopening,fleet_trips,fleet_leases,"
        "fleet_leases_lost,fleet_closed,fleet_reopened,fleet_leases_unused,closed_after_s,open_s_each_host,"
-       "stall_sent_each_host,breakers,breakers_tripped,peak_retries_1s,retry_bound_1s,probes_each_host,fleet_fallbacks\n";
+       "stall_sent_each_host,breakers,breakers_tripped,peak_retries_1s,retry_bound_1s,probes_each_host,fleet_fallbacks,calls,late_calls\n";
   for (const Summary& x : s) {
     o << x.strategy << ',' << Fmt("%.3f", x.peak_accepted_100ms) << ','
       << Fmt("%.3f", x.peak_accepted_1s) << ',' << Fmt("%.3f", x.peak_sent_100ms) << ','
@@ -337,7 +339,7 @@ std::string SummaryCsv(const std::vector<Summary>& s) {
       << x.fleet_leases_unused << ',' << Fmt("%.1f", x.closed_after_s) << ',' << x.open_s_each_host << ','
       << x.stall_sent_each_host << ',' << x.breakers << ',' << x.breakers_tripped << ','
       << x.peak_retries_1s << ',' << x.retry_bound_1s << ',' << x.probes_each_host << ','
-      << x.fleet_fallbacks << '\n';
+      << x.fleet_fallbacks << ',' << x.calls << ',' << x.late_calls << '\n';
   }
   return o.str();
 }

@@ -74,6 +74,8 @@ struct Summary {
   uint64_t fleet_closed = 0;
   uint64_t fleet_reopened = 0;
   uint64_t fleet_fallbacks = 0;  // a host lost the store: it decided alone until it rejoined
+  uint64_t calls = 0;            // Result::calls, late_calls (the real fleet's)
+  uint64_t late_calls = 0;
   uint64_t retries_denied = 0;
   uint64_t rejected_open = 0;
   // Retries the budgets granted in the busiest 1 s window (sent, per second), and what the

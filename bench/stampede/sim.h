@@ -82,6 +82,10 @@ struct Result {
   uint64_t other_user_requests = 0;
   uint64_t other_user_failed = 0;
   uint64_t other_attempts_sent = 0;
+  // The real fleet's calls, and those that started over 20 ms behind their schedule (its
+  // workers short of threads or CPU); 0 in the simulator, whose calls are never late.
+  uint64_t calls = 0;
+  uint64_t late_calls = 0;
 };
 
 // Run simulates `strategy` in `scenario` with generator seed `seed`.

@@ -855,6 +855,8 @@ int main(int argc, char** argv) {
     host.sent_in_stall += in_stall;
     calls += c;
     late += l;
+    r.calls += c;
+    r.late_calls += l;
     r.breaker_opened += bc.opened;
     r.breakers_tripped += bc.opened > 0 ? 1 : 0;
     r.half_opened += bc.half_opened;

@@ -1,20 +1,31 @@
 <?php
 // The page the php-fpm server test serves: one GET to the downstream through Guzzle with the
 // retryd retry middleware, answered as JSON with this child's pid, how many attempts it sent
-// and how the call ended. The client and dependency are per process (the extension's), so
+// (and how many of them on per-process limits) and how the call ended. The client and dependency are per process (the extension's), so
 // each FPM child attaches once, on its first request.
 declare(strict_types=1);
 require '/usr/share/php/GuzzleHttp/autoload.php';
 require getenv('RETRYD_PHP_SRC') . '/autoload.php';
 
+// Each attempt is counted, and those made on per-process limits apart (a child whose daemon
+// did not answer its attach within 20 ms on a loaded machine decides alone until it does: the
+// host's counters never see those).
+$client = new Retryd\Client();
 $sent = 0;
-$count = static function (callable $h) use (&$sent): callable {
-    return static function ($req, array $opts) use ($h, &$sent) {
+$sentLocal = 0;
+$firstLocal = false;
+$count = static function (callable $h) use (&$sent, &$sentLocal, &$firstLocal, $client): callable {
+    return static function ($req, array $opts) use ($h, &$sent, &$sentLocal, &$firstLocal, $client) {
+        $local = $client->isLocal();
+        if ($sent === 0) {
+            $firstLocal = $local;
+        }
         $sent++;
+        $sentLocal += $local ? 1 : 0;
         return $h($req, $opts);
     };
 };
-$orders = (new Retryd\Client())->dependency('downstream');
+$orders = $client->dependency('downstream');
 $stack = GuzzleHttp\HandlerStack::create();
 $stack->push(Retryd\Guzzle\Middleware::retry($orders,
     new Retryd\Policy(maxAttempts: 2, base: 0.01, cap: 0.05, deadline: 30.0, attemptTimeout: 15.0)));
@@ -30,6 +41,9 @@ try {
     $out['error'] = get_class($e) . ': ' . $e->getMessage();
 }
 $out['sent'] = $sent;
+$out['sent_local'] = $sentLocal;
+$out['first_local'] = $firstLocal;
+$out['local'] = $client->isLocal();
 // Keeps the child busy a moment so that concurrent requests spread over the pool.
 usleep(50000);
 header('Content-Type: application/json');

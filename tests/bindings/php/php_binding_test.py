@@ -466,16 +466,23 @@ def run_server_test(fpm, ctl, downstream, script):
     wait_for("every child to be refused by the open breaker", every_child_refused, interval=0)
     log(f"open: children {sorted(refused)} refused ({', '.join(sorted({a['rejected'] for a in answers if a['rejected']}))})")
 
-    # The host's counters are the sum of every child's calls.
+    # The host's counters are the sum of every child's calls, but for the attempts a child made
+    # on per-process limits (its attach unanswered within 20 ms on a loaded machine: it decides
+    # alone until the daemon answers), which only that child counted.
     dep = ctl.dep()
     c = dep["counters"]
     sent = sum(a["sent"] for a in answers)
+    sent_local = sum(a["sent_local"] for a in answers)
+    if sent_local:
+        log(f"{sent_local} attempts were made on per-process limits (a child's attach unanswered "
+            f"within 20 ms), not counted by the host")
+    sent -= sent_local
     completed = c["successes"] + c["failures"] + c["ignored"]
     if sent != completed:
-        fail(f"children sent {sent} attempts, the host counted {completed} ({c})")
+        fail(f"children sent {sent} attempts on host-wide limits, the host counted {completed} ({c})")
     per_child = collections.Counter()
     for a in answers:
-        per_child[a["pid"]] += a["sent"]
+        per_child[a["pid"]] += a["sent"] - a["sent_local"]
     if any(per_child[p] == 0 for p in pids):
         fail(f"a child sent nothing: {dict(per_child)}")
     log(f"counters: {sent} attempts from {len(per_child)} children "
@@ -485,13 +492,13 @@ def run_server_test(fpm, ctl, downstream, script):
         f"{c['rejected_open']}, rejected_half_open_busy {c['rejected_half_open_busy']}")
     # Each request whose first attempt was admitted sent it; every other attempt sent was a
     # granted retry.
-    admitted_first = sum(1 for a in answers if a["sent"] > 0)
+    admitted_first = sum(1 for a in answers if a["sent"] > 0 and not a["first_local"])
     if c["first_attempts"] != admitted_first:
         fail(f"first_attempts {c['first_attempts']}, but {admitted_first} requests sent one")
     if c["first_attempts"] + c["retries_granted"] != sent:
         fail(f"first_attempts {c['first_attempts']} + retries_granted {c['retries_granted']} "
              f"!= {sent} attempts sent")
-    refused_first = sum(1 for a in answers if a["rejected"] is not None)
+    refused_first = sum(1 for a in answers if a["rejected"] is not None and not a["local"])
     if c["rejected_open"] + c["rejected_half_open_busy"] < refused_first:
         fail(f"{refused_first} requests refused, the host counted fewer rejections")
 

@@ -444,13 +444,16 @@ COMPARE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", 
 
 
 def summary_csv(path, runs):
-    """A --summary_csv of two hosts, one row per run: (probes per reopening, fleet_fallbacks)."""
+    """A --summary_csv of two hosts, one row per run: (probes per reopening, fleet_fallbacks[,
+    late calls of 1,000])."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["strategy", "open_s_each_host", "stall_sent_each_host", "probes_each_host",
-                    "probes_per_reopening", "closed_after_s", "fleet_fallbacks"])
-        for probes, fallbacks in runs:
-            w.writerow(["fleet", "1.0 1.2", "100 90", f"{probes} 0", probes, "2.0", fallbacks])
+                    "probes_per_reopening", "closed_after_s", "fleet_fallbacks", "calls",
+                    "late_calls"])
+        for probes, fallbacks, *late in runs:
+            w.writerow(["fleet", "1.0 1.2", "100 90", f"{probes} 0", probes, "2.0", fallbacks,
+                        1000, late[0] if late else 0])
     return str(path)
 
 
@@ -470,3 +473,10 @@ def test_fleet_compare_leaves_out_a_real_run_in_which_the_store_was_lost(tmp_pat
     # The same probes with the store kept throughout disagree.
     out = compare([(8, 0)])
     assert out.returncode == 1 and "disagree: probes per fleet-wide reopening" in out.stderr, out
+    # A run whose workers started over 1 % of their calls late is left out the same way; 1 %
+    # itself is compared.
+    out = compare([(8, 0, 11)])
+    assert out.returncode == 3, out
+    assert "real run 1: 11 of its 1000 calls started over 20 ms late" in out.stderr, out.stderr
+    out = compare([(8, 0, 10)])
+    assert out.returncode == 1, out
