@@ -7,9 +7,9 @@ Both files have the simulator's --summary_csv columns, one row per run (with --s
 rows of that strategy only, as compare.sh writes them for several). Each cell is the
 median over the runs, with the range in brackets. With --check=1 the exit status is 1 if a
 figure disagrees beyond its tolerance. A real run in which a daemon lost the store (column
-fleet_fallbacks: its host decided alone for a while, which the scenario does not model), or
-whose workers started over 1 % of their calls more than 20 ms late (columns calls, late_calls),
-is named and left out; with --check=1 the exit status is 3 if that leaves no real run. A figure agrees when the real median is within the
+fleet_fallbacks: its host decided alone for a while, which the scenario does not model) is
+named and left out; with --check=1 the exit status is 3 if that leaves no real run. Calls that
+started over 20 ms late (columns calls, late_calls) are named. A figure agrees when the real median is within the
 tolerance of the simulated median, or of the simulated seeds' range: where the seeds
 themselves spread (one seed in five re-trips a host after the recovery, say), a real run that
 lands where some seeds land is an outcome the model gives, and one real run cannot be asked to
@@ -102,9 +102,9 @@ def main():
     real_rows, sim_rows = rows_of(a.real, a.strategy), rows_of(a.sim, a.strategy)
     # A real run in which a daemon lost the store ran a fleet whose hosts decided alone for a
     # while (each its own probe), which the scenario does not model: it is named, not compared.
-    # So is one whose workers started over 1 % of their calls more than 20 ms behind the
-    # scenario's schedule (short of CPU on a loaded machine): late calls bunch, and a quiet
-    # host's few calls bunched can fill its own window.
+    # Calls started over 20 ms behind the scenario's schedule (workers short of CPU) are named,
+    # not left out: a loaded machine's runs have 8 to 14 % late and mostly agree; where one
+    # does not, the line says what its workers lacked.
     lost = [i + 1 for i, r in enumerate(real_rows) if int(r.get("fleet_fallbacks") or 0) > 0]
     for i in lost:
         print("real run %d: its daemons lost the store %s times in all, each time deciding alone "
@@ -112,15 +112,12 @@ def main():
               % (i, real_rows[i - 1]["fleet_fallbacks"]), file=sys.stderr)
     for i, r in enumerate(real_rows):
         calls, late = int(r.get("calls") or 0), int(r.get("late_calls") or 0)
-        if i + 1 not in lost and 100 * late > calls > 0:
+        if late > 0:
             print("real run %d: %d of its %d calls started over 20 ms late (its workers were short "
-                  "of CPU): not the scenario's schedule, not compared" % (i + 1, late, calls),
-                  file=sys.stderr)
-            lost.append(i + 1)
+                  "of CPU)" % (i + 1, late, calls), file=sys.stderr)
     real_rows = [r for i, r in enumerate(real_rows) if i + 1 not in lost]
     if lost and not real_rows:
-        print("fleet_compare.py: no real run kept the store and the schedule throughout",
-              file=sys.stderr)
+        print("fleet_compare.py: no real run kept the store throughout", file=sys.stderr)
         return 3 if a.check else 0
     real, sim = Side(real_rows), Side(sim_rows)
     if real.n == 0 or sim.n == 0 or real.hosts != sim.hosts:

@@ -326,9 +326,10 @@ def test_aiohttp_many_retries_of_a_stalled_body_leave_no_socket_open(quiet):
         time.sleep(0.01)
     server.close()
     assert errors == calls
-    # Every attempt connected; on a loaded machine an attempt's 0.1 s may run out before the
-    # server's thread has read its request, so the requests read may be fewer.
-    assert server.accepted == calls * 3
+    # On a loaded machine an attempt's 0.1 s may run out before its connection is made (a
+    # loaded record counted 59 of 60), or before the server's thread has read its request, so
+    # both may be fewer than the attempts; the promise is that none is left open.
+    assert 0 < server.accepted <= calls * 3
     assert server.requests <= server.accepted
     assert open_during == 0, f"{open_during} connections left open by retried attempts"
 

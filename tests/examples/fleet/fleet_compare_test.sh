@@ -4,11 +4,9 @@
 # fleet_quiet_prober.toml (a quiet host opens with the fleet; a host that goes quiet cannot hold
 # it open) and fleet_recovery.toml (no host trips again after the fleet's probe succeeds).
 #
-# The scenarios assume a store that answers and workers that call on schedule. A real run in
-# which a daemon lost the store (a command slower than the fleet's 250 ms timeout: on a loaded
-# machine, Redis or a fleet thread kept off a CPU) ran hosts that decided alone for a while, and
-# one whose workers started over 1 % of their calls 20 ms late (short of CPU) ran another
-# schedule, its calls bunched; fleet_compare.py names either and exits 3, and the
+# The scenarios assume a store that answers. A real run in which a daemon lost it (a command
+# slower than the fleet's 250 ms timeout: on a loaded machine, Redis or a fleet thread kept off
+# a CPU) ran hosts that decided alone for a while; fleet_compare.py names it and exits 3, and the
 # scenario runs again, three times at most, each loss shown with the run's figures and the
 # daemons' own lines. A loss at any moment of a run leaves the run out, even one after every
 # breaker closed (the count has no time): a disagreement of such a run is not judged, which a
@@ -24,14 +22,14 @@ for s in fleet_quiet_prober fleet_recovery; do
     RUNS=1 SIM_RUNS=5 CHECK=1 "$src/examples/fleet/fleet_compare.sh" "$build" \
       "$src/bench/stampede/scenarios/$s.toml" "$out" || rc=$?
     [ "$rc" -eq 3 ] || break
-    echo "$s: attempt $attempt lost the store or ran late; its figures, and what the daemons said:" >&2
+    echo "$s: attempt $attempt lost the store; its figures, and what the daemons said:" >&2
     grep -hE "probes|fleet:|closed after|late" "$out"/*.1.txt >&2 || true
     grep -h "^W.*fleet: .*deciding locally" "$out"/retryd-*.log >&2 || true
   done
   [ "$rc" -eq 0 ] || {
     cat "$out"/*.1.txt >&2 || true
     grep -h "^[WE]" "$out"/retryd-*.log >&2 || true
-    echo "FAIL: $s: the real fleet and the simulator disagree, or no run kept the store and the schedule (logs in $out)" >&2
+    echo "FAIL: $s: the real fleet and the simulator disagree, or no run kept the store (logs in $out)" >&2
     exit 1
   }
 done
