@@ -2,7 +2,6 @@
 // the config into it.
 #include <fcntl.h>
 #include <glog/logging.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
