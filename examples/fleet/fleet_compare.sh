@@ -13,8 +13,9 @@
 # run kept the store throughout (or a daemon never joined it).
 #
 # Usage: fleet_compare.sh BUILD_DIR SCENARIO OUTDIR [STRATEGY]   (default: its first fleet one)
-# Environment: RUNS (real runs, default 3), SIM_RUNS (default 10), CHECK (0 or 1), RETRYD (the
-#              daemon to run, default BUILD_DIR/daemon/retryd),
+# Environment: RUNS (real runs, default 3), SIM_RUNS (default 100: the seeds' range, which a
+#              real figure is judged against, must hold the model's own tails; a second or
+#              two), CHECK (0 or 1), RETRYD (the daemon to run, default BUILD_DIR/daemon/retryd),
 #              REDIS_SERVER (default: redis-server on the PATH).
 # Takes the scenario's duration + about 10 s per real run. Stops whatever it started on exit.
 set -euo pipefail
@@ -22,7 +23,7 @@ build=$1 scenario=$2 out=$3
 strategy=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
 runs=${RUNS:-3}
-sim_runs=${SIM_RUNS:-10}
+sim_runs=${SIM_RUNS:-100}
 fleet=$(find "$build" -name retryd_fleet -type f -perm -u+x | head -1)
 stampede=$build/bench/stampede/retryd_stampede
 retryd=${RETRYD:-$build/daemon/retryd}
