@@ -347,6 +347,56 @@ TEST_F(FleetTest, AQuietHostOpensWithBusyHostsThatTrippedOnTheirOwn) {
   EXPECT_EQ(hosts_[2].seg->header().fleet_trips.load(), trips);
 }
 
+// After the fleet's probe succeeds, each open host closes at its own jittered moment, and its
+// window still holds the failures it opened on (a long window, as a dependency's usually is).
+// Such a host used to report that window as failing in the round of the success it had read,
+// so the hosts that had closed found two failing hosts in the fleet's window and tripped
+// again; and the holder, closed by its own probe, tripped on reports that had not heard of
+// its success yet. On real daemons (examples/fleet: fleet_recovery.toml, 6 hosts) that
+// re-tripped a host in 2 runs of 5. Now a host reports the round its open period began in, and
+// a holder never trips on the fleet's window: once the downstream answers again and a first
+// host has closed, no host opens again, whichever closes when.
+TEST_F(FleetTest, NoHostTripsAgainWhileTheOthersWaitForTheirJitteredClose) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  constexpr int kHosts = 4;
+  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
+             "min_calls = 20\nfailure_rate_threshold = 50\nwindow = \"60s\"\n"
+             "open_for = \"1s\"\nopen_for_max = \"1s\"\nopen_jitter = \"3s\"\n"
+             "half_open_probes = 1\nclose_after = 1\nfleet = true\nfleet_min_hosts = 2\n");
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;
+  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
+  ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
+  // Every host's window holds the outage's failures; a probe fails and the fleet reopens
+  // once while the downstream still fails, then it recovers.
+  auto opened = [&](int i) { return shm::ReadCounter(Orders(i), shm::kOpened); };
+  ASSERT_TRUE(WaitUntil([&] {
+    uint64_t opens = 0;
+    for (int i = 0; i < kHosts; ++i) opens += opened(i);
+    return opens > uint64_t{kHosts};
+  }, 20'000)) << hosts_[0].daemon->Log();
+  ds_->failing = 0;
+  // From the first close on (the fleet's probe succeeded), nothing fails any more: a host
+  // that opens now trips on the outage's old failures.
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int i = 0; i < kHosts; ++i) {
+      if (State(i) == shm::BreakerState::kClosed) return true;
+    }
+    return false;
+  }, 20'000)) << hosts_[0].daemon->Log();
+  std::vector<uint64_t> before;
+  for (int i = 0; i < kHosts; ++i) before.push_back(opened(i));
+  ASSERT_TRUE(WaitAllClosed(20'000)) << hosts_[0].daemon->Log();
+  // The jitter's last close, then syncs enough for every host to hear of it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 * kSyncMs));
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_EQ(opened(i), before[size_t(i)]) << "host " << i << " opened again after the recovery; its log:\n"
+                                            << hosts_[size_t(i)].daemon->Log();
+    EXPECT_EQ(State(i), shm::BreakerState::kClosed) << "host " << i;
+  }
+}
+
 // The fleet's probe goes to a host that has calls. A quiet host whose open period ends first
 // takes the lease while its worker calls (2 calls/s), and then its worker is gone: no admit
 // comes to take its breaker half-open. Such a holder used to renew the lease at every sync and
