@@ -17,7 +17,11 @@ land on the median. The range is only as wide as the seeds simulated: with 5,
 the model judged against itself (one seed as the real run) disagreed in about one draw in 60;
 with 100, in none of 300 (fleet_compare.sh simulates 100 by default).
   - each host: opened in most runs on both sides, or in few on both; when it opened, its
-    first open (seconds after the stall began) within --open_tol (default 1 s);
+    first open (seconds after the stall began) no later than --open_tol (default 1 s) after
+    the simulated median or the seeds' latest. Earlier is no disagreement: the fleet's promise
+    is that no host opens after the fleet does, and the model's own first opens reach far
+    below its median (fleet_recovery's quiet host: 1.3 s against a median of 5.3 s, in 40
+    seeds of 20,000, which a two-sided range of 100 seeds called a disagreement);
   - probes per fleet-wide reopening: within --probe_tol (default 1) or --probe_rel (default
     25 %) of the larger median (64 probes from a breaker per worker are not asked to agree
     within 1). Each host's probes sent are shown (where the CSV has them), not checked: which
@@ -41,6 +45,12 @@ def median_range(vals, fmt):
     if not vals:
         return "-"
     return "%s [%s, %s]" % (fmt % statistics.median(vals), fmt % min(vals), fmt % max(vals))
+
+
+def not_later(real, sim, tol):
+    """True if the median of `real` is no more than `tol` after the median of `sim` or its
+    largest value."""
+    return statistics.median(real) <= max(statistics.median(sim), max(sim)) + tol
 
 
 def near(real, sim, tol):
@@ -138,7 +148,7 @@ def main():
     for h in range(real.hosts):
         ok = real.opened_mostly(h) == sim.opened_mostly(h)
         if ok and real.opened_mostly(h):
-            ok = near(real.open[h], sim.open[h], a.open_tol)
+            ok = not_later(real.open[h], sim.open[h], a.open_tol)
         row("host %d: first open after the stall began" % h, real.open_cell(h), sim.open_cell(h), ok)
     for h in range(real.hosts):
         ok = near(real.sent[h], sim.sent[h], lambda mr, ms: max(5, a.sent_tol * max(mr, ms)))
@@ -158,7 +168,7 @@ def main():
         ok = near(real.closed, sim.closed, a.close_tol)
     row("every breaker closed after the stall ended", real.closed_cell(), sim.closed_cell(), ok)
     print("\n".join(out))
-    print("tolerances: first open %.1f s, probes %.1f or %.0f %%, closed %.1f s, attempts %.0f %% or 5"
+    print("tolerances: first open %.1f s later at most, probes %.1f or %.0f %%, closed %.1f s, attempts %.0f %% or 5"
           % (a.open_tol, a.probe_tol, 100 * a.probe_rel, a.close_tol, 100 * a.sent_tol))
     if bad:
         print("disagree: " + "; ".join(bad), file=sys.stderr)

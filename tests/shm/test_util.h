@@ -235,4 +235,16 @@ inline int RunChild(const std::function<int()>& body) {
 constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kSec = 1'000'000'000;
 
+// BucketPeriods counts the periods of a window's bucket (`window_ms` / `buckets` long) a run
+// touches, from `start_ns` to now, on the windows' clock (CoarseNowNs). A bucket keeps 65,535
+// calls exactly; past that its unit doubles, and a period's stripe successes reach the bucket
+// in one lump when the next period begins, rounded at random (docs/INVARIANTS.md). A test that
+// counts a window exactly after more calls than that does so for a run within one period: one
+// that touched two (a bucket's edge fell inside it, about one run in 2,000 for a second's run
+// and 30-minute buckets) is made again.
+inline uint64_t BucketPeriods(uint64_t start_ns, uint64_t window_ms, uint32_t buckets) {
+  const uint64_t bucket_ns = window_ms * kMs / buckets;
+  return shm::CoarseNowNs() / bucket_ns - start_ns / bucket_ns + 1;
+}
+
 }  // namespace retryd::testing
