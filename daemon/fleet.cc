@@ -214,6 +214,7 @@ struct Fleet::Run {
   uint64_t lease_demand = 0;        // the host's demand when it took its lease
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
   int64_t open_round = 0;           // the outcome count when this open period began
+  bool followed_open = false;       // open_round is the round the open period of `seq` began in
   int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
   uint32_t hosts = 0;               // live hosts at the last sync
@@ -279,6 +280,7 @@ shm::DependencySlot* Fleet::SlotOf(const std::string& name, Run& run) {
   shm::DependencySlot* slot = segment_.dependency(uint32_t(run.index));
   run.generation = slot->generation.load(std::memory_order_acquire);
   run.seen = false;
+  run.followed_open = false;
   return slot;
 }
 
@@ -514,6 +516,13 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     return st;
   };
 
+  // The open period this host followed before it lost the store (Release), followed again: it
+  // began in the same round, which its report keeps, and an outcome published meanwhile (the
+  // fleet's success, most likely) is news to it. Read afresh, the round would be the newest
+  // outcome's: its window, the outage's failures, would count as failing in the round of the
+  // success, and the hosts that had closed would trip again on it.
+  const bool same_open = !run.seen && run.followed_open && b.seq == run.seq &&
+                         b.state == shm::BreakerState::kOpen;
   if (!run.seen || b.seq != run.seq) {
     // The breaker moved. A prober's own half-open ending is the fleet's outcome: the lease was
     // taken while open, and only its half-open (seen or not: it may begin and end between two
@@ -551,8 +560,12 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       run.rejected_at_open = shm::ReadCounter(*slot, shm::kRejectedOpen);
       std::string result;
       int64_t round = 0;
-      if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
-      run.open_round = run.outcome_n;
+      if (same_open) {
+        run.outcome_n = run.open_round;
+      } else {
+        if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
+        run.open_round = run.outcome_n;
+      }
       // A prober whose lease lapsed before its probe reported (its daemon stopped, or too slow
       // to renew) sees that probe's failure only when its daemon runs again, and the outcome it
       // reads here, as its new open period's start, may already be the fleet's success by the
@@ -569,6 +582,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
     // A lost round counts until the breaker next leaves half-open, its probe's end.
     if (b.state != shm::BreakerState::kHalfOpen) run.lost_round = -1;
+    run.followed_open = b.state == shm::BreakerState::kOpen;
   }
 
   // The host's demand: a call refused since the last step (held or open, its workers still
