@@ -263,9 +263,6 @@ TEST_F(FleetTest, OneHostFailingAloneDoesNotOpenTheOthers) {
   SKIP_WITHOUT_REDIS();
   Redis redis(FreePort());
   constexpr int kHosts = 4;
-  // A threshold of 10 %: no call fails after the recovery, so a host that trips then trips on
-  // the outage's failures, and a closed host whose window did not start anew (the outage's
-  // failures among its new successes) would trip on its own.
   StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
              "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\n"
              "open_for = \"1s\"\nfleet = true\nfleet_min_hosts = 2\n");
