@@ -168,6 +168,9 @@ class Redis {
 struct Downstream {
   std::atomic<uint32_t> failing;
   std::atomic<uint32_t> hang_ms;  // while failing, each call takes this long before it fails
+  // Set: only the fleet's probe hangs; a probe on the host's own rules (its hold lapsed while
+  // its daemon was kept off a CPU) fails at once, as a test of the fleet's lease needs.
+  std::atomic<uint32_t> hang_only_the_fleets_probe;
   std::atomic<uint32_t> stop;
   std::atomic<uint64_t> calls;
   std::atomic<uint64_t> failed;                 // calls answered while failing
@@ -312,11 +315,11 @@ class FleetTest : public ::testing::Test {
         if (!shm::IsAdmitted(d)) continue;
         if (plan.retries_only) ds_->retries_granted[i].fetch_add(1);
         const bool probe = d == shm::Decision::kAdmittedProbe;
+        bool fleets_probe = false;
         if (probe) {
           ds_->probes[i].fetch_add(1);
-          if (shm::FleetWord::Role(slot.fleet.load()) != shm::FleetRole::kProbing) {
-            ds_->own_probes[i].fetch_add(1);
-          }
+          fleets_probe = shm::FleetWord::Role(slot.fleet.load()) == shm::FleetRole::kProbing;
+          if (!fleets_probe) ds_->own_probes[i].fetch_add(1);
           const uint32_t now = ds_->probes_in_flight.fetch_add(1) + 1;
           uint32_t most = ds_->most_probes_in_flight.load();
           while (now > most && !ds_->most_probes_in_flight.compare_exchange_weak(most, now)) {
@@ -327,7 +330,8 @@ class FleetTest : public ::testing::Test {
         const bool fail = ds_->failing.load() != 0 || ds_->failing_at[i].load() != 0;
         if (fail) ds_->failed.fetch_add(1);
         // A hanging call ends early when the test stops or lifts the hang.
-        for (const uint64_t t = shm::PreciseNowNs(); fail && ds_->hang_ms.load() > 0 &&
+        const bool hangs = fleets_probe || ds_->hang_only_the_fleets_probe.load() == 0;
+        for (const uint64_t t = shm::PreciseNowNs(); fail && hangs && ds_->hang_ms.load() > 0 &&
                                                      !ds_->stop.load() &&
                                                      shm::PreciseNowNs() - t < ds_->hang_ms.load() * 1'000'000ull;) {
           usleep(10'000);
