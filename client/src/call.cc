@@ -74,6 +74,15 @@ nanoseconds CallSteps::Needed() const {
   return policy_.expected_attempt > nanoseconds(0) ? policy_.expected_attempt : slowest_;
 }
 
+// The time a half-open probe needs: what a fresh call's first attempt always has, its attempt
+// timeout or half its deadline, whichever is less (0 when neither is set).
+nanoseconds CallSteps::ProbeNeeds() const {
+  const nanoseconds half_deadline =
+      deadline_.infinite() ? nanoseconds::max() : deadline_.budget() / 2;
+  const nanoseconds needs = std::min(policy_.attempt_timeout, half_deadline);
+  return needs == nanoseconds::max() ? nanoseconds(0) : std::max(nanoseconds(0), needs);
+}
+
 CallSteps::Next CallSteps::Finish(StopReason stop) {
   stage_ = Stage::kDone;
   result_.stop = stop;
@@ -100,6 +109,20 @@ CallSteps::Next CallSteps::Admit(AttemptContext* ctx, AttemptRecord* record, boo
     *record = AttemptRecord();
     record->attempt = attempt_;
     record->admission = permit_.decision();
+    record->next = StopReason::kRejected;
+    if (recorded) *recorded = true;
+    return Finish(StopReason::kRejected);
+  }
+  if (permit_.probe() && !deadline_.CanFinish(ProbeNeeds())) {
+    // The half-open lets few calls through: one short of time would spend a probe on an attempt
+    // cut off before the downstream answers, and reopen the breaker on a timeout of its own.
+    // It gives the probe back unjudged, so that the next caller in this half-open takes it,
+    // and is refused as any caller is while the probes are out.
+    client_->Complete(&permit_, Outcome::kIgnored, nanoseconds(0));
+    result_.rejection = Decision::kRejectedHalfOpenBusy;
+    *record = AttemptRecord();
+    record->attempt = attempt_;
+    record->admission = Decision::kRejectedHalfOpenBusy;
     record->next = StopReason::kRejected;
     if (recorded) *recorded = true;
     return Finish(StopReason::kRejected);

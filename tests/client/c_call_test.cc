@@ -3,6 +3,8 @@
 // The C++ retry loop (call.h) is tested in call_test.cc.
 #include "retryd/retryd_call.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -119,6 +121,51 @@ TEST(RetryCallCTest, RejectionAndFallback) {
   EXPECT_TRUE(w.remaining.empty());
   ASSERT_EQ(w.infos.size(), 1u);
   EXPECT_EQ(w.infos[0].decision, RETRYD_REJECTED_OPEN);
+}
+
+// What every binding's `call` runs: a retry admitted as the half-open's probe with less time
+// left than a fresh call's attempt gives the probe back and is refused as half-open busy.
+TEST(RetryCallCTest, ARetryShortOfTimeGivesTheHalfOpensProbeBack) {
+  shm::Policy p;
+  p.min_calls = 1;
+  p.open_for_ms = 1;
+  p.open_for_max_ms = 1;
+  p.open_jitter_ms = 0;
+  p.half_open_probes = 1;
+  p.close_after = 1;
+  CFixture f(p);
+  CWorld w;
+  w.statuses = {503};
+  retryd_call_policy_t policy;
+  retryd_call_policy_init(&policy);
+  policy.deadline_ms = 2000;
+  policy.attempt_timeout_ms = 1000;
+  policy.expected_attempt_ms = 10;
+  policy.backoff_base_ms = 1;
+  policy.backoff_cap_ms = 1;
+  retryd_call_env_t env = CEnv(&w);
+  env.sleep_ns = [](void* c, int64_t ns) {
+    static_cast<CWorld*>(c)->now_ns += ns;
+    usleep(20'000);  // the breaker's open period passes on the segment's real clock
+    return 0;
+  };
+  // The first attempt fails after 1.5 s and opens the breaker (CAttempt adds the last 2 ms).
+  auto attempt = [](void* ctx, uint32_t a, int64_t remaining_ms, retryd_attempt_result_t* out) {
+    static_cast<CWorld*>(ctx)->now_ns += 1'498'000'000;
+    return CAttempt(ctx, a, remaining_ms, out);
+  };
+  retryd_call_result_t res;
+  ASSERT_EQ(retryd_call(f.client, f.dep, &policy, attempt, &w, CObserve, &w, &env, &res),
+            RETRYD_OK);
+  EXPECT_EQ(res.stop, RETRYD_STOP_REJECTED);
+  EXPECT_EQ(res.rejection, RETRYD_REJECTED_HALF_OPEN_BUSY);
+  EXPECT_EQ(res.attempts, 1u);
+  ASSERT_EQ(w.infos.size(), 2u);
+  EXPECT_EQ(w.infos[1].decision, RETRYD_REJECTED_HALF_OPEN_BUSY);
+  // The probe went back unjudged: the next caller takes it.
+  retryd_permit_t probe;
+  EXPECT_EQ(retryd_admit(f.client, f.dep, 0, &probe), RETRYD_ADMITTED_PROBE);
+  retryd_complete(f.client, &probe, RETRYD_SUCCESS, 1'000'000);
 }
 
 TEST(RetryCallCTest, ClassifierOverrideAndAbort) {

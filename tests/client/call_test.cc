@@ -211,6 +211,93 @@ TEST(RetryLoopTest, HalfOpenBusyRejectsAtOnce) {
   f.client->Complete(&probe, Outcome::kSuccess, milliseconds(1));
 }
 
+// A breaker of one call that opens on one failure for a millisecond (on the segment's real
+// clock), with one probe, closed by one success.
+shm::Policy OneCallBreaker() {
+  shm::Policy p;
+  p.min_calls = 1;
+  p.open_for_ms = 1;
+  p.open_for_max_ms = 1;
+  p.open_jitter_ms = 0;
+  p.probe_timeout_ms = 60'000;
+  p.half_open_probes = 1;
+  p.close_after = 1;
+  return p;
+}
+
+TEST(RetryLoopTest, ARetryShortOfTimeGivesTheHalfOpensProbeBackForTheNextCaller) {
+  Fixture f(OneCallBreaker());
+  LoopEnv env = f.Env();
+  env.sleep = [&f](nanoseconds d) {
+    f.clock.Advance(d);
+    usleep(20'000);  // the breaker's open period passes on the segment's real clock
+    return true;
+  };
+  RetryPolicy policy;
+  policy.max_attempts = 3;
+  policy.deadline = seconds(2);
+  policy.attempt_timeout = seconds(1);
+  policy.expected_attempt = milliseconds(10);
+  policy.backoff.base = milliseconds(1);
+  policy.backoff.cap = milliseconds(1);
+  std::vector<AttemptRecord> records;
+  int calls = 0;
+  // The first attempt fails after 1.5 s and opens the breaker; when the retry is admitted the
+  // breaker is half-open, and the retry, with under 0.5 s left where a fresh call's attempt has
+  // 1 s, would be its probe.
+  const CallResult r =
+      RetryLoop(
+          *f.client, f.dep, policy, [&](const AttemptRecord& rec) { records.push_back(rec); }, env)
+          .Run(Replay(f.clock, {Http(503)}, milliseconds(1'500), &calls));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(r.attempts, 1u);
+  EXPECT_EQ(r.stop, StopReason::kRejected);
+  EXPECT_EQ(r.rejection, Decision::kRejectedHalfOpenBusy);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[1].admission, Decision::kRejectedHalfOpenBusy);
+  EXPECT_EQ(records[1].next, StopReason::kRejected);
+  // The probe went back unjudged: the breaker is still half-open, and the next caller probes.
+  EXPECT_EQ(f.Breaker(), shm::BreakerState::kHalfOpen);
+  int fresh_calls = 0;
+  bool probed = false;
+  const CallResult fresh =
+      RetryLoop(*f.client, f.dep, policy, {}, f.Env()).Run([&](const AttemptContext& ctx) {
+        probed = ctx.probe;
+        ++fresh_calls;
+        return Http(200);
+      });
+  EXPECT_TRUE(fresh.ok());
+  EXPECT_TRUE(probed);
+  EXPECT_EQ(fresh_calls, 1);
+  EXPECT_EQ(f.Breaker(), shm::BreakerState::kClosed);
+}
+
+TEST(RetryLoopTest, AFreshCallAlwaysHasTheTimeToProbeWhateverItsDeadline) {
+  // A deadline under the attempt timeout: the probe needs half the deadline, which a fresh
+  // call has; were it the attempt timeout, no call could ever probe and the breaker would stay
+  // half-open for good.
+  for (const nanoseconds deadline : {milliseconds(1), milliseconds(100), milliseconds(5'000)}) {
+    SCOPED_TRACE(deadline.count());
+    Fixture f(OneCallBreaker());
+    Permit permit;
+    ASSERT_TRUE(f.client->Admit(f.dep, 0, &permit));
+    f.client->Complete(&permit, Outcome::kFailure, milliseconds(1));
+    ASSERT_EQ(f.Breaker(), shm::BreakerState::kOpen);
+    usleep(20'000);  // the open period, on the segment's real clock
+    RetryPolicy policy;
+    policy.deadline = deadline;
+    policy.attempt_timeout = seconds(10);
+    bool probed = false;
+    const CallResult r = f.Loop(policy).Run([&](const AttemptContext& ctx) {
+      probed = ctx.probe;
+      return Http(200);
+    });
+    EXPECT_TRUE(r.ok());
+    EXPECT_TRUE(probed);
+    EXPECT_EQ(f.Breaker(), shm::BreakerState::kClosed);
+  }
+}
+
 TEST(RetryLoopTest, BulkheadFullRejectsAtOnce) {
   shm::Policy p;
   p.bulkhead_limit = 1;
