@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <glog/logging.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,13 +36,16 @@ struct MetricsFileWriter::State {
   std::string writing;     // the path of the write under way, for the log
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
+  // The thread's own: the file it last put in place, to remove when the path moves on.
+  std::string written;
+  struct stat written_stat {};
 };
 
 namespace {
 
-// WriteFile puts `text` in place at `path` through a temporary file and a rename. "" if done,
-// else what failed and why.
-std::string WriteFile(const std::string& path, const std::string& text) {
+// WriteFile puts `text` in place at `path` through a temporary file and a rename, and stores
+// the file's identity in *st. "" if done, else what failed and why.
+std::string WriteFile(const std::string& path, const std::string& text, struct stat* st) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   const auto why = [](const std::string& what, int error) {
     return what + ": " + (error != 0 ? std::strerror(error) : "no progress");
@@ -59,12 +63,27 @@ std::string WriteFile(const std::string& path, const std::string& text) {
     }
     done += size_t(n);
   }
+  if (failed.empty() && fstat(fd, st) != 0) failed = why("stat " + tmp, errno);
   if (close(fd) != 0 && failed.empty()) failed = why("close " + tmp, errno);
   if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) {
     failed = why("rename to " + path, errno);
   }
   if (!failed.empty()) unlink(tmp.c_str());
   return failed;
+}
+
+// RemoveOwn removes `path` if it is still the file this writer put there (`st`), not one that
+// someone else has put in its place since. "" if removed or nothing to remove, else why not.
+std::string RemoveOwn(const std::string& path, const struct stat& st) {
+  struct stat now {};
+  if (lstat(path.c_str(), &now) != 0) {
+    return errno == ENOENT ? "" : "stat " + path + ": " + std::strerror(errno);
+  }
+  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) return "";
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return "remove " + path + " (the textfile's old path): " + std::strerror(errno);
+  }
+  return "";
 }
 
 }  // namespace
@@ -108,7 +127,17 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     s->pending = false;
     s->writing = path;
     lock.unlock();
-    const std::string failed = WriteFile(path, text);
+    // An empty path retires the textfile; a new one replaces it, and the old file, which would
+    // otherwise go on saying this pid with its last heartbeat, goes once the new one is there.
+    std::string failed;
+    struct stat st {};
+    if (!path.empty()) failed = WriteFile(path, text, &st);
+    if (!s->written.empty() && s->written != path) {
+      const std::string removed = RemoveOwn(s->written, s->written_stat);
+      if (failed.empty()) failed = removed;
+      s->written.clear();
+    }
+    if (!path.empty() && failed.empty()) s->written = path, s->written_stat = st;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up
     // neither Post nor the destructor's bounded wait.
     const uint64_t now_ns = shm::PreciseNowNs();

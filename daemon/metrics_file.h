@@ -26,7 +26,9 @@ class MetricsFileWriter {
   MetricsFileWriter& operator=(const MetricsFileWriter&) = delete;
 
   // Post hands over `text` for `path` and returns at once; a text posted before and not yet
-  // written is replaced (only the latest is worth writing).
+  // written is replaced (only the latest is worth writing). Once the path differs from the
+  // one last written (a reload moved the textfile; an empty path turns it off), the file
+  // left at the old path is removed, if it is still the one this writer put there.
   void Post(std::string path, std::string text);
 
   static constexpr int kStopWaitMs = 1000;

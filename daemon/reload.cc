@@ -411,6 +411,11 @@ Status Daemon::Reload() {
   if (fleet_) fleet_->SetDependencies(FleetDependencies(config_));
   if (tick_changed && timer_fd_ >= 0) ArmTimer();
   if (metrics_changed) next_metrics_ns_ = 0;
+  // Turned off: the writer removes the file it left (a moved one it removes after its next
+  // write, at the tick).
+  if (metrics_changed && config_.daemon.metrics_textfile.empty() && metrics_writer_) {
+    metrics_writer_->Post("", "");
+  }
   last_reload_error_.clear();
   const std::string counts = std::to_string(wrote.added) + " added, " +
                              std::to_string(wrote.changed) + " changed, " +

@@ -881,6 +881,49 @@ TEST_F(DaemonProcessTest, WritesAWellFormedMetricsTextfile) {
   unlink(prom.c_str());
 }
 
+// A reload that moves the textfile removes the one at the old path once the new one is in
+// place (it would go on saying this pid, its heartbeat frozen, to a collector still reading
+// it), but not a file someone else has put there since; one that turns it off removes it.
+TEST_F(DaemonProcessTest, AReloadThatMovesOrTurnsOffTheTextfileRemovesTheOneItLeft) {
+  const std::string a = TempPath(".prom"), b = TempPath(".prom"), c = TempPath(".prom");
+  auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
+  // An hour between writes: each file is written once, when the daemon starts or a reload
+  // moves it, so that nothing but the daemon's removal changes it afterwards.
+  auto config = [&](const std::string& textfile) {
+    return Config((textfile.empty() ? "" : "metrics_textfile = \"" + textfile + "\"\n") +
+                  "metrics_interval = \"1h\"\n");
+  };
+  auto d = StartDaemon(config(a));
+  ASSERT_TRUE(WaitUntil([&] { return exists(a); }, 10'000)) << d->Log();
+  auto reload = [&](const std::string& textfile) {
+    WriteFile(config_, config(textfile));
+    d->Signal(SIGHUP);
+    return notify_.WaitFor("READY=1", 5'000) != "";
+  };
+
+  ASSERT_TRUE(reload(b)) << d->Log();
+  EXPECT_TRUE(WaitUntil([&] { return exists(b) && !exists(a); }, 10'000))
+      << "a: " << exists(a) << ", b: " << exists(b) << "\n"
+      << d->Log();
+  std::map<std::string, double> s;
+  ASSERT_EQ(testing::ParsePrometheus(ReadFile(b), &s), "");
+  EXPECT_EQ(s.at("retryd_daemon_pid"), d->pid());
+
+  // Someone else's file at b (a new one renamed into place): the next move leaves it.
+  WriteFile(b, "# not the daemon's\n");
+  ASSERT_TRUE(reload(c)) << d->Log();
+  ASSERT_TRUE(WaitUntil([&] { return exists(c); }, 10'000)) << d->Log();
+  ASSERT_TRUE(reload("")) << d->Log();
+  EXPECT_TRUE(WaitUntil([&] { return !exists(c); }, 10'000)) << "turned off, c stays\n" << d->Log();
+  // The writer tried b before it wrote c, and c is gone: b's fate is settled.
+  EXPECT_EQ(ReadFile(b), "# not the daemon's\n");
+  EXPECT_FALSE(LogHas(*d, "metrics: ")) << d->Log();
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  EXPECT_FALSE(exists(c)) << "a stop with the textfile turned off writes none";
+  unlink(b.c_str());
+}
+
 // ThreadsIn: how many of `pid`'s threads wait in the kernel function `wchan`.
 int ThreadsIn(pid_t pid, const std::string& wchan) {
   int n = 0;
