@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "shm/attach.h"
@@ -22,15 +23,44 @@
 namespace retryd::daemon {
 namespace {
 
-// UserLabel and GroupLabel: the name, or the number where the host has none.
+// UserLabel and GroupLabel: the name the host's own files give (/etc/passwd, /etc/group), or
+// the number. Not through NSS: a refusal is answered on the daemon's loop thread, which a
+// directory service that does not answer (LDAP, sssd) must not hold, once per refused peer.
+template <typename Entry, typename Id>
+std::string LabelFromFile(const char* path, Id id,
+                          int (*next)(FILE*, Entry*, char*, size_t, Entry**), Id Entry::*id_of,
+                          char* Entry::*name_of) {
+  std::string label = std::to_string(id);
+  FILE* f = fopen(path, "re");
+  if (f == nullptr) return label;
+  std::vector<char> buf(1024);
+  Entry entry;
+  Entry* found = nullptr;
+  for (;;) {
+    const int rc = next(f, &entry, buf.data(), buf.size(), &found);
+    // A line longer than the buffer is read again (the position goes back) with more room.
+    if (rc == ERANGE && buf.size() < (size_t{1} << 20)) {
+      buf.resize(buf.size() * 4);
+      continue;
+    }
+    if (rc != 0 || found == nullptr) break;
+    if (found->*id_of == id) {
+      label = found->*name_of;
+      break;
+    }
+  }
+  fclose(f);
+  return label;
+}
+
 std::string UserLabel(uid_t uid) {
-  const passwd* pw = getpwuid(uid);
-  return pw ? std::string(pw->pw_name) : std::to_string(uid);
+  return LabelFromFile<passwd, uid_t>("/etc/passwd", uid, fgetpwent_r, &passwd::pw_uid,
+                                      &passwd::pw_name);
 }
 
 std::string GroupLabel(gid_t gid) {
-  const group* gr = getgrgid(gid);
-  return gr ? std::string(gr->gr_name) : std::to_string(gid);
+  return LabelFromFile<group, gid_t>("/etc/group", gid, fgetgrent_r, &group::gr_gid,
+                                     &group::gr_name);
 }
 
 // PeerGroups: the peer's supplementary groups, as the kernel recorded them at connect.

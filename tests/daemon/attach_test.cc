@@ -82,14 +82,17 @@ class AttachTest : public ::testing::Test {
 
   // StartDaemon starts retryd on socket_ with `daemon_keys` added to [daemon] and `extra`
   // sections after "orders" (a bulkhead of 4 whose leases last an hour).
-  void StartDaemon(const std::string& extra = "", const std::string& daemon_keys = "") {
+  void StartDaemon(const std::string& extra = "", const std::string& daemon_keys = "",
+                   const std::vector<std::string>& env = {}) {
     WriteFile(config_, "[daemon]\nsocket = \"" + socket_ +
                            "\"\nmode = \"0666\"\ntick = \"10ms\"\nmax_dependencies = 16\n"
-                           "max_processes = 64\n" + daemon_keys +
+                           "max_processes = 64\n" +
+                           daemon_keys +
                            "[dependency.orders]\nbulkhead_limit = 4\n"
-                           "bulkhead_timeout = \"1h\"\n" + extra);
+                           "bulkhead_timeout = \"1h\"\n" +
+                           extra);
     daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config=" + config_},
-                                              notify_.path());
+                                              notify_.path(), env);
     ASSERT_NE(notify_.WaitFor("READY=1", 10'000), "") << daemon_->Log();
   }
 
@@ -420,17 +423,17 @@ TEST_F(AttachTest, ByNameUnderAHidingProcTheDaemonRefusesToStart) {
   EXPECT_NE(err.find("ProtectProc=invisible"), std::string::npos) << err;
 }
 
-TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
-  StartDaemon("", "allow_users = [\"root\"]\n");
+// AttachAsNobody attaches to `socket` read-write from a child running as uid and gid 65534,
+// and returns how that ended; *refused says whether it was a refusal (PermissionDenied).
+std::string AttachAsNobody(const std::string& socket, bool* refused) {
   int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
+  if (pipe(fds) != 0) return "pipe failed";
   const pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(9);
     shm::Attachment a;
-    const Status s = shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a);
+    const Status s = shm::AttachThroughSocket(socket, shm::Access::kReadWrite, 5'000, &a);
     const std::string msg = s.ToString();
     (void)!write(fds[1], msg.data(), msg.size());
     _exit(s.code() == Status::Code::kPermissionDenied ? 0 : 1);
@@ -441,10 +444,54 @@ TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << buf;
-  EXPECT_NE(std::string(buf).find("allow_users"), std::string::npos) << buf;
-  EXPECT_NE(std::string(buf).find("uid 65534"), std::string::npos) << buf;
+  *refused = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return buf;
+}
+
+TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
+  StartDaemon("", "allow_users = [\"root\"]\n");
+  bool refused = false;
+  const std::string why = AttachAsNobody(socket_, &refused);
+  EXPECT_TRUE(refused) << why;
+  EXPECT_NE(why.find("allow_users"), std::string::npos) << why;
+  EXPECT_NE(why.find("uid 65534"), std::string::npos) << why;
   // Root is admitted.
+  shm::Attachment a;
+  EXPECT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok());
+  close(a.connection);
+}
+
+// PreloadWith: the LD_PRELOAD that puts `library` into a program of this build, after the
+// sanitizer runtimes this process has loaded (a shared runtime must come first).
+std::string PreloadWith(const std::string& library) {
+  std::string preload;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    const bool runtime = name.rfind("libclang_rt.", 0) == 0 || name.rfind("libasan.so", 0) == 0 ||
+                         name.rfind("libubsan.so", 0) == 0;
+    if (runtime && preload.find(path + " ") == std::string::npos) preload += path + " ";
+  }
+  return "LD_PRELOAD=" + preload + library;
+}
+
+// A refusal names the peer from the host's own files, never through NSS: with the lookups of
+// nobody hanging (as with an LDAP or sssd server that does not answer), the refusal still comes
+// within the peer's 5 s, naming it, and the daemon answers the next peer. Through NSS, neither
+// the refused peer nor root after it had an answer within 5 s.
+TEST_F(AttachTest, ARefusalNeverWaitsForTheHostsDirectoryService) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
+  StartDaemon("", "allow_users = [\"root\"]\n", {PreloadWith(RETRYD_NSS_HANG_HOOK)});
+  bool refused = false;
+  const std::string why = AttachAsNobody(socket_, &refused);
+  EXPECT_TRUE(refused) << why << "\n" << daemon_->Log();
+  if (testing::ReadFile("/etc/passwd").find("\nnobody:x:65534:") != std::string::npos) {
+    EXPECT_NE(why.find("user nobody (uid 65534"), std::string::npos) << why;
+  }
   shm::Attachment a;
   EXPECT_TRUE(shm::AttachThroughSocket(socket_, shm::Access::kReadWrite, 5'000, &a).ok());
   close(a.connection);
