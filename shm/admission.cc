@@ -62,7 +62,8 @@ void ReleaseLeases(DependencySlot& slot, Permit* p) {
 
 // AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the
 // permit's probe fields.
-Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p) {
+Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p,
+                      bool may_probe) {
   const uint32_t now_ms = NsToMs32(now_ns);
   for (int round = 0; round < kMaxBreakerRounds; ++round) {
     const uint64_t word = slot.breaker.load(std::memory_order_acquire);
@@ -74,6 +75,7 @@ Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Per
       continue;  // whoever moved it, look again
     }
     // Half-open: a probe lease tagged with this half-open's seq, or nothing.
+    if (!may_probe) return Decision::kRejectedHalfOpenBusy;
     const uint64_t lease =
         MakeLease(caller.owner, b.seq, now_ms, LoadKnob<Knob::probe_timeout_ms>(slot.policy));
     bool voided = false;

@@ -117,9 +117,10 @@ struct Caller {
 // Admit decides whether attempt number `attempt` (0: first attempt) of a call to the
 // dependency in `slot` may go out at `now_ns`, and fills *permit. Every Admit must be followed
 // by exactly one Complete with the same permit, whatever the decision (a rejected permit
-// completes as a no-op). Thread-safe.
+// completes as a no-op). Without `may_probe`, the attempt is never the half-open's probe (as
+// AdmitAsBound below). Thread-safe.
 inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt, uint64_t now_ns,
-                      Caller& caller, Permit* permit);
+                      Caller& caller, Permit* permit, bool may_probe = true);
 // Admit with a clock instead of a time: `now_ns()` is called at most once, and not at all for
 // a first attempt on a closed breaker (the common path), since a clock read costs about three
 // uncontended CASes. Thread-safe.
@@ -130,10 +131,14 @@ inline Decision Admit(DependencySlot& slot, uint32_t index, uint32_t attempt,
 // `generation`, not the slot's generation read again, so that a slot given to another
 // dependency after the check records nothing of this attempt's outcome (Complete). Admit
 // itself may still count the attempt in the new dependency once (a first attempt and its
-// deposit, or a withdrawal) if the slot changes hands during the call. Thread-safe.
+// deposit, or a withdrawal) if the slot changes hands during the call. Without `may_probe` the
+// attempt is never the half-open's probe: while the breaker is half-open it is refused as
+// kRejectedHalfOpenBusy, taking no lease and spending nothing (in shadow mode it goes out as
+// an ordinary attempt, counted as one enforce would refuse): for an attempt without the time a
+// probe needs, which would spend the half-open's probe on a timeout of its own. Thread-safe.
 inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index, uint32_t generation,
                              uint32_t attempt, uint64_t (*now_ns)(), Caller& caller,
-                             Permit* permit);
+                             Permit* permit, bool may_probe = true);
 
 // AdmitFirstAttemptOnStripe is Admit's common path alone, for a caller that writes the stripe
 // of the CPU it runs on in kPerCpu mode (the client): a first attempt (`attempt` 0) in enforce

@@ -64,8 +64,9 @@ inline void Deposit(DependencySlot& slot, Stripe* s, const Caller& caller, uint3
 
 // Out of line (admission.cc): the steps off the common path.
 // AdmitBreaker decides for a breaker that is not closed; on a probe grant it fills the permit's
-// probe fields.
-Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p);
+// probe fields. Without `may_probe`, a half-open breaker refuses as busy and takes no lease.
+Decision AdmitBreaker(DependencySlot& slot, uint64_t now_ns, Caller& caller, Permit* p,
+                      bool may_probe);
 // Reject refuses the attempt: counts the reason and gives back any lease already taken.
 Decision Reject(DependencySlot& slot, Permit* p, Decision d);
 // ReleaseLeases gives back the leases the permit holds.
@@ -87,11 +88,12 @@ inline constexpr uint64_t kReadGeneration = ~uint64_t{0};
 // AdmitImpl is Admit with a lazy clock: `now()` is read at most once, and only on paths that
 // need the time (a breaker that is not closed, the bulkhead, a retry). A first attempt on a
 // closed breaker reads no clock. The permit carries `generation`, or the slot's own with
-// kReadGeneration.
+// kReadGeneration. Without `may_probe`, the attempt is never the half-open's probe (AdmitBreaker).
 template <typename NowFn>
 [[gnu::always_inline]] inline Decision AdmitImpl(DependencySlot& slot, uint32_t index,
                                                 uint64_t generation, uint32_t attempt, NowFn now,
-                                                Caller& caller, Permit* p) {
+                                                Caller& caller, Permit* p,
+                                                bool may_probe = true) {
   ClearPermit(p, 1);
   p->dependency = index;
   p->generation = generation == kReadGeneration ? slot.generation.load(kRelaxed)
@@ -125,7 +127,7 @@ template <typename NowFn>
   if (__builtin_expect(BreakerWord::Decode(slot.breaker.load(std::memory_order_acquire)).state !=
                            BreakerState::kClosed,
                        0)) {
-    d = AdmitBreaker(slot, now_ns(), caller, p);
+    d = AdmitBreaker(slot, now_ns(), caller, p, may_probe);
     if (!IsAdmitted(d)) {
       if (!shadow) return Reject(slot, p, d);
       would_reject = true;
@@ -165,10 +167,10 @@ template <typename NowFn>
 
 [[gnu::always_inline]] inline Decision Admit(DependencySlot& slot, uint32_t index,
                                              uint32_t attempt, uint64_t now_ns, Caller& caller,
-                                             Permit* p) {
+                                             Permit* p, bool may_probe) {
   return admission_internal::AdmitImpl(
       slot, index, admission_internal::kReadGeneration, attempt, [now_ns] { return now_ns; },
-      caller, p);
+      caller, p, may_probe);
 }
 
 [[gnu::always_inline]] inline Decision Admit(DependencySlot& slot, uint32_t index,
@@ -181,8 +183,9 @@ template <typename NowFn>
 [[gnu::always_inline]] inline Decision AdmitAsBound(DependencySlot& slot, uint32_t index,
                                                     uint32_t generation, uint32_t attempt,
                                                     uint64_t (*now_ns)(), Caller& caller,
-                                                    Permit* p) {
-  return admission_internal::AdmitImpl(slot, index, generation, attempt, now_ns, caller, p);
+                                                    Permit* p, bool may_probe) {
+  return admission_internal::AdmitImpl(slot, index, generation, attempt, now_ns, caller, p,
+                                       may_probe);
 }
 
 [[gnu::always_inline]] inline bool AdmitFirstAttemptOnStripe(DependencySlot& slot,

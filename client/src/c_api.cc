@@ -70,6 +70,12 @@ int retryd_admit(retryd_client_t* client, retryd_dependency_t dependency, uint32
   return client->impl->AdmitRaw(dependency, attempt, permit);
 }
 
+int retryd_admit_no_probe(retryd_client_t* client, retryd_dependency_t dependency, uint32_t attempt,
+                          retryd_permit_t* permit) {
+  if (!client || !permit) return RETRYD_EINVAL;
+  return client->impl->AdmitNoProbeRaw(dependency, attempt, permit);
+}
+
 void retryd_complete(retryd_client_t* client, retryd_permit_t* permit, int outcome,
                      uint64_t latency_ns) {
   if (!client || !permit) return;

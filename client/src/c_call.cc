@@ -32,6 +32,9 @@ class CClient final : public retryd::Client {
     const int d = retryd_admit(c_, dep.id, attempt, permit->raw());
     return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
   }
+  bool AdmitNoProbe(retryd::Dependency dep, uint32_t attempt, retryd::Permit* permit) override {
+    return retryd_admit_no_probe(c_, dep.id, attempt, permit->raw()) == RETRYD_ADMITTED;
+  }
   void Complete(retryd::Permit* permit, retryd::Outcome outcome, nanoseconds latency) override {
     retryd_complete(c_, permit->raw(), int(outcome),
                     uint64_t(std::max<int64_t>(0, latency.count())));

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "client/policy/deadline_math.h"
 #include "retryd/retry_after.h"
 
 namespace retryd {
@@ -101,28 +102,23 @@ CallSteps::Next CallSteps::Admit(AttemptContext* ctx, AttemptRecord* record, boo
   if (stage_ == Stage::kInFlight) return Next::kAttempt;
   // A wait was only taken if this attempt could finish; the clock may still have moved on (a
   // wait that overslept, a slow admit), so check again.
-  if (!deadline_.CanFinish(Needed())) return Finish(StopReason::kDeadline);
+  const nanoseconds left = deadline_.remaining();
+  if (!policy_internal::CanFinish(left, Needed())) return Finish(StopReason::kDeadline);
 
-  if (!client_->Admit(dep_, attempt_, &permit_)) {  // it writes what complete reads
+  // The half-open lets few calls through: one short of the time a fresh call's attempt has
+  // would spend a probe on an attempt cut off before the downstream answers, and reopen the
+  // breaker on a timeout of its own. Such a call never takes the probe, which stays for the
+  // next caller, and is refused as any caller is while the probes are out. Judged before the
+  // admit, whose own time (a half-open's first admit moves the breaker) is not the call's.
+  const bool may_probe = policy_internal::CanFinish(left, ProbeNeeds());
+  const bool admitted = may_probe ? client_->Admit(dep_, attempt_, &permit_)
+                                  : client_->AdmitNoProbe(dep_, attempt_, &permit_);
+  if (!admitted) {  // it writes what complete reads
     client_->Complete(&permit_, Outcome::kIgnored, nanoseconds(0));  // a no-op; the contract
     result_.rejection = permit_.decision();
     *record = AttemptRecord();
     record->attempt = attempt_;
     record->admission = permit_.decision();
-    record->next = StopReason::kRejected;
-    if (recorded) *recorded = true;
-    return Finish(StopReason::kRejected);
-  }
-  if (permit_.probe() && !deadline_.CanFinish(ProbeNeeds())) {
-    // The half-open lets few calls through: one short of time would spend a probe on an attempt
-    // cut off before the downstream answers, and reopen the breaker on a timeout of its own.
-    // It gives the probe back unjudged, so that the next caller in this half-open takes it,
-    // and is refused as any caller is while the probes are out.
-    client_->Complete(&permit_, Outcome::kIgnored, nanoseconds(0));
-    result_.rejection = Decision::kRejectedHalfOpenBusy;
-    *record = AttemptRecord();
-    record->attempt = attempt_;
-    record->admission = Decision::kRejectedHalfOpenBusy;
     record->next = StopReason::kRejected;
     if (recorded) *recorded = true;
     return Finish(StopReason::kRejected);

@@ -627,7 +627,7 @@ inline int ClientImpl::AdmitInline(int32_t dep, uint32_t attempt, retryd_permit_
   return AdmitSlowly(dep, attempt, raw);
 }
 
-int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw, bool may_probe) {
   auto* ps = reinterpret_cast<PermitState*>(raw->opaque);
   if (uint32_t(dep) >= entry_count_.load(std::memory_order_acquire)) {
     raw->decision = RETRYD_EINVAL;
@@ -644,7 +644,7 @@ int ClientImpl::AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* raw)
   // The permit carries the generation the check above passed: a slot given to another
   // dependency since records nothing of this call's outcome.
   const shm::Decision d = shm::AdmitAsBound(*slot, e.index.load(kRelaxed), generation, attempt,
-                                            &shm::CoarseNowNs, caller, &ps->permit);
+                                            &shm::CoarseNowNs, caller, &ps->permit, may_probe);
   t_state.lease_tag = caller.lease_tag;
   t_state.rng = caller.rng;
   ps->slot = slot;
@@ -691,6 +691,11 @@ int ClientImpl::AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
   return AdmitInline(dep, attempt, raw);
 }
 
+// Off the common path: a call short of time, which a probe would not serve.
+int ClientImpl::AdmitNoProbeRaw(int32_t dep, uint32_t attempt, retryd_permit_t* raw) {
+  return AdmitSlowly(dep, attempt, raw, /*may_probe=*/false);
+}
+
 void ClientImpl::CompleteRaw(retryd_permit_t* raw, int outcome, uint64_t latency_ns) {
   CompleteInline(raw, outcome, latency_ns);
 }
@@ -716,6 +721,10 @@ int ClientImpl::BreakerStateRaw(int32_t dep) {
 bool ClientImpl::Admit(Dependency dep, uint32_t attempt, Permit* permit) {
   const int d = AdmitInline(dep.id, attempt, permit->raw());
   return d == RETRYD_ADMITTED || d == RETRYD_ADMITTED_PROBE;
+}
+
+bool ClientImpl::AdmitNoProbe(Dependency dep, uint32_t attempt, Permit* permit) {
+  return AdmitNoProbeRaw(dep.id, attempt, permit->raw()) == RETRYD_ADMITTED;
 }
 
 void ClientImpl::Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) {

@@ -80,6 +80,7 @@ class ClientImpl final : public Client {
 
   Status Resolve(std::string_view name, Dependency* out) override EXCLUDES(mu_);
   bool Admit(Dependency dep, uint32_t attempt, Permit* permit) override;
+  bool AdmitNoProbe(Dependency dep, uint32_t attempt, Permit* permit) override;
   void Complete(Permit* permit, Outcome outcome, std::chrono::nanoseconds latency) override;
   bool local() const override {
     return (degraded_.load(std::memory_order_relaxed) & kLocal) != 0;
@@ -96,6 +97,7 @@ class ClientImpl final : public Client {
 
   // The C ABI calls these directly. AdmitRaw returns the decision or RETRYD_EINVAL.
   int AdmitRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
+  int AdmitNoProbeRaw(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
   void CompleteRaw(retryd_permit_t* permit, int outcome, uint64_t latency_ns);
   // BreakerStateRaw is retryd_breaker_state: the RETRYD_STATE_* of `dep`'s breaker, read from
   // the slot the entry holds now (bound again first, as admit does, if its slot was given to
@@ -113,14 +115,15 @@ class ClientImpl final : public Client {
                                                 retryd_permit_t* permit);
   [[gnu::always_inline]] inline void CompleteInline(retryd_permit_t* permit, int outcome,
                                                     uint64_t latency_ns);
-  [[gnu::noinline]] int AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* permit);
+  // Without `may_probe`, the attempt is never the half-open's probe (AdmitNoProbe).
+  [[gnu::noinline]] int AdmitSlowly(int32_t dep, uint32_t attempt, retryd_permit_t* permit,
+                                    bool may_probe = true);
   // CompleteSlowly takes `now_ns` read already, or kNoTime.
   static constexpr uint64_t kNoTime = ~uint64_t{0};
-  [[gnu::noinline]] void CompleteSlowly(retryd_permit_t* permit, int outcome,
-                                        uint64_t latency_ns, uint64_t now_ns);
+  [[gnu::noinline]] void CompleteSlowly(retryd_permit_t* permit, int outcome, uint64_t latency_ns,
+                                        uint64_t now_ns);
 
  public:
-
  private:
   // A resolved dependency. `slot` and `index` are swapped together under mu_ on reattach;
   // a reader may briefly pair an old slot with its old index, both still mapped.

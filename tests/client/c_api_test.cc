@@ -32,6 +32,45 @@ TEST(CApiTest, OpenResolveAdmitComplete) {
   retryd_close(c);
 }
 
+// retryd_admit_no_probe decides as retryd_admit, but never grants the half-open's probe: it is
+// refused as busy then, taking nothing, and the probe stays for retryd_admit.
+TEST(CApiTest, AdmitNoProbeNeverTakesTheHalfOpensProbe) {
+  testing::NamedSegment seg("capi-noprobe");
+  shm::Policy p;
+  p.min_calls = 1;
+  p.open_for_ms = 1;
+  p.open_for_max_ms = 1;
+  p.open_jitter_ms = 0;
+  p.close_after = 1;
+  testing::AddDependency(*seg.seg, "orders", p);
+  retryd_options_t opt = {seg.name.c_str(), 0};
+  retryd_client_t* c = nullptr;
+  ASSERT_EQ(retryd_open(&opt, &c), RETRYD_OK) << retryd_last_error();
+  retryd_dependency_t dep = -1;
+  ASSERT_EQ(retryd_resolve(c, "orders", &dep), RETRYD_OK);
+  retryd_permit_t permit;
+  ASSERT_EQ(retryd_admit_no_probe(c, dep, 0, &permit), RETRYD_ADMITTED) << "closed: admitted";
+  retryd_complete(c, &permit, RETRYD_FAILURE, 1000);
+  EXPECT_EQ(retryd_admit_no_probe(c, dep, 0, &permit), RETRYD_REJECTED_OPEN);
+  retryd_complete(c, &permit, RETRYD_SUCCESS, 1000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the open period, real clock
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(retryd_admit_no_probe(c, dep, 1, &permit), RETRYD_REJECTED_HALF_OPEN_BUSY);
+    retryd_complete(c, &permit, RETRYD_SUCCESS, 1000);  // the refused permit: a no-op
+  }
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_HALF_OPEN);
+  const shm::DependencySlot& slot = *seg.seg->dependency(0);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kRejectedHalfOpenBusy), 3u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kRetriesGranted), 0u);
+  retryd_permit_t probe;
+  EXPECT_EQ(retryd_admit(c, dep, 0, &probe), RETRYD_ADMITTED_PROBE);
+  EXPECT_EQ(retryd_admit_no_probe(nullptr, dep, 0, &permit), RETRYD_EINVAL);
+  EXPECT_EQ(retryd_admit_no_probe(c, 12345, 0, &permit), RETRYD_EINVAL);
+  retryd_complete(c, &probe, RETRYD_SUCCESS, 1000);
+  EXPECT_EQ(retryd_breaker_state(c, dep), RETRYD_STATE_CLOSED);
+  retryd_close(c);
+}
+
 TEST(CApiTest, ErrorsCarryCodesAndMessages) {
   const std::string name = testing::UniqueSegmentName("capi-missing");
   retryd_options_t opt = {name.c_str(), 0};

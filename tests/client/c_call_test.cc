@@ -123,9 +123,9 @@ TEST(RetryCallCTest, RejectionAndFallback) {
   EXPECT_EQ(w.infos[0].decision, RETRYD_REJECTED_OPEN);
 }
 
-// What every binding's `call` runs: a retry admitted as the half-open's probe with less time
-// left than a fresh call's attempt gives the probe back and is refused as half-open busy.
-TEST(RetryCallCTest, ARetryShortOfTimeGivesTheHalfOpensProbeBack) {
+// What every binding's `call` runs: a retry with less time left than a fresh call's attempt,
+// admitted while the breaker is half-open, does not take the probe and is refused as busy.
+TEST(RetryCallCTest, ARetryShortOfTimeLeavesTheHalfOpensProbe) {
   shm::Policy p;
   p.min_calls = 1;
   p.open_for_ms = 1;
@@ -162,7 +162,7 @@ TEST(RetryCallCTest, ARetryShortOfTimeGivesTheHalfOpensProbeBack) {
   EXPECT_EQ(res.attempts, 1u);
   ASSERT_EQ(w.infos.size(), 2u);
   EXPECT_EQ(w.infos[1].decision, RETRYD_REJECTED_HALF_OPEN_BUSY);
-  // The probe went back unjudged: the next caller takes it.
+  // The probe is free: the next caller takes it.
   retryd_permit_t probe;
   EXPECT_EQ(retryd_admit(f.client, f.dep, 0, &probe), RETRYD_ADMITTED_PROBE);
   retryd_complete(f.client, &probe, RETRYD_SUCCESS, 1'000'000);

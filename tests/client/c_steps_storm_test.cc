@@ -322,7 +322,11 @@ void ExpectNoLeaseLeft(const Fixture& f) {
   }
 }
 
-TEST(RetryStepsStormTest, AMisuseStormLeavesNoLeaseAndCompletesEveryAttemptOnce) {
+// The storm runs with calls of no deadline, and with calls of 4 ms whose attempts have 2 ms,
+// most of which reach a half-open without the time a probe needs and must leave it alone.
+class MisuseStormTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(MisuseStormTest, AMisuseStormLeavesNoLeaseAndCompletesEveryAttemptOnce) {
   constexpr int kThreads = 4, kCallsPerThread = 1'000'000, kLive = 3;
   Fixture f(Flapping(kThreads * kLive, 2));
   std::atomic<uint64_t> calls{0}, admitted{0}, attempts_reported{0}, einval{0}, probes{0};
@@ -336,10 +340,14 @@ TEST(RetryStepsStormTest, AMisuseStormLeavesNoLeaseAndCompletesEveryAttemptOnce)
       policy.backoff_base_ms = 0;
       policy.backoff_cap_ms = 0;
       policy.max_attempts = 4;
+      if (GetParam() > 0) {
+        policy.deadline_ms = GetParam();
+        policy.attempt_timeout_ms = GetParam() / 2;
+      }
       std::vector<retryd_steps_t*> live;
       int begun = 0, actions = 0;
       const auto stop_at = std::chrono::steady_clock::now() +
-                           std::chrono::nanoseconds(StressNs(2'000'000'000));
+                           std::chrono::nanoseconds(StressNs(1'000'000'000));
       while (begun < kCallsPerThread || !live.empty()) {
         if (begun < kCallsPerThread && std::chrono::steady_clock::now() >= stop_at) {
           begun = kCallsPerThread;  // time is up: finish the calls in hand
@@ -428,6 +436,12 @@ TEST(RetryStepsStormTest, AMisuseStormLeavesNoLeaseAndCompletesEveryAttemptOnce)
   EXPECT_GT(f.counter(shm::kHalfOpened), 10u) << "the storm did not exercise half-open";
   ExpectNoLeaseLeft(f);
 }
+
+INSTANTIATE_TEST_SUITE_P(Deadlines, MisuseStormTest, ::testing::Values(int64_t{-1}, int64_t{4}),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param < 0 ? std::string("NoDeadline")
+                                                 : "Deadline" + std::to_string(info.param) + "ms";
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // A cancelled probe goes back unjudged, at every point it can be cancelled.

@@ -225,8 +225,10 @@ shm::Policy OneCallBreaker() {
   return p;
 }
 
-TEST(RetryLoopTest, ARetryShortOfTimeGivesTheHalfOpensProbeBackForTheNextCaller) {
-  Fixture f(OneCallBreaker());
+// ShortRetry makes a call whose first attempt fails after 1.5 s of its 2 s and opens the
+// breaker; when its retry is admitted the breaker is half-open, and the retry, with under 0.5 s
+// left where a fresh call's attempt has 1 s, would be its probe. `records` sees each attempt.
+CallResult ShortRetry(Fixture& f, int* calls, std::vector<AttemptRecord>* records) {
   LoopEnv env = f.Env();
   env.sleep = [&f](nanoseconds d) {
     f.clock.Advance(d);
@@ -240,15 +242,17 @@ TEST(RetryLoopTest, ARetryShortOfTimeGivesTheHalfOpensProbeBackForTheNextCaller)
   policy.expected_attempt = milliseconds(10);
   policy.backoff.base = milliseconds(1);
   policy.backoff.cap = milliseconds(1);
+  return RetryLoop(
+             *f.client, f.dep, policy,
+             [records](const AttemptRecord& rec) { records->push_back(rec); }, env)
+      .Run(Replay(f.clock, {Http(503)}, milliseconds(1'500), calls));
+}
+
+TEST(RetryLoopTest, ARetryShortOfTimeLeavesTheHalfOpensProbeToTheNextCaller) {
+  Fixture f(OneCallBreaker());
   std::vector<AttemptRecord> records;
   int calls = 0;
-  // The first attempt fails after 1.5 s and opens the breaker; when the retry is admitted the
-  // breaker is half-open, and the retry, with under 0.5 s left where a fresh call's attempt has
-  // 1 s, would be its probe.
-  const CallResult r =
-      RetryLoop(
-          *f.client, f.dep, policy, [&](const AttemptRecord& rec) { records.push_back(rec); }, env)
-          .Run(Replay(f.clock, {Http(503)}, milliseconds(1'500), &calls));
+  const CallResult r = ShortRetry(f, &calls, &records);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(r.attempts, 1u);
   EXPECT_EQ(r.stop, StopReason::kRejected);
@@ -256,10 +260,20 @@ TEST(RetryLoopTest, ARetryShortOfTimeGivesTheHalfOpensProbeBackForTheNextCaller)
   ASSERT_EQ(records.size(), 2u);
   EXPECT_EQ(records[1].admission, Decision::kRejectedHalfOpenBusy);
   EXPECT_EQ(records[1].next, StopReason::kRejected);
-  // The probe went back unjudged: the breaker is still half-open, and the next caller probes.
+  // Counted as the refusal it was: no probe, no retry (nor its token), no completion.
+  const shm::DependencySlot& slot = *f.seg.seg->dependency(f.index);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kRejectedHalfOpenBusy), 1u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kProbesGranted), 0u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kRetriesGranted), 0u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kIgnored), 0u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kFailures), 1u);
+  // The breaker is still half-open, its probe free: the next caller probes and closes it.
   EXPECT_EQ(f.Breaker(), shm::BreakerState::kHalfOpen);
   int fresh_calls = 0;
   bool probed = false;
+  RetryPolicy policy;
+  policy.deadline = seconds(2);
+  policy.attempt_timeout = seconds(1);
   const CallResult fresh =
       RetryLoop(*f.client, f.dep, policy, {}, f.Env()).Run([&](const AttemptContext& ctx) {
         probed = ctx.probe;
@@ -269,7 +283,26 @@ TEST(RetryLoopTest, ARetryShortOfTimeGivesTheHalfOpensProbeBackForTheNextCaller)
   EXPECT_TRUE(fresh.ok());
   EXPECT_TRUE(probed);
   EXPECT_EQ(fresh_calls, 1);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kProbesGranted), 1u);
   EXPECT_EQ(f.Breaker(), shm::BreakerState::kClosed);
+}
+
+// Shadow mode refuses nothing: the retry short of time goes out, as an ordinary attempt, and
+// counts as one that enforce would refuse.
+TEST(RetryLoopTest, InShadowModeARetryShortOfTimeGoesOutWithoutTheProbe) {
+  Fixture f(OneCallBreaker());
+  f.seg.seg->dependency(f.index)->mode.store(uint32_t(shm::Mode::kShadow));
+  std::vector<AttemptRecord> records;
+  int calls = 0;
+  const CallResult r = ShortRetry(f, &calls, &records);
+  EXPECT_NE(r.stop, StopReason::kRejected);
+  EXPECT_EQ(calls, 2);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[1].admission, Decision::kAdmitted);
+  const shm::DependencySlot& slot = *f.seg.seg->dependency(f.index);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kProbesGranted), 0u);
+  EXPECT_EQ(shm::ReadCounter(slot, shm::kShadowWouldReject), 1u);
+  EXPECT_EQ(f.Breaker(), shm::BreakerState::kHalfOpen) << "an ordinary attempt is no probe";
 }
 
 TEST(RetryLoopTest, AFreshCallAlwaysHasTheTimeToProbeWhateverItsDeadline) {

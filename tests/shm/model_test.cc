@@ -316,11 +316,13 @@ class ModelRun {
     if (t == nullptr) return SpawnOne();
     if (t->held.size() >= 6) return CompleteFrom(*t);
     const uint32_t attempt = Chance(700) ? 0 : uint32_t(1 + Below(3));
+    // Now and then a call short of the time a probe needs (AdmitNoProbe).
+    const bool may_probe = !Chance(100);
     Held h;
-    const Decision real = Admit(*slot_, index_, attempt, now_ns(), t->caller, &h.real);
-    const Decision want = model_.Admit(attempt, now_ms_, t->model, &h.model);
+    const Decision real = Admit(*slot_, index_, attempt, now_ns(), t->caller, &h.real, may_probe);
+    const Decision want = model_.Admit(attempt, now_ms_, t->model, &h.model, may_probe);
     Log("admit owner " + std::to_string(t->caller.owner) + " attempt " + std::to_string(attempt) +
-        ": " + DecisionName(real));
+        (may_probe ? "" : " (no probe)") + ": " + DecisionName(real));
     if (real != want) {
       Fail(std::string("decision ") + DecisionName(real) + ", model " + DecisionName(want));
       return;

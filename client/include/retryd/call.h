@@ -5,9 +5,10 @@
 //   1. checks the deadline: an attempt that cannot finish in time is not started;
 //   2. asks Client::Admit; a rejection (breaker open, half-open busy, bulkhead full, retry
 //      budget empty) ends the call at once with the reason, so the caller can serve a fallback;
-//      a half-open probe granted to a call with less time left than a fresh call's first
-//      attempt has (its attempt timeout, or half its deadline if less) is given back unused
-//      for the next caller, and the call is refused as half-open busy;
+//      a call with less time left than a fresh call's first attempt has (its attempt
+//      timeout, or half its deadline if less) is never the half-open's probe
+//      (Client::AdmitNoProbe): while the breaker is half-open it is refused as half-open busy,
+//      and the probe stays for the next caller;
 //   3. runs the attempt function with the time left for it (to pass downstream);
 //   4. classifies the result (method, status, transport error, idempotency key: classify.h) and
 //      reports its breaker outcome with Client::Complete (a 4xx is ignored by the breaker);

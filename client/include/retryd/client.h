@@ -133,6 +133,14 @@ class RETRYD_EXPORT Client {
   // segment_name: the segment's name, or with a socket, the socket's path.
   virtual std::string segment_name() const = 0;
 
+  // AdmitNoProbe is Admit for an attempt that must not be the half-open probe: one without the
+  // time a probe needs (a retry late in its deadline), which would spend the breaker's few
+  // probes on a timeout of its own and reopen it. While the breaker is half-open it is refused
+  // as kRejectedHalfOpenBusy, taking nothing (in shadow mode it goes out, as an ordinary
+  // attempt); otherwise it decides as Admit. RetryLoop uses it for an attempt with less time
+  // left than its attempt timeout, or half its deadline if less. Thread-safe.
+  virtual bool AdmitNoProbe(Dependency dep, uint32_t attempt, Permit* permit) = 0;
+
  protected:
   Client() = default;
 };

@@ -124,6 +124,16 @@ RETRYD_EXPORT int retryd_resolve(retryd_client_t* client, const char* name,
 RETRYD_EXPORT int retryd_admit(retryd_client_t* client, retryd_dependency_t dependency,
                                uint32_t attempt, retryd_permit_t* permit);
 
+/* retryd_admit_no_probe is retryd_admit for an attempt that must not be the half-open probe:
+ * one without the time a probe needs (a retry late in its deadline), which would spend the
+ * breaker's few probes on a timeout of its own and reopen it. While the breaker is half-open it
+ * is refused as RETRYD_REJECTED_HALF_OPEN_BUSY, taking nothing (in shadow mode it goes out, as
+ * an ordinary attempt, and counts as one enforce would refuse); otherwise it decides as
+ * retryd_admit. The retry loop (retryd_call.h) uses it for an attempt with less time left
+ * than its attempt timeout, or half its deadline if less. Thread-safe. */
+RETRYD_EXPORT int retryd_admit_no_probe(retryd_client_t* client, retryd_dependency_t dependency,
+                                        uint32_t attempt, retryd_permit_t* permit);
+
 /* retryd_complete reports how the attempt ended (RETRYD_SUCCESS, _FAILURE, _IGNORED) and how
  * long it took, and releases any lease the permit holds. A second call with the same permit,
  * or a call with a rejected permit, is a no-op. Hot path. Thread-safe. */

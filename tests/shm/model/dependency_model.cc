@@ -56,7 +56,7 @@ uint32_t DependencyModel::NextRandom(ModelThread& thread) {
 // --- Admission ---------------------------------------------------------------------------
 
 Decision DependencyModel::Admit(uint32_t attempt, uint64_t now_ms, ModelThread& thread,
-                                ModelPermit* p) {
+                                ModelPermit* p, bool may_probe) {
   *p = ModelPermit{};
   if (mode_ == Mode::kDisabled) {
     p->active = true;
@@ -86,7 +86,7 @@ Decision DependencyModel::Admit(uint32_t attempt, uint64_t now_ms, ModelThread& 
 
   // 1. The breaker.
   if (breaker_.state != BreakerState::kClosed) {
-    const Decision d = AdmitBreaker(now_ms, thread, p);
+    const Decision d = AdmitBreaker(now_ms, thread, p, may_probe);
     if (!shm::IsAdmitted(d)) {
       if (!shadow) return refuse(d);
       would_reject = true;
@@ -117,7 +117,8 @@ Decision DependencyModel::Admit(uint32_t attempt, uint64_t now_ms, ModelThread& 
   return Decision::kAdmitted;
 }
 
-Decision DependencyModel::AdmitBreaker(uint64_t now_ms, ModelThread& thread, ModelPermit* p) {
+Decision DependencyModel::AdmitBreaker(uint64_t now_ms, ModelThread& thread, ModelPermit* p,
+                                       bool may_probe) {
   for (;;) {
     if (breaker_.state == BreakerState::kClosed) return Decision::kAdmitted;
     if (breaker_.state == BreakerState::kOpen) {
@@ -126,7 +127,9 @@ Decision DependencyModel::AdmitBreaker(uint64_t now_ms, ModelThread& thread, Mod
       Enter(BreakerState::kHalfOpen, breaker_.reopens, now_ms);
       continue;
     }
-    // Half-open: the first of half_open_probes words that is free or holds a void probe.
+    // Half-open: an attempt that may not probe is busy; else the first of half_open_probes
+    // words that is free or holds a void probe.
+    if (!may_probe) return Decision::kRejectedHalfOpenBusy;
     for (uint32_t i = 0; i < policy_.half_open_probes; ++i) {
       ModelLease& word = probes_[i];
       if (word.serial != 0 && word.tag == breaker_.seq) continue;

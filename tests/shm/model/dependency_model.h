@@ -89,7 +89,8 @@ class DependencyModel {
   shm::Mode mode() const { return mode_; }
 
   // The hot path and the janitors, as admission.h describes them.
-  shm::Decision Admit(uint32_t attempt, uint64_t now_ms, ModelThread& thread, ModelPermit* p);
+  shm::Decision Admit(uint32_t attempt, uint64_t now_ms, ModelThread& thread, ModelPermit* p,
+                      bool may_probe = true);
   void Complete(ModelPermit* p, shm::Outcome outcome, uint64_t latency_ns, uint64_t now_ms,
                 ModelThread& thread);
   uint32_t ReclaimExpired(uint64_t now_ms, ModelThread& thread);
@@ -126,7 +127,8 @@ class DependencyModel {
   uint32_t NextRandom(ModelThread& thread);
 
   // Breaker.
-  shm::Decision AdmitBreaker(uint64_t now_ms, ModelThread& thread, ModelPermit* p);
+  shm::Decision AdmitBreaker(uint64_t now_ms, ModelThread& thread, ModelPermit* p,
+                             bool may_probe);
   void Enter(shm::BreakerState state, uint32_t reopens, uint64_t time_ms);
   void Open(uint32_t reopens, uint64_t now_ms, uint32_t random);
   uint64_t OpenPeriodMs(uint32_t reopens, uint32_t random) const;
