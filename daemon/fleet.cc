@@ -144,6 +144,14 @@ if ARGV[1] == 'success' then redis.call('HSET', KEYS[1], 'success_n', n) end
 return n
 )lua";
 
+// KEYS[1] the outcome; ARGV[1] an epoch for a store that has none yet. Returns the count, the
+// result, its round, the last success's count and the epoch: a store restarted empty, or
+// flushed, has a new epoch, and its counts start again at 0.
+constexpr const char* kReadOutcome = R"lua(
+redis.call('HSETNX', KEYS[1], 'epoch', ARGV[1])
+return redis.call('HMGET', KEYS[1], 'n', 'result', 'round', 'success_n', 'epoch')
+)lua";
+
 constexpr const char* kReleaseLease = R"lua(
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -214,6 +222,7 @@ struct Fleet::Run {
   uint64_t lease_demand = 0;        // the host's demand when it took its lease
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
   int64_t open_round = 0;           // the outcome count when this open period began
+  std::string open_epoch;           // the store's epoch then (kReadOutcome)
   bool followed_open = false;       // open_round is the round the open period of `seq` began in
   int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
   uint64_t close_at_ms = 0;         // a jittered close pending (the fleet's probe succeeded)
@@ -499,19 +508,38 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     GoLocal(st.message());
     return false;
   };
-  // The fleet's last outcome: its count, "success" or "failure", and its round.
-  auto read_outcome = [&](int64_t* n, std::string* result, int64_t* round) {
+  // The fleet's last outcome: its count, "success" or "failure", its round, the last
+  // success's count and the store's epoch.
+  struct Outcome {
+    int64_t n = 0, round = 0, success_n = 0;
+    std::string result, epoch;
+  };
+  auto read_outcome = [&](Outcome* o) {
     StoreReply r;
-    Status st = store_.Command({"HMGET", outcome_key, "n", "result", "round"}, &r);
+    Status st = store_.Command({"EVAL", kReadOutcome, "1", outcome_key, token_}, &r);
     if (st.ok()) {
+      const bool whole = r.elements.size() == 5;
       auto number = [&](size_t i) {
-        return r.elements.size() == 3 && !r.elements[i].str.empty()
+        return whole && !r.elements[i].str.empty()
                    ? std::strtoll(r.elements[i].str.c_str(), nullptr, 10)
                    : int64_t{0};
       };
-      *n = number(0);
-      *result = r.elements.size() == 3 ? r.elements[1].str : "";
-      *round = number(2);
+      *o = Outcome{number(0), number(2), number(3), whole ? r.elements[1].str : "",
+                   whole ? r.elements[4].str : ""};
+    }
+    return st;
+  };
+  // Whether a host's report says it opened in a round at or after `success_n`: the fleet
+  // tripped again after that success.
+  auto opened_since = [&](int64_t success_n, bool* since) {
+    StoreReply r;
+    Status st = store_.Command({"HVALS", Key(name, "window")}, &r);
+    *since = false;
+    for (const StoreReply& e : r.elements) {
+      std::istringstream in(e.str);
+      uint64_t calls = 0, failures = 0, slow = 0;
+      int64_t opened_at = -1;
+      if (in >> calls >> failures >> slow >> opened_at && opened_at >= success_n) *since = true;
     }
     return st;
   };
@@ -520,9 +548,23 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   // began in the same round, which its report keeps, and an outcome published meanwhile (the
   // fleet's success, most likely) is news to it. Read afresh, the round would be the newest
   // outcome's: its window, the outage's failures, would count as failing in the round of the
-  // success, and the hosts that had closed would trip again on it.
-  const bool same_open = !run.seen && run.followed_open && b.seq == run.seq &&
-                         b.state == shm::BreakerState::kOpen;
+  // success, and the hosts that had closed would trip again on it. Not if the store was
+  // emptied meanwhile (its epoch changed: its counts began again), nor if the fleet tripped
+  // again after a success that came meanwhile: that success is past, and this host's open
+  // period is the fleet's new one, begun in the round of the newest outcome.
+  bool same_open =
+      !run.seen && run.followed_open && b.seq == run.seq && b.state == shm::BreakerState::kOpen;
+  Outcome rejoined;
+  const bool reread = same_open;
+  if (same_open) {
+    if (Status st = read_outcome(&rejoined); !st.ok()) return fail(st);
+    same_open = rejoined.epoch == run.open_epoch && rejoined.n >= run.open_round;
+    if (same_open && rejoined.success_n > run.open_round) {
+      bool reopened = false;
+      if (Status st = opened_since(rejoined.success_n, &reopened); !st.ok()) return fail(st);
+      same_open = !reopened;
+    }
+  }
   if (!run.seen || b.seq != run.seq) {
     // The breaker moved. A prober's own half-open ending is the fleet's outcome: the lease was
     // taken while open, and only its half-open (seen or not: it may begin and end between two
@@ -558,13 +600,16 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       run.due_ms = FullUntilMs(*slot, b, now_ns);
       run.open_since_ns = now_ns;
       run.rejected_at_open = shm::ReadCounter(*slot, shm::kRejectedOpen);
-      std::string result;
-      int64_t round = 0;
+      Outcome o = rejoined;
       if (same_open) {
         run.outcome_n = run.open_round;
       } else {
-        if (Status st = read_outcome(&run.outcome_n, &result, &round); !st.ok()) return fail(st);
-        run.open_round = run.outcome_n;
+        if (!reread) {
+          if (Status st = read_outcome(&o); !st.ok()) return fail(st);
+        }
+        run.outcome_n = o.n;
+        run.open_round = o.n;
+        run.open_epoch = o.epoch;
       }
       // A prober whose lease lapsed before its probe reported (its daemon stopped, or too slow
       // to renew) sees that probe's failure only when its daemon runs again, and the outcome it
@@ -572,7 +617,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       // host that took the lease after it. That success is news to it, as to a held host: it
       // closes with the fleet. Without this it stayed open for its backed-off open period, then
       // probed on its own and published a second outcome for the fleet's one recovery.
-      if (run.lost_round >= 0 && result == "success" && round >= run.lost_round) {
+      if (run.lost_round >= 0 && o.result == "success" && o.round >= run.lost_round) {
         run.open_round = run.lost_round;  // its report, until it closes, is of that past round
         const uint32_t jitter = shm::LoadKnob<shm::Knob::open_jitter_ms>(slot->policy);
         run.close_at_ms = now_ms + (jitter > 0 ? shm::NextRandom(rng_) % (jitter + 1) : 0);
@@ -682,18 +727,23 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
   } else if (b.state == shm::BreakerState::kOpen) {
     role = shm::FleetRole::kHolding;
-    int64_t n = 0, round = 0;
-    std::string result;
-    if (Status st = read_outcome(&n, &result, &round); !st.ok()) return fail(st);
-    if (n != run.outcome_n && run.close_at_ms == 0) {
+    Outcome o;
+    if (Status st = read_outcome(&o); !st.ok()) return fail(st);
+    if (o.epoch != run.open_epoch && run.close_at_ms == 0) {
+      // The store was emptied (restarted without its data, or flushed) while this host stayed
+      // with it: its counts began again, and this open period's round is the new store's.
+      run.outcome_n = run.open_round = o.n;
+      run.open_epoch = o.epoch;
+    }
+    if (o.n != run.outcome_n && run.close_at_ms == 0) {
       // An outcome of a round that began before this open period (another prober of a round
       // this host already followed) is not news.
-      const bool news = round >= run.outcome_n;
-      run.outcome_n = n;
-      if (news && result == "success") {
+      const bool news = o.round >= run.outcome_n;
+      run.outcome_n = o.n;
+      if (news && o.result == "success") {
         const uint32_t jitter = shm::LoadKnob<shm::Knob::open_jitter_ms>(slot->policy);
         run.close_at_ms = now_ms + (jitter > 0 ? shm::NextRandom(rng_) % (jitter + 1) : 0);
-      } else if (news && result == "failure") {
+      } else if (news && o.result == "failure") {
         if (shm::ApplyBreakerEvent(*slot, shm::BreakerEvent::kFleetReopened, now_ns, 0, rng_)) {
           LOG(INFO) << "fleet: dependency " << name
                     << ": reopened: the fleet's probe failed";

@@ -45,7 +45,8 @@
 // dep:NAME:window (hash host -> "calls failures slow opened_at ms"), dep:NAME:lease:K (owner
 // token, with an expiry of three syncs, renewed every sync), dep:NAME:wanted (hash owner token
 // -> "demand ms": the hosts waiting for a lease), dep:NAME:outcome (hash n, result, host, round,
-// success_n).
+// success_n, and epoch: set by the first host to read it, so that a store emptied since, whose
+// counts began again, is told apart).
 //
 // Thread safety: Fleet's public functions may be called from the daemon's thread while the
 // fleet thread runs; the fleet thread touches the segment only through its atomic words.
