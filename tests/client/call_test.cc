@@ -188,14 +188,22 @@ TEST(RetryLoopTest, ForcedOpenRejectsAsOpen) {
   ExpectRejected(f, Decision::kRejectedOpen);
 }
 
-TEST(RetryLoopTest, HalfOpenBusyRejectsAtOnce) {
+// A breaker of one call that opens on one failure for a millisecond (on the segment's real
+// clock), with one probe, closed by one success.
+shm::Policy OneCallBreaker() {
   shm::Policy p;
   p.min_calls = 1;
   p.open_for_ms = 1;
   p.open_for_max_ms = 1;
   p.open_jitter_ms = 0;
   p.probe_timeout_ms = 60'000;
-  Fixture f(p);
+  p.half_open_probes = 1;
+  p.close_after = 1;
+  return p;
+}
+
+TEST(RetryLoopTest, HalfOpenBusyRejectsAtOnce) {
+  Fixture f(OneCallBreaker());
   Permit permit;
   ASSERT_TRUE(f.client->Admit(f.dep, 0, &permit));
   f.client->Complete(&permit, Outcome::kFailure, milliseconds(1));
@@ -209,20 +217,6 @@ TEST(RetryLoopTest, HalfOpenBusyRejectsAtOnce) {
   ASSERT_TRUE(probe.probe());
   ExpectRejected(f, Decision::kRejectedHalfOpenBusy);
   f.client->Complete(&probe, Outcome::kSuccess, milliseconds(1));
-}
-
-// A breaker of one call that opens on one failure for a millisecond (on the segment's real
-// clock), with one probe, closed by one success.
-shm::Policy OneCallBreaker() {
-  shm::Policy p;
-  p.min_calls = 1;
-  p.open_for_ms = 1;
-  p.open_for_max_ms = 1;
-  p.open_jitter_ms = 0;
-  p.probe_timeout_ms = 60'000;
-  p.half_open_probes = 1;
-  p.close_after = 1;
-  return p;
 }
 
 // ShortRetry makes a call whose first attempt fails after 1.5 s of its 2 s and opens the
