@@ -36,16 +36,19 @@ struct MetricsFileWriter::State {
   std::string writing;     // the path of the write under way, for the log
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
-  // The thread's own: the file it last put in place, to remove when the path moves on.
+  // The thread's own: the file it last put in place, to remove when the path moves on, and a
+  // descriptor of it, which keeps its inode from being reused by another file meanwhile.
   std::string written;
-  struct stat written_stat {};
+  int written_fd = -1;
 };
 
 namespace {
 
 // WriteFile puts `text` in place at `path` through a temporary file and a rename, and stores
-// the file's identity in *st. "" if done, else what failed and why.
-std::string WriteFile(const std::string& path, const std::string& text, struct stat* st) {
+// a descriptor of the file put there in *pinned (-1 if none). "" if done, else what failed and
+// why.
+std::string WriteFile(const std::string& path, const std::string& text, int* pinned) {
+  *pinned = -1;
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   const auto why = [](const std::string& what, int error) {
     return what + ": " + (error != 0 ? std::strerror(error) : "no progress");
@@ -63,23 +66,34 @@ std::string WriteFile(const std::string& path, const std::string& text, struct s
     }
     done += size_t(n);
   }
-  if (failed.empty() && fstat(fd, st) != 0) failed = why("stat " + tmp, errno);
+  const int kept = failed.empty() ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (failed.empty() && kept < 0) failed = why("dup " + tmp, errno);
   if (close(fd) != 0 && failed.empty()) failed = why("close " + tmp, errno);
   if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) {
     failed = why("rename to " + path, errno);
   }
-  if (!failed.empty()) unlink(tmp.c_str());
+  if (!failed.empty()) {
+    unlink(tmp.c_str());
+    if (kept >= 0) close(kept);
+    return failed;
+  }
+  *pinned = kept;
   return failed;
 }
 
-// RemoveOwn removes `path` if it is still the file this writer put there (`st`), not one that
-// someone else has put in its place since. "" if removed or nothing to remove, else why not.
-std::string RemoveOwn(const std::string& path, const struct stat& st) {
-  struct stat now {};
+// RemoveOwn removes `path` if it is still the file this writer put there (`fd`, open on it, so
+// that its inode cannot have been given to another file), not one that someone else has put in
+// its place since. "" if removed or nothing to remove, else why not.
+std::string RemoveOwn(const std::string& path, int fd) {
+  struct stat own = {};
+  struct stat now = {};
+  if (fstat(fd, &own) != 0) {
+    return "stat " + path + " (the textfile's old path): " + std::strerror(errno);
+  }
   if (lstat(path.c_str(), &now) != 0) {
     return errno == ENOENT ? "" : "stat " + path + ": " + std::strerror(errno);
   }
-  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) return "";
+  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino) return "";
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
     return "remove " + path + " (the textfile's old path): " + std::strerror(errno);
   }
@@ -128,16 +142,23 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     s->writing = path;
     lock.unlock();
     // An empty path retires the textfile; a new one replaces it, and the old file, which would
-    // otherwise go on saying this pid with its last heartbeat, goes once the new one is there.
-    std::string failed;
-    struct stat st {};
-    if (!path.empty()) failed = WriteFile(path, text, &st);
-    if (!s->written.empty() && s->written != path) {
-      const std::string removed = RemoveOwn(s->written, s->written_stat);
-      if (failed.empty()) failed = removed;
+    // otherwise go on saying this pid with its last heartbeat, goes once the new one is there
+    // (while the new one cannot be written, the old one stays).
+    int fd = -1;
+    const std::string write_failed = path.empty() ? "" : WriteFile(path, text, &fd);
+    std::string remove_failed;
+    if (!s->written.empty() && s->written != path && write_failed.empty()) {
+      remove_failed = RemoveOwn(s->written, s->written_fd);
+      close(s->written_fd);
       s->written.clear();
+      s->written_fd = -1;
     }
-    if (!path.empty() && failed.empty()) s->written = path, s->written_stat = st;
+    if (fd >= 0) {
+      if (s->written_fd >= 0) close(s->written_fd);  // the same path, written anew
+      s->written = path;
+      s->written_fd = fd;
+    }
+    const std::string failed = write_failed.empty() ? remove_failed : write_failed;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up
     // neither Post nor the destructor's bounded wait.
     const uint64_t now_ns = shm::PreciseNowNs();
@@ -150,6 +171,7 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     if (log) LOG(WARNING) << "metrics: " << failed;
     lock.lock();
   }
+  if (s->written_fd >= 0) close(s->written_fd);
   s->done = true;
   s->changed.notify_all();
 }
