@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <glog/logging.h>
-#include <grp.h>
-#include <pwd.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -13,9 +11,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
+#include "daemon/host_names.h"
 #include "shm/attach.h"
 #include "shm/clock.h"
 #include "shm/registry.h"
@@ -24,43 +22,16 @@ namespace retryd::daemon {
 namespace {
 
 // UserLabel and GroupLabel: the name the host's own files give (/etc/passwd, /etc/group), or
-// the number. Not through NSS: a refusal is answered on the daemon's loop thread, which a
-// directory service that does not answer (LDAP, sssd) must not hold, once per refused peer.
-template <typename Entry, typename Id>
-std::string LabelFromFile(const char* path, Id id,
-                          int (*next)(FILE*, Entry*, char*, size_t, Entry**), Id Entry::*id_of,
-                          char* Entry::*name_of) {
-  std::string label = std::to_string(id);
-  FILE* f = fopen(path, "re");
-  if (f == nullptr) return label;
-  std::vector<char> buf(1024);
-  Entry entry;
-  Entry* found = nullptr;
-  for (;;) {
-    const int rc = next(f, &entry, buf.data(), buf.size(), &found);
-    // A line longer than the buffer is read again (the position goes back) with more room.
-    if (rc == ERANGE && buf.size() < (size_t{1} << 20)) {
-      buf.resize(buf.size() * 4);
-      continue;
-    }
-    if (rc != 0 || found == nullptr) break;
-    if (found->*id_of == id) {
-      label = found->*name_of;
-      break;
-    }
-  }
-  fclose(f);
-  return label;
-}
-
+// the number. Not through NSS (host_names.h): a refusal is answered on the daemon's loop
+// thread, which a directory service that does not answer must not hold, once per refused peer.
 std::string UserLabel(uid_t uid) {
-  return LabelFromFile<passwd, uid_t>("/etc/passwd", uid, fgetpwent_r, &passwd::pw_uid,
-                                      &passwd::pw_name);
+  const std::string name = NameInHostFile("/etc/passwd", uid);
+  return name.empty() ? std::to_string(uid) : name;
 }
 
 std::string GroupLabel(gid_t gid) {
-  return LabelFromFile<group, gid_t>("/etc/group", gid, fgetgrent_r, &group::gr_gid,
-                                     &group::gr_name);
+  const std::string name = NameInHostFile("/etc/group", gid);
+  return name.empty() ? std::to_string(gid) : name;
 }
 
 // PeerGroups: the peer's supplementary groups, as the kernel recorded them at connect.

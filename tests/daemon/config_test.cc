@@ -1,6 +1,7 @@
 // Tests of daemon/config: every error path names file, line, column, key and bad value; the
 // shipped default config is exactly the built-in one.
 #include "daemon/config.h"
+#include "daemon/host_names.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -606,6 +607,45 @@ TEST(DurationTest, WhatIsFormattedParsesBackToTheSameDuration) {
     ASSERT_TRUE(ParseDurationMs(text, &parsed)) << ms << " -> " << text;
     EXPECT_EQ(parsed, ms) << text;
   }
+}
+
+// The names a refused peer is given, read from the host's files without NSS (host_names.h).
+class HostNamesTest : public ::testing::Test {
+ protected:
+  void TearDown() override { std::remove(path_.c_str()); }
+  const std::string& Write(const std::string& text) {
+    std::ofstream(path_) << text;
+    return path_;
+  }
+  const std::string path_ = ::testing::TempDir() + "/host-names-" + std::to_string(getpid());
+};
+
+TEST_F(HostNamesTest, NamesTheFirstLineWithTheIdAndNothingElse) {
+  const std::string& file = Write(
+      "# comment:x:65534:\n+nisuser:x:65534:\n-:x:65534:\n:x:65534:\nshort:x:6553:\n"
+      "long:x:655340:\nnogroup:x:65534:\nsecond:x:65534:\nlast:x:7\n");
+  EXPECT_EQ(NameInHostFile(file, 65534), "nogroup");
+  EXPECT_EQ(NameInHostFile(file, 6553), "short");
+  EXPECT_EQ(NameInHostFile(file, 7), "last") << "a last line without a newline";
+  EXPECT_EQ(NameInHostFile(file, 8), "");
+  EXPECT_EQ(NameInHostFile(path_ + ".missing", 0), "");
+}
+
+// A line of any length (a group of 400,000 members) does not hide the lines after it, and a
+// file of 100,000 lines is read to its end. glibc's fgetgrent_r, used before, gave up at a
+// line past its 1 MiB buffer, and sought once per line: a reviewer measured 157 ms a scan of
+// a file like this one on the daemon's loop, against 4 to 8 ms for this reader here.
+TEST_F(HostNamesTest, ReadsPastLinesOfAnyLengthToTheEndOfALargeFile) {
+  std::string text = "many:x:5001:a";
+  for (int i = 0; i < 400'000; ++i) text += ",a";
+  text += "\n";
+  for (int i = 0; i < 100'000; ++i)
+    text += "g" + std::to_string(i) + ":x:" + std::to_string(100'000 + i) + ":\n";
+  text += "nogroup:x:65534:\n";
+  const std::string& file = Write(text);
+  EXPECT_EQ(NameInHostFile(file, 5001), "many");
+  EXPECT_EQ(NameInHostFile(file, 65534), "nogroup");
+  EXPECT_EQ(NameInHostFile(file, 100'000 + 99'999), "g99999");
 }
 
 }  // namespace
