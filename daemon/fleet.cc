@@ -516,7 +516,10 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   };
   auto read_outcome = [&](Outcome* o) {
     StoreReply r;
-    Status st = store_.Command({"EVAL", kReadOutcome, "1", outcome_key, token_}, &r);
+    // A new value at every read: whichever host reads a store first, its epoch differs from
+    // that of the store before it (this host's token alone would not, if it read both first).
+    const std::string epoch = token_ + ":" + std::to_string(shm::NextRandom(rng_));
+    Status st = store_.Command({"EVAL", kReadOutcome, "1", outcome_key, epoch}, &r);
     if (st.ok()) {
       const bool whole = r.elements.size() == 5;
       auto number = [&](size_t i) {
@@ -548,21 +551,26 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   // began in the same round, which its report keeps, and an outcome published meanwhile (the
   // fleet's success, most likely) is news to it. Read afresh, the round would be the newest
   // outcome's: its window, the outage's failures, would count as failing in the round of the
-  // success, and the hosts that had closed would trip again on it. Not if the store was
-  // emptied meanwhile (its epoch changed: its counts began again), nor if the fleet tripped
-  // again after a success that came meanwhile: that success is past, and this host's open
-  // period is the fleet's new one, begun in the round of the newest outcome.
+  // success, and the hosts that had closed would trip again on it. A store emptied meanwhile
+  // (another epoch: restarted without its data, or flushed) began its counts again after this
+  // open period began: in it, the period's round is 0. And if the fleet tripped again after a
+  // success that came meanwhile, that success is past: this host's open period is the fleet's
+  // new one, begun in the round of the newest outcome, read afresh below.
   bool same_open =
       !run.seen && run.followed_open && b.seq == run.seq && b.state == shm::BreakerState::kOpen;
   Outcome rejoined;
   const bool reread = same_open;
   if (same_open) {
     if (Status st = read_outcome(&rejoined); !st.ok()) return fail(st);
-    same_open = rejoined.epoch == run.open_epoch && rejoined.n >= run.open_round;
-    if (same_open && rejoined.success_n > run.open_round) {
+    const int64_t round = rejoined.epoch == run.open_epoch ? run.open_round : 0;
+    if (rejoined.success_n > round) {
       bool reopened = false;
       if (Status st = opened_since(rejoined.success_n, &reopened); !st.ok()) return fail(st);
       same_open = !reopened;
+    }
+    if (same_open) {
+      run.open_round = round;
+      run.open_epoch = rejoined.epoch;
     }
   }
   if (!run.seen || b.seq != run.seq) {
@@ -731,8 +739,9 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     if (Status st = read_outcome(&o); !st.ok()) return fail(st);
     if (o.epoch != run.open_epoch && run.close_at_ms == 0) {
       // The store was emptied (restarted without its data, or flushed) while this host stayed
-      // with it: its counts began again, and this open period's round is the new store's.
-      run.outcome_n = run.open_round = o.n;
+      // with it: its counts began again after this open period began, whose round in it is 0.
+      // Its outcomes since are news.
+      run.outcome_n = run.open_round = 0;
       run.open_epoch = o.epoch;
     }
     if (o.n != run.outcome_n && run.close_at_ms == 0) {
