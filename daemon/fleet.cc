@@ -40,9 +40,11 @@ constexpr uint32_t kWantedSyncs = 2;
 //
 // KEYS[1] the windows, KEYS[2] the outcome; ARGV: host, "calls failures slow opened_at", the
 // key's expiry, the freshness. opened_at is -1 for a closed host; for an open one, the outcome
-// count it read when its open period began. An open host's window is the failures it opened
-// on: it counts until the fleet's probe succeeds (the outcome's success_n), not after, so that
-// the hosts closing on that success do not trip again on the past.
+// count it read when its open period began, or kBeforeThisStore. An open host's window is the
+// failures it opened on: it counts until the fleet's probe succeeds (the outcome's success_n),
+// not after, so that the hosts closing on that success do not trip again on the past; and not
+// at all in a store emptied since the period began, which may have lost that success.
+constexpr int64_t kBeforeThisStore = -2;
 constexpr const char* kPublishWindow = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,7 +59,7 @@ for i = 1, #all, 2 do
   local opened_at = tonumber(string.match(v, '^%d+ %d+ %d+ (%-?%d+) %d+$') or '-1')
   if now - ms > tonumber(ARGV[4]) then
     redis.call('HDEL', KEYS[1], all[i])
-  elseif opened_at < 0 or opened_at >= success_n then
+  elseif opened_at == -1 or opened_at >= success_n then
     table.insert(out, v)
   end
 end
@@ -152,6 +154,21 @@ redis.call('HSETNX', KEYS[1], 'epoch', ARGV[1])
 return redis.call('HMGET', KEYS[1], 'n', 'result', 'round', 'success_n', 'epoch')
 )lua";
 
+// KEYS[1] the windows; ARGV: a success's outcome count, the freshness. Returns how many fresh
+// reports are of hosts that opened in a round at or after that success: as many as the
+// fleet's min_hosts, and the fleet tripped again after it (one host alone may trip on its own).
+constexpr const char* kOpenedSince = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+  local ms = tonumber(string.match(v, '(%d+)$')) or 0
+  local opened_at = tonumber(string.match(v, '^%d+ %d+ %d+ (%-?%d+) %d+$') or '-1')
+  if now - ms <= tonumber(ARGV[2]) and opened_at >= tonumber(ARGV[1]) then n = n + 1 end
+end
+return n
+)lua";
+
 constexpr const char* kReleaseLease = R"lua(
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -221,7 +238,8 @@ struct Fleet::Run {
   uint64_t next_unused_check_ns = 0;  // an unused lease kept (no busier host waits): next look
   uint64_t lease_demand = 0;        // the host's demand when it took its lease
   int64_t outcome_n = 0;            // the fleet's outcome count last read (news moves it)
-  int64_t open_round = 0;           // the outcome count when this open period began
+  int64_t open_round = 0;           // the outcome count when this open period began, or
+                                    // kBeforeThisStore (it began before the store it reads)
   std::string open_epoch;           // the store's epoch then (kReadOutcome)
   bool followed_open = false;       // open_round is the round the open period of `seq` began in
   int64_t lost_round = -1;          // the round of a lease lost before its probe reported, or -1
@@ -434,9 +452,10 @@ bool Fleet::Sync(uint64_t now_ns) {
     int64_t opened_at = -1;
     if (b.state == shm::BreakerState::kClosed) {
       w = shm::ReadWindow(*slot, now_ns);
-    } else if (run.seen && run.seq == b.seq) {
-      // The round it opened in, not the last outcome read: a host that has read the fleet's
-      // success and waits for its jittered close reports a past that no longer counts.
+    } else if (run.seen && run.seq == b.seq && run.close_at_ms == 0) {
+      // The round it opened in, not the last outcome read. A host that has read the fleet's
+      // success and waits for its jittered close reports nothing: its failures are the past
+      // (whatever the store's count says since: a store flushed meanwhile lost the success).
       w = shm::ReadWindow(*slot, now_ns);
       opened_at = run.open_round;
     }
@@ -532,18 +551,15 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     }
     return st;
   };
-  // Whether a host's report says it opened in a round at or after `success_n`: the fleet
-  // tripped again after that success.
+  // Whether the fleet tripped again after the success of count `success_n`: as many fresh
+  // reports as it takes to trip it say their host opened in a round at or after it.
   auto opened_since = [&](int64_t success_n, bool* since) {
     StoreReply r;
-    Status st = store_.Command({"HVALS", Key(name, "window")}, &r);
-    *since = false;
-    for (const StoreReply& e : r.elements) {
-      std::istringstream in(e.str);
-      uint64_t calls = 0, failures = 0, slow = 0;
-      int64_t opened_at = -1;
-      if (in >> calls >> failures >> slow >> opened_at && opened_at >= success_n) *since = true;
-    }
+    Status st = store_.Command(
+        {"EVAL", kOpenedSince, "1", Key(name, "window"), std::to_string(success_n),
+         std::to_string(uint64_t{settings_.sync_ms} * kFreshSyncs)},
+        &r);
+    *since = st.ok() && r.integer >= int64_t{std::max<uint32_t>(run.cfg.fleet.min_hosts, 1)};
     return st;
   };
 
@@ -552,17 +568,18 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   // fleet's success, most likely) is news to it. Read afresh, the round would be the newest
   // outcome's: its window, the outage's failures, would count as failing in the round of the
   // success, and the hosts that had closed would trip again on it. A store emptied meanwhile
-  // (another epoch: restarted without its data, or flushed) began its counts again after this
-  // open period began: in it, the period's round is 0. And if the fleet tripped again after a
-  // success that came meanwhile, that success is past: this host's open period is the fleet's
-  // new one, begun in the round of the newest outcome, read afresh below.
+  // (another epoch: restarted without its data, or flushed) began its counts after this open
+  // period began (kBeforeThisStore: every outcome of it is news, and the period's failures do
+  // not count in it, since it may have lost the success that ended them). And if the fleet
+  // tripped again after a success that came meanwhile, that success is past: this host's open
+  // period is the fleet's new one, begun in the round of the newest outcome, read afresh below.
   bool same_open =
       !run.seen && run.followed_open && b.seq == run.seq && b.state == shm::BreakerState::kOpen;
   Outcome rejoined;
   const bool reread = same_open;
   if (same_open) {
     if (Status st = read_outcome(&rejoined); !st.ok()) return fail(st);
-    const int64_t round = rejoined.epoch == run.open_epoch ? run.open_round : 0;
+    const int64_t round = rejoined.epoch == run.open_epoch ? run.open_round : kBeforeThisStore;
     if (rejoined.success_n > round) {
       bool reopened = false;
       if (Status st = opened_since(rejoined.success_n, &reopened); !st.ok()) return fail(st);
@@ -610,7 +627,7 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
       run.rejected_at_open = shm::ReadCounter(*slot, shm::kRejectedOpen);
       Outcome o = rejoined;
       if (same_open) {
-        run.outcome_n = run.open_round;
+        run.outcome_n = std::max<int64_t>(run.open_round, 0);
       } else {
         if (!reread) {
           if (Status st = read_outcome(&o); !st.ok()) return fail(st);
@@ -739,9 +756,10 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     if (Status st = read_outcome(&o); !st.ok()) return fail(st);
     if (o.epoch != run.open_epoch && run.close_at_ms == 0) {
       // The store was emptied (restarted without its data, or flushed) while this host stayed
-      // with it: its counts began again after this open period began, whose round in it is 0.
-      // Its outcomes since are news.
-      run.outcome_n = run.open_round = 0;
+      // with it: its counts began after this open period began. Its outcomes are news, and
+      // this period's failures, whose end it may have lost, no longer count in it.
+      run.outcome_n = 0;
+      run.open_round = kBeforeThisStore;
       run.open_epoch = o.epoch;
     }
     if (o.n != run.outcome_n && run.close_at_ms == 0) {
