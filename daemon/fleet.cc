@@ -42,8 +42,10 @@ constexpr uint32_t kWantedSyncs = 2;
 // key's expiry, the freshness. opened_at is -1 for a closed host; for an open one, the outcome
 // count it read when its open period began, or kBeforeThisStore. An open host's window is the
 // failures it opened on: it counts until the fleet's probe succeeds (the outcome's success_n),
-// not after, so that the hosts closing on that success do not trip again on the past; and not
-// at all in a store emptied since the period began, which may have lost that success.
+// not after, so that the hosts closing on that success do not trip again on the past. One of a
+// period begun before the store was emptied (which may have lost that success) counts only
+// beside a current report with failures: it confirms a downstream failing now, never trips
+// alone on the past.
 constexpr int64_t kBeforeThisStore = -2;
 constexpr const char* kPublishWindow = R"lua(
 local t = redis.call('TIME')
@@ -53,15 +55,24 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local success_n = tonumber(redis.call('HGET', KEYS[2], 'success_n') or '0')
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
+local before = {}
+local failing_now = false
 for i = 1, #all, 2 do
   local v = all[i + 1]
   local ms = tonumber(string.match(v, '(%d+)$')) or 0
-  local opened_at = tonumber(string.match(v, '^%d+ %d+ %d+ (%-?%d+) %d+$') or '-1')
+  local failures, slow, opened_at = string.match(v, '^%d+ (%d+) (%d+) (%-?%d+) %d+$')
+  opened_at = tonumber(opened_at or '-1')
   if now - ms > tonumber(ARGV[4]) then
     redis.call('HDEL', KEYS[1], all[i])
   elseif opened_at == -1 or opened_at >= success_n then
     table.insert(out, v)
+    if tonumber(failures or '0') > 0 or tonumber(slow or '0') > 0 then failing_now = true end
+  elseif opened_at == -2 then
+    table.insert(before, v)
   end
+end
+if failing_now then
+  for _, v in ipairs(before) do table.insert(out, v) end
 end
 return out
 )lua";

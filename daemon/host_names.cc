@@ -15,14 +15,15 @@ std::string NameInHostFile(const std::string& path, uint32_t id) {
   char* line = nullptr;
   size_t capacity = 0;
   while (getline(&line, &capacity, f) > 0) {
-    if (line[0] == '#' || line[0] == '+' || line[0] == '-') continue;
-    const char* name_end = std::strchr(line, ':');
+    const char* start = line + std::strspn(line, " \t");  // leading blanks, as glibc skips them
+    if (*start == '#' || *start == '+' || *start == '-') continue;
+    const char* name_end = std::strchr(start, ':');
     const char* id_start = name_end ? std::strchr(name_end + 1, ':') : nullptr;
-    if (id_start == nullptr || name_end == line) continue;
+    if (id_start == nullptr || name_end == start) continue;
     ++id_start;
     const size_t id_length = std::strcspn(id_start, ":\n");
     if (id_length == want.size() && std::memcmp(id_start, want.data(), id_length) == 0) {
-      name.assign(line, size_t(name_end - line));
+      name.assign(start, size_t(name_end - start));
       break;
     }
   }

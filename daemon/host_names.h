@@ -3,7 +3,8 @@
 // NameInHostFile reads a file of `name:password:id:...` lines (/etc/passwd, /etc/group) itself,
 // without NSS: the daemon names a refused peer on its loop thread, which a directory service
 // behind NSS (LDAP, sssd) that does not answer must not hold. One pass over the file, lines of
-// any length; comments and NIS compat lines (`+`, `-`) name nothing.
+// any length; leading blanks skipped, as glibc does; comments and NIS compat lines (`+`, `-`)
+// name nothing.
 //
 // Thread safety: thread-safe (reads the file anew each call).
 #pragma once

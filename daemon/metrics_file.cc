@@ -36,10 +36,12 @@ struct MetricsFileWriter::State {
   std::string writing;     // the path of the write under way, for the log
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
-  // The thread's own: the file it last put in place, to remove when the path moves on, and a
-  // descriptor of it, which keeps its inode from being reused by another file meanwhile.
+  // The thread's own: the file it last put in place, to remove when the path moves on; a
+  // descriptor of it, which keeps its inode from being reused by another file meanwhile; and
+  // its size and time of change then, which a write into it by someone else would change.
   std::string written;
   int written_fd = -1;
+  struct stat written_stat = {};
 };
 
 namespace {
@@ -81,10 +83,11 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
   return failed;
 }
 
-// RemoveOwn removes `path` if it is still the file this writer put there (`fd`, open on it, so
-// that its inode cannot have been given to another file), not one that someone else has put in
-// its place since. "" if removed or nothing to remove, else why not.
-std::string RemoveOwn(const std::string& path, int fd) {
+// RemoveOwn removes `path` if it is still the file this writer put there, as it was then
+// (`written`, of the descriptor `fd` open on it, so that its inode cannot have been given to
+// another file), not one that someone else has put in its place or written into since. "" if
+// removed or nothing to remove, else why not.
+std::string RemoveOwn(const std::string& path, int fd, const struct stat& written) {
   struct stat own = {};
   struct stat now = {};
   if (fstat(fd, &own) != 0) {
@@ -93,7 +96,11 @@ std::string RemoveOwn(const std::string& path, int fd) {
   if (lstat(path.c_str(), &now) != 0) {
     return errno == ENOENT ? "" : "stat " + path + ": " + std::strerror(errno);
   }
-  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino) return "";
+  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino || now.st_size != written.st_size ||
+      now.st_ctim.tv_sec != written.st_ctim.tv_sec ||
+      now.st_ctim.tv_nsec != written.st_ctim.tv_nsec) {
+    return "";
+  }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
     return "remove " + path + " (the textfile's old path): " + std::strerror(errno);
   }
@@ -148,7 +155,7 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     const std::string write_failed = path.empty() ? "" : WriteFile(path, text, &fd);
     std::string remove_failed;
     if (!s->written.empty() && s->written != path && write_failed.empty()) {
-      remove_failed = RemoveOwn(s->written, s->written_fd);
+      remove_failed = RemoveOwn(s->written, s->written_fd, s->written_stat);
       close(s->written_fd);
       s->written.clear();
       s->written_fd = -1;
@@ -157,6 +164,7 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
       if (s->written_fd >= 0) close(s->written_fd);  // the same path, written anew
       s->written = path;
       s->written_fd = fd;
+      if (fstat(fd, &s->written_stat) != 0) s->written_stat = {};  // then it is never removed
     }
     const std::string failed = write_failed.empty() ? remove_failed : write_failed;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up

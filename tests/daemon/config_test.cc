@@ -623,11 +623,14 @@ class HostNamesTest : public ::testing::Test {
 TEST_F(HostNamesTest, NamesTheFirstLineWithTheIdAndNothingElse) {
   const std::string& file = Write(
       "# comment:x:65534:\n+nisuser:x:65534:\n-:x:65534:\n:x:65534:\nshort:x:6553:\n"
-      "long:x:655340:\nnogroup:x:65534:\nsecond:x:65534:\nlast:x:7\n");
+      "long:x:655340:\n  #indented:x:15:\n\tblank:x:14:\nnogroup:x:65534:\nsecond:x:65534:\n"
+      "last:x:7\n");
   EXPECT_EQ(NameInHostFile(file, 65534), "nogroup");
   EXPECT_EQ(NameInHostFile(file, 6553), "short");
   EXPECT_EQ(NameInHostFile(file, 7), "last") << "a last line without a newline";
   EXPECT_EQ(NameInHostFile(file, 8), "");
+  EXPECT_EQ(NameInHostFile(file, 15), "") << "a comment after blanks";
+  EXPECT_EQ(NameInHostFile(file, 14), "blank") << "leading blanks, as glibc reads them";
   EXPECT_EQ(NameInHostFile(path_ + ".missing", 0), "");
 }
 

@@ -1026,5 +1026,52 @@ TEST_F(FleetChaosTest, AHostTrippingAloneKeepsNoRejoiningHostFromClosingWithTheF
   EXPECT_EQ(opened(2), opened2) << "closed host 2 tripped again\n" << hosts_[2].daemon->Log();
 }
 
+// 9. The store emptied while the downstream still fails: the open hosts' periods began before
+// it, and their reports, which may be of an outage whose end the store lost, do not trip a
+// closed host alone; beside its own failure they do. A closed host joining then opens with the
+// fleet after its first failed call, where without the store loss it opens before any (it
+// stayed closed, calling the failing downstream, until the next probe round, when such reports
+// were left out altogether).
+class FleetStoreEmptiedWhileFailingTest : public FleetChaosTest,
+                                          public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(FleetStoreEmptiedWhileFailingTest, AClosedHostJoiningLaterOpensWithTheFleet) {
+  SKIP_WITHOUT_REDIS();
+  Redis redis(FreePort());
+  const std::string store = "redis = \"" + redis.address() + "\"\n";
+  const std::string orders =
+      "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\nopen_for = \"60s\"\n"
+      "open_for_max = \"60s\"\nopen_jitter = \"0s\"\nhalf_open_probes = 1\nclose_after = 1\n"
+      "fleet = true\nfleet_min_hosts = 2\n";
+  StartHosts(2, store, orders);
+  ASSERT_TRUE(WaitJoined());
+  ds_->failing = 1;  // for the whole test
+  StartWorker(0, {20, false});
+  StartWorker(1, {20, false});
+  ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kSyncMs));
+  if (std::string(GetParam()) == "Flushed") {
+    redis.Command({"FLUSHALL"});
+  } else {
+    redis.Kill();
+    redis.Start();
+  }
+  ASSERT_TRUE(WaitJoined());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * kSyncMs));  // every host reported
+  StartHosts(1, store, orders);  // host 2, closed, calling once a second
+  ASSERT_TRUE(WaitJoined());
+  StartWorker(2, {0, false, 1000});
+  EXPECT_TRUE(WaitUntil([&] { return State(2) != shm::BreakerState::kClosed; }, 10'000))
+      << "host 2 did not open with the fleet while the downstream fails ("
+      << ds_->calls_from[2].load() << " calls)\n"
+      << hosts_[2].daemon->Log();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, FleetStoreEmptiedWhileFailingTest,
+                         ::testing::Values("Restarted", "Flushed"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
 }  // namespace
 }  // namespace retryd::daemon

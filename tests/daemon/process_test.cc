@@ -968,6 +968,30 @@ TEST_F(DaemonProcessTest, AFileMadeAtTheTextfilesOldPathWithItsInodeNumberStays)
   unlink(a.c_str());
 }
 
+// The same for content someone else writes into the daemon's file in place (cp onto it, a
+// shell's `>`), the inode kept: the daemon's file, as it wrote it, is gone.
+TEST_F(DaemonProcessTest, AFileWrittenIntoInPlaceAtTheTextfilesOldPathStays) {
+  const std::string a = TempPath(".prom"), b = TempPath(".prom");
+  auto d = StartDaemon(Textfile(a));
+  ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  const int fd = open(a.c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(write(fd, "# mine\n", 7), 7);
+  close(fd);
+  WriteFile(config_, Textfile(b));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  ASSERT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  WriteFile(config_, Textfile(""));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  EXPECT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) != 0; }, 10'000)) << d->Log();
+  EXPECT_EQ(ReadFile(a), "# mine\n") << d->Log();
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  unlink(a.c_str());
+}
+
 // An old file the daemon could not remove (its directory immutable) does not make it forget
 // the new one it wrote: turned off, it removes that.
 TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedLeavesTheNewOneKnown) {
