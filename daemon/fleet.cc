@@ -39,7 +39,10 @@ constexpr uint32_t kWantedSyncs = 2;
 // Every script reads the store's own clock (TIME), so hosts' clocks need not agree.
 //
 // KEYS[1] the windows, KEYS[2] the outcome; ARGV: host, "calls failures slow opened_at", the
-// key's expiry, the freshness. opened_at is -1 for a closed host; for an open one, the outcome
+// key's expiry, the freshness, the store's epoch the host read when its open period began ("":
+// none), an epoch for a store that has none yet (as kReadOutcome). A report of an open period
+// whose epoch is not the store's is of a period begun before the store: kBeforeThisStore, from
+// the host's first report after the store was emptied, not only once its next step reads it. opened_at is -1 for a closed host; for an open one, the outcome
 // count it read when its open period began, or kBeforeThisStore. An open host's window is the
 // failures it opened on: it counts until the fleet's probe succeeds (the outcome's success_n),
 // not after, so that the hosts closing on that success do not trip again on the past. One of a
@@ -50,7 +53,13 @@ constexpr int64_t kBeforeThisStore = -2;
 constexpr const char* kPublishWindow = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now)
+local epoch = ARGV[6]
+if redis.call('HSETNX', KEYS[2], 'epoch', ARGV[6]) == 0 then
+  epoch = redis.call('HGET', KEYS[2], 'epoch')
+end
+local mine = ARGV[2]
+if ARGV[5] ~= '' and ARGV[5] ~= epoch then mine = (string.gsub(mine, '%-?%d+$', '-2')) end
+redis.call('HSET', KEYS[1], ARGV[1], mine .. ' ' .. now)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local success_n = tonumber(redis.call('HGET', KEYS[2], 'success_n') or '0')
 local all = redis.call('HGETALL', KEYS[1])
@@ -472,9 +481,11 @@ bool Fleet::Sync(uint64_t now_ns) {
     }
     const std::string mine = std::to_string(w.calls) + " " + std::to_string(w.failures) + " " +
                              std::to_string(w.slow) + " " + std::to_string(opened_at);
-    if (Status st = store_.Command({"EVAL", kPublishWindow, "2", Key(name, "window"),
-                                    Key(name, "outcome"), host_id_, mine, keep_ms, fresh_ms},
-                                   &reply);
+    const std::string epoch = opened_at >= 0 ? run.open_epoch : "";
+    if (Status st = store_.Command(
+            {"EVAL", kPublishWindow, "2", Key(name, "window"), Key(name, "outcome"), host_id_, mine,
+             keep_ms, fresh_ms, epoch, token_ + ":" + std::to_string(shm::NextRandom(rng_))},
+            &reply);
         !st.ok()) {
       GoLocal(st.message());
       return false;
