@@ -28,6 +28,7 @@
 #include <deque>
 #include <memory>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -281,6 +282,28 @@ class FleetChaosTest : public FleetTest {
   std::string Outcome(Redis& redis, const char* field) {
     const StoreReply r = redis.Command({"HGET", prefix_ + ":dep:orders:outcome", field});
     return r.str;
+  }
+  // ReportedOpenedAt: the opened_at of host i's report in the store's windows (-1: closed, or
+  // not following its open period yet; -2: a period begun before this store), or kNoReport.
+  static constexpr int64_t kNoReport = -100;
+  int64_t ReportedOpenedAt(Redis& redis, int i) {
+    const StoreReply r =
+        redis.Command({"HGET", prefix_ + ":dep:orders:window", "host-" + std::to_string(i)});
+    std::istringstream in(r.str);
+    uint64_t calls = 0, failures = 0, slow = 0;
+    int64_t opened_at = kNoReport;
+    return in >> calls >> failures >> slow >> opened_at ? opened_at : kNoReport;
+  }
+  // StartFailingHosts: `n` hosts of one policy, their downstream failing, each calling 20 times
+  // a second, until every one is open and reports the open period it follows.
+  void StartFailingHosts(Redis& redis, int n, const std::string& orders) {
+    StartHosts(n, "redis = \"" + redis.address() + "\"\n", orders);
+    ASSERT_TRUE(WaitJoined());
+    ds_->failing = 1;
+    for (int i = 0; i < n; ++i) StartWorker(i, {20, false});
+    ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
+    ASSERT_TRUE(WaitUntil(
+        [&] { return All([&](int i) { return ReportedOpenedAt(redis, i) >= 0; }); }, 10'000));
   }
 };
 
@@ -846,6 +869,12 @@ TEST_F(FleetChaosTest, AHostAwayWhileTheFleetClosesAndTripsAgainDoesNotCloseOnTh
 // host that kept the round its open period began in (1 or more) would report its outage's
 // failures past the new store's first success (success_n 1), and the hosts that had closed on
 // it would trip again. The store's epoch (kReadOutcome) tells a new store from the old one.
+// The store-emptied tests' policy: open 3 s, hosts closing within 3 s of the fleet's success.
+const char* const kJitteredCloseOrders =
+    "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\nopen_for = \"3s\"\n"
+    "open_for_max = \"3s\"\nopen_jitter = \"3s\"\nhalf_open_probes = 1\nclose_after = 1\n"
+    "fleet = true\nfleet_min_hosts = 2\n";
+
 class FleetStoreEmptiedTest : public FleetChaosTest,
                               public ::testing::WithParamInterface<const char*> {};
 
@@ -853,14 +882,7 @@ TEST_P(FleetStoreEmptiedTest, NoHostTripsAgainAfterTheRecovery) {
   SKIP_WITHOUT_REDIS();
   Redis redis(FreePort());
   constexpr int kHosts = 4;
-  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
-             "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\n"
-             "open_for = \"3s\"\nopen_for_max = \"3s\"\nopen_jitter = \"3s\"\n"
-             "half_open_probes = 1\nclose_after = 1\nfleet = true\nfleet_min_hosts = 2\n");
-  ASSERT_TRUE(WaitJoined());
-  ds_->failing = 1;
-  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
-  ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
+  StartFailingHosts(redis, kHosts, kJitteredCloseOrders);
   auto opened = [&](int i) { return shm::ReadCounter(Orders(i), shm::kOpened); };
   // A failed round: the outcome count is 1 or more, and every host reopened on it.
   ASSERT_TRUE(WaitUntil(
@@ -870,7 +892,9 @@ TEST_P(FleetStoreEmptiedTest, NoHostTripsAgainAfterTheRecovery) {
       },
       30'000))
       << hosts_[0].daemon->Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(kSyncMs));  // every host followed it
+  // Every host follows the open period begun in that round.
+  ASSERT_TRUE(WaitUntil([&] { return All([&](int i) { return ReportedOpenedAt(redis, i) >= 1; }); },
+                        10'000));
   ds_->failing = 0;
   if (std::string(GetParam()) == "Flushed") {
     redis.Command({"FLUSHALL"});
@@ -920,16 +944,8 @@ TEST_P(FleetStoreEmptiedAsHostsCloseTest, NoClosedHostTripsAgain) {
   SKIP_WITHOUT_REDIS();
   Redis redis(FreePort());
   constexpr int kHosts = 4;
-  StartHosts(kHosts, "redis = \"" + redis.address() + "\"\n",
-             "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\n"
-             "open_for = \"3s\"\nopen_for_max = \"3s\"\nopen_jitter = \"3s\"\n"
-             "half_open_probes = 1\nclose_after = 1\nfleet = true\nfleet_min_hosts = 2\n");
-  ASSERT_TRUE(WaitJoined());
-  ds_->failing = 1;
-  for (int i = 0; i < kHosts; ++i) StartWorker(i, {20, false});
-  ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
+  StartFailingHosts(redis, kHosts, kJitteredCloseOrders);
   auto opened = [&](int i) { return shm::ReadCounter(Orders(i), shm::kOpened); };
-  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kSyncMs));
   std::vector<uint64_t> own_probes;
   for (int i = 0; i < kHosts; ++i) own_probes.push_back(ds_->own_probes[i].load());
   ds_->failing = 0;
@@ -1022,7 +1038,8 @@ TEST_F(FleetChaosTest, AHostTrippingAloneKeepsNoRejoiningHostFromClosingWithTheF
   ds_->failing_at[3] = 1;  // host 3 alone fails: not the fleet
   ASSERT_TRUE(WaitUntil([&] { return State(3) != shm::BreakerState::kClosed; }, 20'000))
       << hosts_[3].daemon->Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(kSyncMs + 50));  // its report is in
+  ASSERT_TRUE(WaitUntil([&] { return ReportedOpenedAt(redis, 3) >= std::stoll(success_n); },
+                        10'000));  // its report is in
   ASSERT_EQ(State(1), shm::BreakerState::kClosed);
   ASSERT_EQ(State(2), shm::BreakerState::kClosed);
   ASSERT_EQ(State(0), shm::BreakerState::kOpen);
@@ -1058,13 +1075,7 @@ TEST_P(FleetStoreEmptiedWhileFailingTest, AClosedHostJoiningLaterOpensWithTheFle
       "min_calls = 20\nfailure_rate_threshold = 10\nwindow = \"60s\"\nopen_for = \"60s\"\n"
       "open_for_max = \"60s\"\nopen_jitter = \"0s\"\nhalf_open_probes = 1\nclose_after = 1\n"
       "fleet = true\nfleet_min_hosts = 2\n";
-  StartHosts(2, store, orders);
-  ASSERT_TRUE(WaitJoined());
-  ds_->failing = 1;  // for the whole test
-  StartWorker(0, {20, false});
-  StartWorker(1, {20, false});
-  ASSERT_TRUE(WaitAllOpen(20'000)) << hosts_[0].daemon->Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kSyncMs));
+  StartFailingHosts(redis, 2, orders);  // and failing for the whole test
   if (std::string(GetParam()) == "Flushed") {
     redis.Command({"FLUSHALL"});
   } else {
@@ -1072,7 +1083,10 @@ TEST_P(FleetStoreEmptiedWhileFailingTest, AClosedHostJoiningLaterOpensWithTheFle
     redis.Start();
   }
   ASSERT_TRUE(WaitJoined());
-  std::this_thread::sleep_for(std::chrono::milliseconds(3 * kSyncMs));  // every host reported
+  // Both report their periods as begun before this store.
+  ASSERT_TRUE(WaitUntil(
+      [&] { return ReportedOpenedAt(redis, 0) == -2 && ReportedOpenedAt(redis, 1) == -2; },
+      10'000));
   StartHosts(1, store, orders);  // host 2, closed, calling once a second
   ASSERT_TRUE(WaitJoined());
   StartWorker(2, {0, false, 1000});

@@ -95,6 +95,8 @@ class DaemonProcessTest : public ::testing::Test {
     return Config((path.empty() ? "" : "metrics_textfile = \"" + path + "\"\n") +
                   "metrics_interval = \"1h\"\n");
   }
+  // Described where it is defined, beside the tests that use it.
+  void ExpectSomeoneElsesFileStays(int flags);
 
   // StartDaemon writes `config_text` and starts retryd on it, waiting for READY=1.
   std::unique_ptr<DaemonProcess> StartDaemon(const std::string& config_text,
@@ -941,55 +943,43 @@ TEST_F(DaemonProcessTest, AMoveOfTheTextfileToAPathThatCannotBeWrittenKeepsTheOl
   unlink(a.c_str());
 }
 
-// The file someone else puts at the old path stays, even when it is given the inode number of
-// the daemon's file just removed (ext4 gives it at once): the daemon keeps its own file open,
-// so that its number cannot be reused while it may still remove it.
-TEST_F(DaemonProcessTest, AFileMadeAtTheTextfilesOldPathWithItsInodeNumberStays) {
+// ExpectSomeoneElsesFileStays: the daemon writes its textfile at a; someone else then makes
+// "# mine\n" the content at a, with `flags` (O_CREAT | O_EXCL after removing the daemon's
+// file, or O_TRUNC into it); the textfile moves to b, then is turned off: b goes, and with it
+// the writer has tried every path it wrote, and a is still the other one's.
+void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags) {
   const std::string a = TempPath(".prom"), b = TempPath(".prom");
   auto d = StartDaemon(Textfile(a));
   ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
-  ASSERT_EQ(unlink(a.c_str()), 0);
-  const int fd = open(a.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (flags & O_EXCL) ASSERT_EQ(unlink(a.c_str()), 0);
+  const int fd = open(a.c_str(), O_WRONLY | flags, 0644);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   ASSERT_EQ(write(fd, "# mine\n", 7), 7);
   close(fd);
-  WriteFile(config_, Textfile(b));
-  d->Signal(SIGHUP);
-  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
-  ASSERT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
-  // Turned off: b goes, and with it the writer has tried every path it wrote.
-  WriteFile(config_, Textfile(""));
-  d->Signal(SIGHUP);
-  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
-  EXPECT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) != 0; }, 10'000)) << d->Log();
+  for (const std::string& next : {b, std::string()}) {
+    WriteFile(config_, Textfile(next));
+    d->Signal(SIGHUP);
+    ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+    ASSERT_TRUE(WaitUntil([&] { return (access(b.c_str(), F_OK) == 0) == !next.empty(); }, 10'000))
+        << d->Log();
+  }
   EXPECT_EQ(ReadFile(a), "# mine\n") << d->Log();
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
   unlink(a.c_str());
 }
 
+// A file someone else makes at the old path stays, even with the inode number of the daemon's
+// file just removed (ext4 gives it at once): the daemon keeps its own file open, so that its
+// number cannot be reused while it may still remove it.
+TEST_F(DaemonProcessTest, AFileMadeAtTheTextfilesOldPathWithItsInodeNumberStays) {
+  ExpectSomeoneElsesFileStays(O_CREAT | O_EXCL);
+}
+
 // The same for content someone else writes into the daemon's file in place (cp onto it, a
 // shell's `>`), the inode kept: the daemon's file, as it wrote it, is gone.
 TEST_F(DaemonProcessTest, AFileWrittenIntoInPlaceAtTheTextfilesOldPathStays) {
-  const std::string a = TempPath(".prom"), b = TempPath(".prom");
-  auto d = StartDaemon(Textfile(a));
-  ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
-  const int fd = open(a.c_str(), O_WRONLY | O_TRUNC);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(write(fd, "# mine\n", 7), 7);
-  close(fd);
-  WriteFile(config_, Textfile(b));
-  d->Signal(SIGHUP);
-  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
-  ASSERT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
-  WriteFile(config_, Textfile(""));
-  d->Signal(SIGHUP);
-  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
-  EXPECT_TRUE(WaitUntil([&] { return access(b.c_str(), F_OK) != 0; }, 10'000)) << d->Log();
-  EXPECT_EQ(ReadFile(a), "# mine\n") << d->Log();
-  d->Signal(SIGTERM);
-  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
-  unlink(a.c_str());
+  ExpectSomeoneElsesFileStays(O_TRUNC);
 }
 
 // An old file the daemon could not remove (its directory immutable) does not make it forget
