@@ -591,8 +591,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
   // outcome's: its window, the outage's failures, would count as failing in the round of the
   // success, and the hosts that had closed would trip again on it. A store emptied meanwhile
   // (another epoch: restarted without its data, or flushed) began its counts after this open
-  // period began (kBeforeThisStore: every outcome of it is news, and the period's failures do
-  // not count in it, since it may have lost the success that ended them). And if the fleet
+  // period began (kBeforeThisStore: every outcome of it is news, and the period's failures, whose
+  // end it may have lost, count there only beside current ones: kPublishWindow). And if the fleet
   // tripped again after a success that came meanwhile, that success is past: this host's open
   // period is the fleet's new one, begun in the round of the newest outcome, read afresh below.
   bool same_open =
@@ -779,7 +779,8 @@ bool Fleet::Follow(const std::string& name, Run& run, uint64_t now_ns) {
     if (o.epoch != run.open_epoch && run.close_at_ms == 0) {
       // The store was emptied (restarted without its data, or flushed) while this host stayed
       // with it: its counts began after this open period began. Its outcomes are news, and
-      // this period's failures, whose end it may have lost, no longer count in it.
+      // this period's failures, whose end it may have lost, count there only beside current
+      // ones (kPublishWindow).
       run.outcome_n = 0;
       run.open_round = kBeforeThisStore;
       run.open_epoch = o.epoch;
