@@ -42,13 +42,13 @@ constexpr uint32_t kWantedSyncs = 2;
 // key's expiry, the freshness, the store's epoch the host read when its open period began ("":
 // none), an epoch for a store that has none yet (as kReadOutcome). A report of an open period
 // whose epoch is not the store's is of a period begun before the store: kBeforeThisStore, from
-// the host's first report after the store was emptied, not only once its next step reads it. opened_at is -1 for a closed host; for an open one, the outcome
-// count it read when its open period began, or kBeforeThisStore. An open host's window is the
-// failures it opened on: it counts until the fleet's probe succeeds (the outcome's success_n),
-// not after, so that the hosts closing on that success do not trip again on the past. One of a
-// period begun before the store was emptied (which may have lost that success) counts only
-// beside a current report with failures: it confirms a downstream failing now, never trips
-// alone on the past.
+// the host's first report after the store was emptied, not only once its next step reads it.
+// opened_at is -1 for a closed host; for an open one, the outcome count it read when its open
+// period began, or kBeforeThisStore. An open host's window is the failures it opened on: it
+// counts until the fleet's probe succeeds (the outcome's success_n), not after, so that the
+// hosts closing on that success do not trip again on the past. One of a period begun before
+// the store was emptied (which may have lost that success) counts only beside a current report
+// with failures: it confirms a downstream failing now, and never trips a host alone.
 constexpr int64_t kBeforeThisStore = -2;
 constexpr const char* kPublishWindow = R"lua(
 local t = redis.call('TIME')
