@@ -37,18 +37,19 @@ struct MetricsFileWriter::State {
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
   // The thread's own: the file it last put in place, to remove when the path moves on; a
-  // descriptor of it, which keeps its inode from being reused by another file meanwhile; and
-  // its size and time of change then, which a write into it by someone else would change.
+  // descriptor of it, which keeps its inode from being reused by another file meanwhile and
+  // reads what it holds; and the text written there, which a write into it by someone else
+  // (even one in the moment between its rename and any look at it) would change.
   std::string written;
   int written_fd = -1;
-  struct stat written_stat = {};
+  std::string written_text;
 };
 
 namespace {
 
 // WriteFile puts `text` in place at `path` through a temporary file and a rename, and stores
-// a descriptor of the file put there in *pinned (-1 if none). "" if done, else what failed and
-// why.
+// a descriptor of the file put there, open for reading, in *pinned (-1 if none). "" if done,
+// else what failed and why.
 std::string WriteFile(const std::string& path, const std::string& text, int* pinned) {
   *pinned = -1;
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
@@ -68,8 +69,15 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
     }
     done += size_t(n);
   }
-  const int kept = failed.empty() ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-  if (failed.empty() && kept < 0) failed = why("dup " + tmp, errno);
+  // The descriptor kept reads: the same file opened again (O_NONBLOCK: a FIFO put there
+  // meanwhile would hold the open), and told to be the same by its inode.
+  const int kept = failed.empty() ? open(tmp.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+  if (failed.empty() && kept < 0) failed = why("open " + tmp + " to read", errno);
+  struct stat written = {}, reopened = {};
+  if (failed.empty() && (fstat(fd, &written) != 0 || fstat(kept, &reopened) != 0 ||
+                         written.st_dev != reopened.st_dev || written.st_ino != reopened.st_ino)) {
+    failed = "open " + tmp + " to read: another file took its place";
+  }
   if (close(fd) != 0 && failed.empty()) failed = why("close " + tmp, errno);
   if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) {
     failed = why("rename to " + path, errno);
@@ -83,11 +91,24 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
   return failed;
 }
 
-// RemoveOwn removes `path` if it is still the file this writer put there, as it was then
-// (`written`, of the descriptor `fd` open on it, so that its inode cannot have been given to
-// another file), not one that someone else has put in its place or written into since. "" if
-// removed or nothing to remove, else why not.
-std::string RemoveOwn(const std::string& path, int fd, const struct stat& written) {
+// Holds reports whether the file open as `fd` holds exactly `text`.
+bool Holds(int fd, const std::string& text) {
+  std::string now(text.size() + 1, '\0');  // one byte more: a longer file is another text
+  size_t got = 0;
+  while (got < now.size()) {
+    const ssize_t n = pread(fd, now.data() + got, now.size() - got, off_t(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+  return got == text.size() && now.compare(0, got, text) == 0;
+}
+
+// RemoveOwn removes `path` if it is still the file this writer put there (open as `fd`, so
+// that its inode cannot have been given to another file) holding the `text` it wrote, not
+// one that someone else has put in its place or written into since. "" if removed or nothing
+// to remove, else why not.
+std::string RemoveOwn(const std::string& path, int fd, const std::string& text) {
   struct stat own = {};
   struct stat now = {};
   if (fstat(fd, &own) != 0) {
@@ -96,11 +117,7 @@ std::string RemoveOwn(const std::string& path, int fd, const struct stat& writte
   if (lstat(path.c_str(), &now) != 0) {
     return errno == ENOENT ? "" : "stat " + path + ": " + std::strerror(errno);
   }
-  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino || now.st_size != written.st_size ||
-      now.st_ctim.tv_sec != written.st_ctim.tv_sec ||
-      now.st_ctim.tv_nsec != written.st_ctim.tv_nsec) {
-    return "";
-  }
+  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino || !Holds(fd, text)) return "";
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
     return "remove " + path + " (the textfile's old path): " + std::strerror(errno);
   }
@@ -144,7 +161,7 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     s->changed.wait(lock, [&] { return s->pending || s->stop; });
     if (!s->pending) break;  // stopping, nothing left to write
     const std::string path = std::move(s->path);
-    const std::string text = std::move(s->text);
+    std::string text = std::move(s->text);
     s->pending = false;
     s->writing = path;
     lock.unlock();
@@ -155,16 +172,17 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     const std::string write_failed = path.empty() ? "" : WriteFile(path, text, &fd);
     std::string remove_failed;
     if (!s->written.empty() && s->written != path && write_failed.empty()) {
-      remove_failed = RemoveOwn(s->written, s->written_fd, s->written_stat);
+      remove_failed = RemoveOwn(s->written, s->written_fd, s->written_text);
       close(s->written_fd);
       s->written.clear();
       s->written_fd = -1;
+      s->written_text.clear();
     }
     if (fd >= 0) {
       if (s->written_fd >= 0) close(s->written_fd);  // the same path, written anew
       s->written = path;
       s->written_fd = fd;
-      if (fstat(fd, &s->written_stat) != 0) s->written_stat = {};  // then it is never removed
+      s->written_text = std::move(text);
     }
     const std::string failed = write_failed.empty() ? remove_failed : write_failed;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up

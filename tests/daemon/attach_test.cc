@@ -462,30 +462,13 @@ TEST_F(AttachTest, APeerNotAllowedIsRefusedNamingTheSetting) {
   close(a.connection);
 }
 
-// PreloadWith: the LD_PRELOAD that puts `library` into a program of this build, after the
-// sanitizer runtimes this process has loaded (a shared runtime must come first).
-std::string PreloadWith(const std::string& library) {
-  std::string preload;
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    const size_t slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    const std::string path = line.substr(slash);
-    const std::string name = path.substr(path.rfind('/') + 1);
-    const bool runtime = name.rfind("libclang_rt.", 0) == 0 || name.rfind("libasan.so", 0) == 0 ||
-                         name.rfind("libubsan.so", 0) == 0;
-    if (runtime && preload.find(path + " ") == std::string::npos) preload += path + " ";
-  }
-  return "LD_PRELOAD=" + preload + library;
-}
-
 // A refusal names the peer from the host's own files, never through NSS: with the lookups of
 // nobody hanging (as with an LDAP or sssd server that does not answer), the refusal still comes
 // within the peer's 5 s, naming it, and the daemon answers the next peer. Through NSS, neither
 // the refused peer nor root after it had an answer within 5 s.
 TEST_F(AttachTest, ARefusalNeverWaitsForTheHostsDirectoryService) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as nobody";
-  StartDaemon("", "allow_users = [\"root\"]\n", {PreloadWith(RETRYD_NSS_HANG_HOOK)});
+  StartDaemon("", "allow_users = [\"root\"]\n", {testing::PreloadWith(RETRYD_NSS_HANG_HOOK)});
   bool refused = false;
   const std::string why = AttachAsNobody(socket_, &refused);
   EXPECT_TRUE(refused) << why << "\n" << daemon_->Log();

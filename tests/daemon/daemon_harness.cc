@@ -351,6 +351,21 @@ int DaemonProcess::Wait(int timeout_ms) {
 
 std::string DaemonProcess::Log() const { return ReadFile(log_path_); }
 
+std::string PreloadWith(const std::string& library) {
+  std::string preload;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    const bool runtime = name.rfind("libclang_rt.", 0) == 0 || name.rfind("libasan.so", 0) == 0 ||
+                         name.rfind("libubsan.so", 0) == 0;
+    if (runtime && preload.find(path + " ") == std::string::npos) preload += path + " ";
+  }
+  return "LD_PRELOAD=" + preload + library;
+}
+
 RunResult RunToCompletion(const std::vector<std::string>& args) {
   const std::string out_path = TempPath(".out"), err_path = TempPath(".err");
   RunResult r;

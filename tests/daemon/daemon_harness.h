@@ -96,6 +96,11 @@ class DaemonProcess {
   std::string log_path_;
 };
 
+// PreloadWith: the LD_PRELOAD ("LD_PRELOAD=...", for DaemonProcess's `env`) that puts
+// `library` into a program of this build, after the sanitizer runtimes this process has
+// loaded (a shared runtime must come first).
+std::string PreloadWith(const std::string& library);
+
 struct RunResult {
   int exit_code = -1;
   std::string out;

@@ -96,14 +96,16 @@ class DaemonProcessTest : public ::testing::Test {
                   "metrics_interval = \"1h\"\n");
   }
   // Described where it is defined, beside the tests that use it.
-  void ExpectSomeoneElsesFileStays(int flags);
+  void ExpectSomeoneElsesFileStays(int flags, bool in_the_renames_moment = false);
 
-  // StartDaemon writes `config_text` and starts retryd on it, waiting for READY=1.
+  // StartDaemon writes `config_text` and starts retryd on it (with `extra` arguments and the
+  // "NAME=VALUE" strings of `env` in its environment), waiting for READY=1.
   std::unique_ptr<DaemonProcess> StartDaemon(const std::string& config_text,
-                                             std::vector<std::string> extra = {}) {
+                                             std::vector<std::string> extra = {},
+                                             const std::vector<std::string>& env = {}) {
     WriteFile(config_, config_text);
     extra.insert(extra.begin(), "--config=" + config_);
-    auto d = std::make_unique<DaemonProcess>(extra, notify_.path());
+    auto d = std::make_unique<DaemonProcess>(extra, notify_.path(), env);
     ready_message_ = notify_.WaitFor("READY=1", kReadyTimeoutMs);
     EXPECT_NE(ready_message_, "") << "no READY=1; log:\n" << d->Log();
     return d;
@@ -945,17 +947,23 @@ TEST_F(DaemonProcessTest, AMoveOfTheTextfileToAPathThatCannotBeWrittenKeepsTheOl
 
 // ExpectSomeoneElsesFileStays: the daemon writes its textfile at a; someone else then makes
 // "# mine\n" the content at a, with `flags` (O_CREAT | O_EXCL after removing the daemon's
-// file, or O_TRUNC into it); the textfile moves to b, then is turned off: b goes, and with it
-// the writer has tried every path it wrote, and a is still the other one's.
-void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags) {
+// file, or O_TRUNC into it), if `in_the_renames_moment` while the daemon's writer is held
+// just after its rename put the file there; the textfile moves to b, then is turned off: b
+// goes, and with it the writer has tried every path it wrote, and a is still the other one's.
+void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags, bool in_the_renames_moment) {
   const std::string a = TempPath(".prom"), b = TempPath(".prom");
-  auto d = StartDaemon(Textfile(a));
+  std::vector<std::string> env;
+  if (in_the_renames_moment) {
+    env = {testing::PreloadWith(RETRYD_RENAME_PAUSE_HOOK), "RETRYD_TEST_PAUSE_AFTER_RENAME_TO=" + a};
+  }
+  auto d = StartDaemon(Textfile(a), {}, env);
   ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
   if (flags & O_EXCL) ASSERT_EQ(unlink(a.c_str()), 0);
   const int fd = open(a.c_str(), O_WRONLY | flags, 0644);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   ASSERT_EQ(write(fd, "# mine\n", 7), 7);
   close(fd);
+  if (in_the_renames_moment) WriteFile(a + ".go", "");
   for (const std::string& next : {b, std::string()}) {
     WriteFile(config_, Textfile(next));
     d->Signal(SIGHUP);
@@ -967,6 +975,7 @@ void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags) {
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
   unlink(a.c_str());
+  unlink((a + ".go").c_str());
 }
 
 // A file someone else makes at the old path stays, even with the inode number of the daemon's
@@ -980,6 +989,12 @@ TEST_F(DaemonProcessTest, AFileMadeAtTheTextfilesOldPathWithItsInodeNumberStays)
 // shell's `>`), the inode kept: the daemon's file, as it wrote it, is gone.
 TEST_F(DaemonProcessTest, AFileWrittenIntoInPlaceAtTheTextfilesOldPathStays) {
   ExpectSomeoneElsesFileStays(O_TRUNC);
+}
+
+// The same in the moment between the writer's rename and its first look at the file it put
+// there (a look then took the other's content for the daemon's own, and the move removed it).
+TEST_F(DaemonProcessTest, AFileWrittenIntoTheMomentTheTextfileIsInPlaceStays) {
+  ExpectSomeoneElsesFileStays(O_TRUNC, /*in_the_renames_moment=*/true);
 }
 
 // An old file the daemon could not remove (its directory immutable) does not make it forget
