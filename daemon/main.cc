@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
   }
   FLAGS_logtostderr = true;
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  // A file grown past RLIMIT_FSIZE (the textfile, a log redirected to a file) fails its write
+  // with EFBIG, which is logged; the signal's default would end the daemon without a word.
+  signal(SIGXFSZ, SIG_IGN);
   if (argc > 1) {
     std::fprintf(stderr, "retryd: unexpected argument '%s' (see --help)\n", argv[1]);
     return 2;

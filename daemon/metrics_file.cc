@@ -47,6 +47,17 @@ struct MetricsFileWriter::State {
 
 namespace {
 
+// RemoveIfSame removes `path` if it is the file open as `fd`. Whether it was is not told: a
+// temporary file left behind is a leftover, not an error of its own.
+void RemoveIfSame(const std::string& path, int fd) {
+  struct stat own = {};
+  struct stat now = {};
+  if (fstat(fd, &own) == 0 && lstat(path.c_str(), &now) == 0 && now.st_dev == own.st_dev &&
+      now.st_ino == own.st_ino) {
+    unlink(path.c_str());
+  }
+}
+
 // WriteFile puts `text` in place at `path` through a temporary file and a rename, and stores
 // a descriptor of the file put there, open for reading, in *pinned (-1 if none). "" if done,
 // else what failed and why.
@@ -56,7 +67,12 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
   const auto why = [](const std::string& what, int error) {
     return what + ": " + (error != 0 ? std::strerror(error) : "no progress");
   };
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The temporary file is made afresh (O_EXCL), never opened where it stands: a link put at
+  // its name (the name is known, and the pid is in the textfile) would have the daemon, maybe
+  // root, write over whatever it leads to. A file left there (by a daemon that died with this
+  // pid) is removed first.
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) return why("remove " + tmp, errno);
+  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return why("open " + tmp, errno);
   std::string failed;
   size_t done = 0;
@@ -69,25 +85,15 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
     }
     done += size_t(n);
   }
-  // The descriptor kept reads: the same file opened again (O_NONBLOCK: a FIFO put there
-  // meanwhile would hold the open), and told to be the same by its inode.
-  const int kept = failed.empty() ? open(tmp.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
-  if (failed.empty() && kept < 0) failed = why("open " + tmp + " to read", errno);
-  struct stat written = {}, reopened = {};
-  if (failed.empty() && (fstat(fd, &written) != 0 || fstat(kept, &reopened) != 0 ||
-                         written.st_dev != reopened.st_dev || written.st_ino != reopened.st_ino)) {
-    failed = "open " + tmp + " to read: another file took its place";
-  }
-  if (close(fd) != 0 && failed.empty()) failed = why("close " + tmp, errno);
   if (failed.empty() && rename(tmp.c_str(), path.c_str()) != 0) {
     failed = why("rename to " + path, errno);
   }
   if (!failed.empty()) {
-    unlink(tmp.c_str());
-    if (kept >= 0) close(kept);
+    RemoveIfSame(tmp, fd);  // not another's file put at the name meanwhile
+    close(fd);
     return failed;
   }
-  *pinned = kept;
+  *pinned = fd;
   return failed;
 }
 
@@ -104,22 +110,49 @@ bool Holds(int fd, const std::string& text) {
   return got == text.size() && now.compare(0, got, text) == 0;
 }
 
+// IsOwn reports whether the file at `path` (not followed) is the one open as `fd` and holds
+// `text`. Sets errno and returns false if `path` cannot be looked at (ENOENT: nothing there).
+bool IsOwn(const std::string& path, int fd, const std::string& text) {
+  struct stat own = {};
+  struct stat now = {};
+  if (fstat(fd, &own) != 0 || lstat(path.c_str(), &now) != 0) return false;
+  const bool same = now.st_dev == own.st_dev && now.st_ino == own.st_ino && Holds(fd, text);
+  errno = 0;
+  return same;
+}
+
 // RemoveOwn removes `path` if it is still the file this writer put there (open as `fd`, so
 // that its inode cannot have been given to another file) holding the `text` it wrote, not
 // one that someone else has put in its place or written into since. "" if removed or nothing
 // to remove, else why not.
+//
+// What is judged is what is removed: the file is first moved aside to a name of this
+// writer's own, where nothing else can take its place, judged there, and removed or put back.
+// (Judged at its path and then removed there, a file someone put at the path in between
+// would be removed.) Where the file system cannot rename without replacing, it is judged and
+// removed at its path.
 std::string RemoveOwn(const std::string& path, int fd, const std::string& text) {
-  struct stat own = {};
-  struct stat now = {};
-  if (fstat(fd, &own) != 0) {
-    return "stat " + path + " (the textfile's old path): " + std::strerror(errno);
+  const auto why = [&](const std::string& what, int error) {
+    return what + " (the textfile's old path): " + std::strerror(error);
+  };
+  if (!IsOwn(path, fd, text)) {
+    return errno == 0 || errno == ENOENT ? "" : why("stat " + path, errno);
   }
-  if (lstat(path.c_str(), &now) != 0) {
-    return errno == ENOENT ? "" : "stat " + path + ": " + std::strerror(errno);
+  const std::string aside = path + ".old." + std::to_string(getpid());
+  if (renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
+    if (errno == ENOENT) return "";
+    if (errno != EINVAL) return why("move " + path + " aside to " + aside, errno);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return why("remove " + path, errno);
+    return "";
   }
-  if (now.st_dev != own.st_dev || now.st_ino != own.st_ino || !Holds(fd, text)) return "";
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return "remove " + path + " (the textfile's old path): " + std::strerror(errno);
+  if (IsOwn(aside, fd, text)) {
+    if (unlink(aside.c_str()) != 0) return why("remove " + aside, errno);
+    return "";
+  }
+  // Another's, put there between the look and the move: back it goes, unless yet another
+  // file has been put at the path since (then it is left aside, and said).
+  if (renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+    return why("put back " + aside + " (another's file, moved aside to remove ours)", errno);
   }
   return "";
 }
@@ -186,13 +219,15 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     }
     const std::string failed = write_failed.empty() ? remove_failed : write_failed;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up
-    // neither Post nor the destructor's bounded wait.
+    // neither Post nor the destructor's bounded wait. A write that fails fails again at each
+    // interval, and is said once a period; a removal is tried once, and a failed one is always
+    // said (the file it leaves stays for good).
     const uint64_t now_ns = shm::PreciseNowNs();
     lock.lock();
-    const bool log = !failed.empty() && !s->abandoned &&
-                     (s->error_logged_ns == 0 ||
-                      now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs);
-    if (log) s->error_logged_ns = now_ns;
+    const bool due =
+        s->error_logged_ns == 0 || now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs;
+    const bool log = !failed.empty() && !s->abandoned && (!remove_failed.empty() || due);
+    if (log && remove_failed.empty()) s->error_logged_ns = now_ns;
     lock.unlock();
     if (log) LOG(WARNING) << "metrics: " << failed;
     lock.lock();

@@ -954,7 +954,7 @@ void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags, bool in_the_renam
   const std::string a = TempPath(".prom"), b = TempPath(".prom");
   std::vector<std::string> env;
   if (in_the_renames_moment) {
-    env = {testing::PreloadWith(RETRYD_RENAME_PAUSE_HOOK), "RETRYD_TEST_PAUSE_AFTER_RENAME_TO=" + a};
+    env = {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK), "RETRYD_TEST_PAUSE_AFTER_RENAME_TO=" + a};
   }
   auto d = StartDaemon(Textfile(a), {}, env);
   ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
@@ -974,8 +974,7 @@ void DaemonProcessTest::ExpectSomeoneElsesFileStays(int flags, bool in_the_renam
   EXPECT_EQ(ReadFile(a), "# mine\n") << d->Log();
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
-  unlink(a.c_str());
-  unlink((a + ".go").c_str());
+  for (const char* made : {"", ".go", ".done"}) unlink((a + made).c_str());
 }
 
 // A file someone else makes at the old path stays, even with the inode number of the daemon's
@@ -997,14 +996,123 @@ TEST_F(DaemonProcessTest, AFileWrittenIntoTheMomentTheTextfileIsInPlaceStays) {
   ExpectSomeoneElsesFileStays(O_TRUNC, /*in_the_renames_moment=*/true);
 }
 
-// An old file the daemon could not remove (its directory immutable) does not make it forget
-// the new one it wrote: turned off, it removes that.
-TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedLeavesTheNewOneKnown) {
-  const std::string dir = TempPath(".dir");
+// A file someone puts at the old path as the writer removes the file it left there stays:
+// what the writer judges is what it removes (it moves its file aside first). Judged at the
+// path and then removed there, the other's file, put there in between, was removed.
+TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsTheWriterRemovesItsOwnStays) {
+  const std::string a = TempPath(".prom"), b = TempPath(".prom");
+  auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
+  auto d = StartDaemon(
+      Textfile(a), {},
+      {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK), "RETRYD_TEST_PAUSE_BEFORE_UNLINK_OF=" + a});
+  ASSERT_TRUE(WaitUntil([&] { return exists(a); }, 10'000)) << d->Log();
+  WriteFile(config_, Textfile(b));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  ASSERT_TRUE(WaitUntil([&] { return exists(a + ".held"); }, 10'000)) << d->Log();
+  WriteFile(a, "# mine\n");  // written aside, renamed into place
+  WriteFile(a + ".go", "");
+  ASSERT_TRUE(WaitUntil([&] { return exists(a + ".done"); }, 10'000)) << d->Log();
+  EXPECT_EQ(ReadFile(a), "# mine\n") << d->Log();
+  EXPECT_TRUE(exists(b)) << d->Log();
+  EXPECT_FALSE(exists(a + ".old." + std::to_string(d->pid()))) << "left aside\n" << d->Log();
+  EXPECT_EQ(d->Log().find("metrics: "), std::string::npos) << d->Log();
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  for (const char* made : {"", ".go", ".done"}) unlink((a + made).c_str());
+  unlink(b.c_str());
+}
+
+// The temporary file is made afresh, never written through a link someone put at its name
+// (a known name: the pid is in the textfile): neither the file a symbolic link leads to nor
+// one a hard link shares is written, and the textfile put in place is a file of its own.
+// Opened where it stood, both were written over, and the textfile became the link.
+TEST_F(DaemonProcessTest, ALinkAtTheTemporaryFilesNameIsNeverWrittenThrough) {
+  const std::string prom = TempPath(".prom"), victim = TempPath(".victim");
+  auto d = StartDaemon(Textfile(prom));
+  ASSERT_TRUE(WaitUntil([&] { return access(prom.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  const std::string tmp = prom + ".tmp." + std::to_string(d->pid());
+  int rewrites = 0;
+  for (const bool symbolic : {true, false}) {
+    SCOPED_TRACE(symbolic ? "a symbolic link" : "a hard link");
+    WriteFile(victim, "precious\n");
+    const int linked =
+        symbolic ? symlink(victim.c_str(), tmp.c_str()) : link(victim.c_str(), tmp.c_str());
+    ASSERT_EQ(linked, 0) << std::strerror(errno);
+    struct stat before = {};
+    ASSERT_EQ(lstat(prom.c_str(), &before), 0);
+    // A changed interval has the textfile written at once.
+    WriteFile(config_, Config("metrics_textfile = \"" + prom + "\"\nmetrics_interval = \"" +
+                              std::to_string(59 - rewrites++) + "m\"\n"));
+    d->Signal(SIGHUP);
+    ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+    struct stat now = {};
+    ASSERT_TRUE(WaitUntil(
+        [&] { return lstat(prom.c_str(), &now) == 0 && now.st_ino != before.st_ino; }, 10'000))
+        << d->Log();
+    EXPECT_EQ(ReadFile(victim), "precious\n");
+    struct stat of_victim = {};
+    ASSERT_EQ(stat(victim.c_str(), &of_victim), 0);
+    EXPECT_TRUE(S_ISREG(now.st_mode)) << "the textfile is a link";
+    EXPECT_NE(now.st_ino, of_victim.st_ino) << "the textfile is the victim";
+    EXPECT_NE(access(tmp.c_str(), F_OK), 0) << "the temporary name is left";
+    unlink(tmp.c_str());
+    unlink(victim.c_str());
+  }
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  unlink(prom.c_str());
+}
+
+// A textfile past the daemon's file size limit (RLIMIT_FSIZE) fails its write, and that is
+// said; the daemon goes on, and the old file stays. The signal's default (SIGXFSZ) ended the
+// daemon without a word, leaving the temporary file behind.
+TEST_F(DaemonProcessTest, ATextfilePastTheFileSizeLimitIsAFailedWriteNotAnEnd) {
+  std::string deps;
+  for (int i = 0; i < 60; ++i) deps += "[dependency.d" + std::to_string(i) + "]\n";
+  const std::string a = TempPath(".prom"), b = TempPath(".prom");
+  auto config = [&](const std::string& path) {
+    return Config("metrics_textfile = \"" + path + "\"\nmetrics_interval = \"1h\"\n" + deps);
+  };
+  auto d = StartDaemon(config(a));
+  ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  constexpr rlim_t kLimit = 64 << 10;
+  struct stat of_a = {};
+  ASSERT_EQ(stat(a.c_str(), &of_a), 0);
+  ASSERT_GT(of_a.st_size, off_t(kLimit)) << "the textfile is smaller than the limit set";
+  ASSERT_LT(d->Log().size(), kLimit / 4) << "the log would reach the limit";
+  const rlimit limit = {kLimit, RLIM_INFINITY};
+  ASSERT_EQ(prlimit(d->pid(), RLIMIT_FSIZE, &limit, nullptr), 0) << std::strerror(errno);
+  WriteFile(config_, config(b));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  EXPECT_TRUE(LogHas(*d, "metrics: write " + b + ".tmp.", 10'000)) << d->Log();
+  EXPECT_NE(d->Log().find("File too large"), std::string::npos) << d->Log();
+  EXPECT_EQ(access(a.c_str(), F_OK), 0) << "the old file went with no new one";
+  EXPECT_NE(access((b + ".tmp." + std::to_string(d->pid())).c_str(), F_OK), 0)
+      << "the temporary file is left";
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  unlink(a.c_str());
+  unlink(b.c_str());
+}
+
+// An old file the daemon could not remove (its directory immutable) is said, even just after
+// another failure was (a failed write is said once a minute; a removal is tried once, and its
+// failure was not said at all within that minute), and does not make the daemon forget the
+// new one it wrote: turned off, it removes that.
+TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedIsSaidAndLeavesTheNewOneKnown) {
+  const std::string dir = TempPath(".dir"), in_the_way = TempPath(".dir");
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(in_the_way.c_str(), 0755), 0);
   const std::string a = dir + "/retryd.prom", b = TempPath(".prom");
   auto d = StartDaemon(Textfile(a));
   ASSERT_TRUE(WaitUntil([&] { return access(a.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  WriteFile(config_, Textfile(in_the_way));  // a directory: the write fails, and is said
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  ASSERT_TRUE(LogHas(*d, "metrics: rename to " + in_the_way, 10'000)) << d->Log();
+  rmdir(in_the_way.c_str());
   if (system(("chattr +i " + dir + " 2>/dev/null").c_str()) != 0) {
     rmdir(dir.c_str());
     unlink(a.c_str());
@@ -1013,7 +1121,7 @@ TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedLeavesTheNewOneKnown) 
   WriteFile(config_, Textfile(b));
   d->Signal(SIGHUP);
   ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
-  ASSERT_TRUE(LogHas(*d, "metrics: remove " + a, 10'000)) << d->Log();
+  ASSERT_TRUE(LogHas(*d, "metrics: move " + a + " aside", 10'000)) << d->Log();
   ASSERT_EQ(system(("chattr -i " + dir).c_str()), 0);
   WriteFile(config_, Textfile(""));
   d->Signal(SIGHUP);
@@ -1028,29 +1136,19 @@ TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedLeavesTheNewOneKnown) 
   rmdir(dir.c_str());
 }
 
-// ThreadsIn: how many of `pid`'s threads wait in the kernel function `wchan`.
-int ThreadsIn(pid_t pid, const std::string& wchan) {
-  int n = 0;
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  for (const auto& task : std::filesystem::directory_iterator(dir)) {
-    n += ReadFile(task.path().string() + "/wchan") == wchan ? 1 : 0;
-  }
-  return n;
-}
-
-// The textfile is written by a thread of its own: a file system that does not answer (here the
-// temporary file is a FIFO nobody reads, so its open waits for ever; a busy ext4 made a rename
-// wait half a second) holds up that thread only. The tick goes on (its heartbeat moves), and a
-// stop waits for the write a second at most.
+// The textfile is written by a thread of its own: a file system that does not answer (here a
+// preloaded library holds the writer in its rename; a busy ext4 made a rename wait half a
+// second) holds up that thread only. The tick goes on (its heartbeat moves), and a stop waits
+// for the write a second at most.
 TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick) {
   const std::string prom = TempPath(".prom");
-  auto d = StartDaemon(Config("metrics_textfile = \"" + prom + "\"\nmetrics_interval = \"100ms\"\n"));
-  ASSERT_TRUE(WaitUntil([&] { return access(prom.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
-  // Between two writes the temporary file is not there: a FIFO takes its place.
-  const std::string tmp = prom + ".tmp." + std::to_string(d->pid());
-  ASSERT_TRUE(WaitUntil([&] { return mkfifo(tmp.c_str(), 0644) == 0; }, 10'000)) << std::strerror(errno);
-  ASSERT_TRUE(WaitUntil([&] { return ThreadsIn(d->pid(), "wait_for_partner") == 1; }, 10'000))
-      << "the writer never opened the FIFO";
+  auto d = StartDaemon(
+      Config("metrics_textfile = \"" + prom + "\"\nmetrics_interval = \"100ms\"\n"), {},
+      {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK), "RETRYD_TEST_PAUSE_AFTER_RENAME_TO=" + prom});
+  const std::string held = prom + ".held";
+  ASSERT_TRUE(WaitUntil([&] { return access(held.c_str(), F_OK) == 0; }, 10'000))
+      << "the writer was never held\n"
+      << d->Log();
   auto seg = Attach();
   ASSERT_NE(seg, nullptr);
   int beats = 0;
@@ -1063,11 +1161,11 @@ TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick
       },
       10'000))
       << "the tick stopped with the textfile's write: " << beats << " heartbeats";
-  EXPECT_EQ(ThreadsIn(d->pid(), "wait_for_partner"), 1) << "the write ended meanwhile";
+  EXPECT_EQ(access(held.c_str(), F_OK), 0) << "the write ended meanwhile";
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
   EXPECT_TRUE(LogHas(*d, "metrics: still writing " + prom + " after 1000ms")) << d->Log();
-  unlink(tmp.c_str());
+  unlink(held.c_str());
   unlink(prom.c_str());
 }
 
