@@ -175,6 +175,7 @@ void Daemon::Tick(uint64_t now_ns) {
       last_status_ = std::move(line);
     }
   }
+  if (metrics_writer_) metrics_writer_->SayIfStuck();
   if (!config_.daemon.metrics_textfile.empty() && now_ns >= next_metrics_ns_) {
     next_metrics_ns_ = now_ns + uint64_t{config_.daemon.metrics_interval_ms} * kMsNs;
     WriteMetrics(now_ns);

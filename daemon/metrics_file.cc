@@ -32,8 +32,10 @@ struct MetricsFileWriter::State {
   bool stop = false;
   bool done = false;  // the thread has returned from its loop
   bool pending = false;
-  std::string path, text;  // the text to write next, if pending
-  std::string writing;     // the path of the write under way, for the log
+  std::string path, text;         // the text to write next, if pending
+  std::string writing;            // the path of the write under way, for the log
+  uint64_t writing_since_ns = 0;  // when the write under way began (precise clock); 0: none
+  bool stuck_said = false;        // SayIfStuck has logged the write under way
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
   // The thread's own: the file it last put in place, to remove when the path moves on; a
@@ -188,6 +190,18 @@ void MetricsFileWriter::Post(std::string path, std::string text) {
   state_->changed.notify_all();
 }
 
+void MetricsFileWriter::SayIfStuck() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->writing_since_ns == 0 || state_->stuck_said) return;
+  const uint64_t waited_ms = (shm::PreciseNowNs() - state_->writing_since_ns) / 1'000'000;
+  if (waited_ms < uint64_t{kStuckMs}) return;
+  state_->stuck_said = true;
+  const std::string writing = state_->writing;
+  lock.unlock();
+  LOG(WARNING) << "metrics: still writing " << writing << " after " << waited_ms
+               << "ms (the file system does not answer): the textfile is not updated meanwhile";
+}
+
 void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
   std::unique_lock<std::mutex> lock(s->mu);
   for (;;) {
@@ -197,6 +211,7 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     std::string text = std::move(s->text);
     s->pending = false;
     s->writing = path;
+    s->writing_since_ns = shm::PreciseNowNs();
     lock.unlock();
     // An empty path retires the textfile; a new one replaces it, and the old file, which would
     // otherwise go on saying this pid with its last heartbeat, goes once the new one is there
@@ -224,11 +239,18 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     // said (the file it leaves stays for good).
     const uint64_t now_ns = shm::PreciseNowNs();
     lock.lock();
+    const uint64_t stuck_ms =
+        s->stuck_said && !s->abandoned ? (now_ns - s->writing_since_ns) / 1'000'000 : 0;
+    s->writing_since_ns = 0;
+    s->stuck_said = false;
     const bool due =
         s->error_logged_ns == 0 || now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs;
     const bool log = !failed.empty() && !s->abandoned && (!remove_failed.empty() || due);
     if (log && remove_failed.empty()) s->error_logged_ns = now_ns;
     lock.unlock();
+    if (stuck_ms != 0) {
+      LOG(WARNING) << "metrics: the write of " << path << " ended after " << stuck_ms << "ms";
+    }
     if (log) LOG(WARNING) << "metrics: " << failed;
     lock.lock();
   }

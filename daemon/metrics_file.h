@@ -31,7 +31,13 @@ class MetricsFileWriter {
   // left at the old path is removed, if it is still the one this writer put there.
   void Post(std::string path, std::string text);
 
+  // SayIfStuck logs, once a write, a write under way for kStuckMs or more (the file system does
+  // not answer, and the textfile goes stale); the writer logs when that write ends. For the
+  // tick, every tick: it takes the lock, which the writer never holds across the file system.
+  void SayIfStuck();
+
   static constexpr int kStopWaitMs = 1000;
+  static constexpr int kStuckMs = 5000;
 
  private:
   struct State;  // shared with the thread, which may outlive this object (see the destructor)

@@ -1138,8 +1138,9 @@ TEST_F(DaemonProcessTest, AnOldTextfileThatCannotBeRemovedIsSaidAndLeavesTheNewO
 
 // The textfile is written by a thread of its own: a file system that does not answer (here a
 // preloaded library holds the writer in its rename; a busy ext4 made a rename wait half a
-// second) holds up that thread only. The tick goes on (its heartbeat moves), and a stop waits
-// for the write a second at most.
+// second) holds up that thread only. The tick goes on (its heartbeat moves) and says, once, a
+// write under way for 5 s (and the writer its end); a stop waits for the write a second at
+// most.
 TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick) {
   const std::string prom = TempPath(".prom");
   auto d = StartDaemon(
@@ -1162,11 +1163,19 @@ TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick
       10'000))
       << "the tick stopped with the textfile's write: " << beats << " heartbeats";
   EXPECT_EQ(access(held.c_str(), F_OK), 0) << "the write ended meanwhile";
+  const std::string stuck = "metrics: still writing " + prom + " after ";
+  EXPECT_TRUE(LogHas(*d, stuck, 10'000)) << d->Log();
+  // Let go, it says the end; held again (the next write), the stop leaves it behind.
+  WriteFile(prom + ".go", "");
+  EXPECT_TRUE(LogHas(*d, "metrics: the write of " + prom + " ended after ", 10'000)) << d->Log();
+  unlink((prom + ".go").c_str());
+  ASSERT_TRUE(WaitUntil([&] { return access(held.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
   EXPECT_TRUE(LogHas(*d, "metrics: still writing " + prom + " after 1000ms")) << d->Log();
-  unlink(held.c_str());
-  unlink(prom.c_str());
+  const std::string log = d->Log(), said = "the textfile is not updated meanwhile";
+  EXPECT_EQ(log.find(said), log.rfind(said)) << "said more than once\n" << log;
+  for (const char* made : {".held", ".done", ""}) unlink((prom + made).c_str());
 }
 
 TEST_F(DaemonProcessTest, AutoCreateOffIsPublishedAndUnknownNamesAreReported) {
