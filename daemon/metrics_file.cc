@@ -95,6 +95,17 @@ std::string WriteFile(const std::string& path, const std::string& text, int* pin
     close(fd);
     return failed;
   }
+  // What the rename put in place is what was at the temporary name then: another's file, put
+  // there after the open, is not the daemon's, and is neither kept track of nor ever removed.
+  struct stat own = {};
+  struct stat now = {};
+  if (fstat(fd, &own) != 0 || lstat(path.c_str(), &now) != 0 || now.st_dev != own.st_dev ||
+      now.st_ino != own.st_ino) {
+    close(fd);
+    return path +
+           " is not the file written: another file took its place (at its temporary "
+           "name, or at once)";
+  }
   *pinned = fd;
   return failed;
 }
@@ -129,10 +140,10 @@ bool IsOwn(const std::string& path, int fd, const std::string& text) {
 // to remove, else why not.
 //
 // What is judged is what is removed: the file is first moved aside to a name of this
-// writer's own, where nothing else can take its place, judged there, and removed or put back.
-// (Judged at its path and then removed there, a file someone put at the path in between
-// would be removed.) Where the file system cannot rename without replacing, it is judged and
-// removed at its path.
+// writer's own, judged there, and removed or put back. (Judged at its path and then removed
+// there, a file someone put at the path in between would be removed.) Content written into
+// the file after it was judged, through a descriptor opened before, goes with it; a file put
+// at the writer's own name (PATH.old.PID) is the writer's to replace or remove.
 std::string RemoveOwn(const std::string& path, int fd, const std::string& text) {
   const auto why = [&](const std::string& what, int error) {
     return what + " (the textfile's old path): " + std::strerror(error);
@@ -141,19 +152,32 @@ std::string RemoveOwn(const std::string& path, int fd, const std::string& text) 
     return errno == 0 || errno == ENOENT ? "" : why("stat " + path, errno);
   }
   const std::string aside = path + ".old." + std::to_string(getpid());
-  if (renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
-    if (errno == ENOENT) return "";
-    if (errno != EINVAL) return why("move " + path + " aside to " + aside, errno);
-    if (unlink(path.c_str()) != 0 && errno != ENOENT) return why("remove " + path, errno);
-    return "";
+  int moved = renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE);
+  if (moved != 0 && errno == EINVAL) {
+    // A file system that cannot refuse to replace in a rename (NFS, CIFS, some FUSE): the
+    // writer's own name is looked at first, then the rename made.
+    struct stat there = {};
+    if (lstat(aside.c_str(), &there) == 0) {
+      errno = EEXIST;
+    } else if (errno == ENOENT) {
+      moved = rename(path.c_str(), aside.c_str());
+    }
+  }
+  if (moved != 0) {
+    return errno == ENOENT ? "" : why("move " + path + " aside to " + aside, errno);
   }
   if (IsOwn(aside, fd, text)) {
     if (unlink(aside.c_str()) != 0) return why("remove " + aside, errno);
     return "";
   }
-  // Another's, put there between the look and the move: back it goes, unless yet another
-  // file has been put at the path since (then it is left aside, and said).
-  if (renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+  // Another's, put there between the look and the move: back it goes, never over a file put
+  // at the path since (then it stays aside, and that is said).
+  int back = renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
+  if (back != 0 && errno == EINVAL) {
+    back = link(aside.c_str(), path.c_str());  // refuses to replace on every file system
+    if (back == 0) unlink(aside.c_str());
+  }
+  if (back != 0) {
     return why("put back " + aside + " (another's file, moved aside to remove ours)", errno);
   }
   return "";

@@ -97,6 +97,7 @@ class DaemonProcessTest : public ::testing::Test {
   }
   // Described where it is defined, beside the tests that use it.
   void ExpectSomeoneElsesFileStays(int flags, bool in_the_renames_moment = false);
+  void ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second);
 
   // StartDaemon writes `config_text` and starts retryd on it (with `extra` arguments and the
   // "NAME=VALUE" strings of `env` in its environment), waiting for READY=1.
@@ -1019,8 +1020,95 @@ TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsTheWriterRemovesItsOwnStays) {
   EXPECT_EQ(d->Log().find("metrics: "), std::string::npos) << d->Log();
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
-  for (const char* made : {"", ".go", ".done"}) unlink((a + made).c_str());
+  for (const char* made : {"", ".done"}) unlink((a + made).c_str());
   unlink(b.c_str());
+}
+
+// ExpectFilesPutAtTheOldPathStay: the daemon's textfile moves from a to b; as the writer
+// moves the file at a aside to judge it, another's "# first" is put there, and then, if
+// `second`, as it puts that back, another's "# second". On a file system whose rename cannot
+// refuse to replace if `no_noreplace` (NFS, CIFS, some FUSE: there the file was judged at its
+// path and removed there). Every file stays: the first put back, or if the second came first,
+// left aside and said.
+void DaemonProcessTest::ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second) {
+  const std::string a = TempPath(".prom"), b = TempPath(".prom");
+  auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
+  std::vector<std::string> env = {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK),
+                                  "RETRYD_TEST_PAUSE_BEFORE_RENAMEAT2_TO=" + a};
+  if (no_noreplace) env.push_back("RETRYD_TEST_NO_RENAME_NOREPLACE=1");
+  auto d = StartDaemon(Textfile(a), {}, env);
+  ASSERT_TRUE(WaitUntil([&] { return exists(a); }, 10'000)) << d->Log();
+  WriteFile(config_, Textfile(b));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  for (const char* put : {"# first\n", second ? "# second\n" : nullptr}) {
+    ASSERT_TRUE(WaitUntil([&] { return exists(a + ".held"); }, 10'000)) << d->Log();
+    if (put != nullptr) WriteFile(a, put);  // written aside, renamed into place
+    unlink((a + ".done").c_str());
+    WriteFile(a + ".go", "");
+    ASSERT_TRUE(WaitUntil([&] { return exists(a + ".done"); }, 10'000)) << d->Log();
+  }
+  const std::string aside = a + ".old." + std::to_string(d->pid());
+  ASSERT_TRUE(WaitUntil([&] { return exists(b); }, 10'000)) << d->Log();
+  if (second) {
+    EXPECT_EQ(ReadFile(a), "# second\n") << d->Log();
+    EXPECT_EQ(ReadFile(aside), "# first\n") << d->Log();
+    EXPECT_TRUE(LogHas(*d, "metrics: put back " + aside)) << d->Log();
+  } else {
+    EXPECT_EQ(ReadFile(a), "# first\n") << d->Log();
+    EXPECT_FALSE(exists(aside)) << "left aside\n" << d->Log();
+    EXPECT_EQ(d->Log().find("metrics: "), std::string::npos) << d->Log();
+  }
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  for (const std::string& made : {a, a + ".done", aside, b}) unlink(made.c_str());
+}
+
+TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsItIsMovedAsideIsPutBack) {
+  ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/false, /*second=*/false);
+}
+
+TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsItIsMovedAsideIsPutBackWithoutNoReplace) {
+  ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/true, /*second=*/false);
+}
+
+TEST_F(DaemonProcessTest, TwoFilesPutAtTheOldPathDuringItsRemovalBothStay) {
+  ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/false, /*second=*/true);
+}
+
+TEST_F(DaemonProcessTest, TwoFilesPutAtTheOldPathDuringItsRemovalBothStayWithoutNoReplace) {
+  ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/true, /*second=*/true);
+}
+
+// A file renamed onto the temporary name between the writer's open and its rename (here a
+// symbolic link) is what the rename puts in place: that is said, the file it leads to is not
+// written, and it is never taken for the daemon's own (a reload turning the textfile off
+// leaves it). Unchecked, the daemon kept track of its own file, gone, and said nothing.
+TEST_F(DaemonProcessTest, AFileRenamedOntoTheTemporaryNameIsNeverTakenForTheDaemons) {
+  const std::string prom = TempPath(".prom"), victim = TempPath(".victim");
+  const std::string link = TempPath(".link");
+  auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
+  WriteFile(victim, "precious\n");
+  auto d = StartDaemon(Textfile(prom), {},
+                       {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK),
+                        "RETRYD_TEST_PAUSE_BEFORE_RENAME_FROM=" + prom});
+  ASSERT_TRUE(WaitUntil([&] { return exists(prom + ".held"); }, 10'000)) << d->Log();
+  const std::string tmp = prom + ".tmp." + std::to_string(d->pid());
+  ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(rename(link.c_str(), tmp.c_str()), 0) << std::strerror(errno);
+  WriteFile(prom + ".go", "");
+  ASSERT_TRUE(WaitUntil([&] { return exists(prom + ".done"); }, 10'000)) << d->Log();
+  EXPECT_TRUE(LogHas(*d, "metrics: " + prom + " is not the file written")) << d->Log();
+  EXPECT_EQ(ReadFile(victim), "precious\n");
+  WriteFile(config_, Textfile(""));
+  d->Signal(SIGHUP);
+  ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  struct stat st = {};
+  EXPECT_EQ(lstat(prom.c_str(), &st), 0) << "another's file, removed as the daemon's";
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  for (const std::string& made : {prom, prom + ".done", victim}) unlink(made.c_str());
 }
 
 // The temporary file is made afresh, never written through a link someone put at its name
@@ -1168,7 +1256,6 @@ TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick
   // Let go, it says the end; held again (the next write), the stop leaves it behind.
   WriteFile(prom + ".go", "");
   EXPECT_TRUE(LogHas(*d, "metrics: the write of " + prom + " ended after ", 10'000)) << d->Log();
-  unlink((prom + ".go").c_str());
   ASSERT_TRUE(WaitUntil([&] { return access(held.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
