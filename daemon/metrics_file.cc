@@ -38,6 +38,7 @@ struct MetricsFileWriter::State {
   bool stuck_said = false;        // SayIfStuck has logged the write under way
   bool abandoned = false;  // left behind by the destructor: the process is ending, log nothing
   uint64_t error_logged_ns = 0;
+  std::string error_path;  // the path of the write whose failure was logged last
   // The thread's own: the file it last put in place, to remove when the path moves on; a
   // descriptor of it, which keeps its inode from being reused by another file meanwhile and
   // reads what it holds; and the text written there, which a write into it by someone else
@@ -153,9 +154,9 @@ std::string RemoveOwn(const std::string& path, int fd, const std::string& text) 
   }
   const std::string aside = path + ".old." + std::to_string(getpid());
   int moved = renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE);
-  if (moved != 0 && errno == EINVAL) {
-    // A file system that cannot refuse to replace in a rename (NFS, CIFS, some FUSE): the
-    // writer's own name is looked at first, then the rename made.
+  if (moved != 0 && (errno == EINVAL || errno == ENOSYS)) {
+    // A file system (NFS, CIFS, some FUSE) or kernel that cannot refuse to replace in a
+    // rename: the writer's own name is looked at first, then the rename made.
     struct stat there = {};
     if (lstat(aside.c_str(), &there) == 0) {
       errno = EEXIST;
@@ -173,9 +174,20 @@ std::string RemoveOwn(const std::string& path, int fd, const std::string& text) 
   // Another's, put there between the look and the move: back it goes, never over a file put
   // at the path since (then it stays aside, and that is said).
   int back = renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
-  if (back != 0 && errno == EINVAL) {
+  if (back != 0 && (errno == EINVAL || errno == ENOSYS)) {
     back = link(aside.c_str(), path.c_str());  // refuses to replace on every file system
-    if (back == 0) unlink(aside.c_str());
+    if (back == 0) {
+      unlink(aside.c_str());
+    } else if (errno != EEXIST) {
+      // No hard link to be had (a directory, fs.protected_hardlinks for another user's file,
+      // a file system without them): the path is looked at first, then the rename made.
+      struct stat there = {};
+      if (lstat(path.c_str(), &there) == 0) {
+        errno = EEXIST;
+      } else if (errno == ENOENT) {
+        back = rename(aside.c_str(), path.c_str());
+      }
+    }
   }
   if (back != 0) {
     return why("put back " + aside + " (another's file, moved aside to remove ours)", errno);
@@ -259,18 +271,22 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     const std::string failed = write_failed.empty() ? remove_failed : write_failed;
     // The log line goes out unlocked: a slow stderr (the journal, a busy disk) must hold up
     // neither Post nor the destructor's bounded wait. A write that fails fails again at each
-    // interval, and is said once a period; a removal is tried once, and a failed one is always
-    // said (the file it leaves stays for good).
+    // interval, and is said once a period (and at once for a path not said before: a reload
+    // to another bad path); a removal is tried once, and a failed one is always said (the file
+    // it leaves stays for good).
     const uint64_t now_ns = shm::PreciseNowNs();
     lock.lock();
     const uint64_t stuck_ms =
         s->stuck_said && !s->abandoned ? (now_ns - s->writing_since_ns) / 1'000'000 : 0;
     s->writing_since_ns = 0;
     s->stuck_said = false;
-    const bool due =
-        s->error_logged_ns == 0 || now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs;
+    const bool due = s->error_logged_ns == 0 || s->error_path != path ||
+                     now_ns - s->error_logged_ns >= kMetricsErrorPeriodNs;
     const bool log = !failed.empty() && !s->abandoned && (!remove_failed.empty() || due);
-    if (log && remove_failed.empty()) s->error_logged_ns = now_ns;
+    if (log && remove_failed.empty()) {
+      s->error_logged_ns = now_ns;
+      s->error_path = path;
+    }
     lock.unlock();
     if (stuck_ms != 0) {
       LOG(WARNING) << "metrics: the write of " << path << " ended after " << stuck_ms << "ms";
@@ -278,7 +294,13 @@ void MetricsFileWriter::Loop(const std::shared_ptr<State>& s) {
     if (log) LOG(WARNING) << "metrics: " << failed;
     lock.lock();
   }
-  if (s->written_fd >= 0) close(s->written_fd);
+  // The close goes out unlocked too: on NFS or FUSE a close of a written file may wait for the
+  // file system, and the destructor's wait, bounded, needs the lock back.
+  const int last_fd = s->written_fd;
+  s->written_fd = -1;
+  lock.unlock();
+  if (last_fd >= 0) close(last_fd);
+  lock.lock();
   s->done = true;
   s->changed.notify_all();
 }

@@ -11,12 +11,15 @@
 //    held, then done;
 //  - RETRYD_TEST_PAUSE_BEFORE_UNLINK_OF=AT: a removal of AT or a name made from it (not a
 //    temporary file's) is held, then done;
+//  - RETRYD_TEST_PAUSE_BEFORE_CLOSE_OF=AT: a close of a descriptor open on the file at AT
+//    (the file there now, not one replaced) is held, then done;
 //  - RETRYD_TEST_NO_RENAME_NOREPLACE=1: renameat2 with RENAME_NOREPLACE fails with EINVAL, as
 //    on a file system without it (NFS, CIFS, some FUSE).
 // Every other call goes straight on to the C library.
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,9 +39,14 @@ int RealUnlink(const char* path) {
   return next(path);
 }
 
+int RealClose(int fd) {
+  static const auto next = Next<int (*)(int)>("close");
+  return next(fd);
+}
+
 void Mark(const std::string& path) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd >= 0) close(fd);
+  if (fd >= 0) RealClose(fd);
 }
 
 // Held: the AT of `variable` if `path` is AT or a name made from it (a temporary file's only
@@ -108,6 +116,23 @@ HOOK int renameat2(int from_dir, const char* from, int to_dir, const char* to, u
     result = next(from_dir, from, to_dir, to, flags);
   }
   if (at != nullptr) Done(at);
+  return result;
+}
+
+HOOK int close(int fd) {
+  const char* at = getenv("RETRYD_TEST_PAUSE_BEFORE_CLOSE_OF");
+  if (at == nullptr) return RealClose(fd);
+  char path[PATH_MAX];
+  char real[PATH_MAX];  // AT as the kernel names the descriptor's file (no "//", no links)
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = readlink(link.c_str(), path, sizeof(path) - 1);
+  if (n <= 0 || realpath(at, real) == nullptr || size_t(n) != strlen(real) ||
+      strncmp(path, real, size_t(n)) != 0) {
+    return RealClose(fd);
+  }
+  Hold(at);
+  const int result = RealClose(fd);
+  Done(at);
   return result;
 }
 

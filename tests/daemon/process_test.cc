@@ -97,7 +97,7 @@ class DaemonProcessTest : public ::testing::Test {
   }
   // Described where it is defined, beside the tests that use it.
   void ExpectSomeoneElsesFileStays(int flags, bool in_the_renames_moment = false);
-  void ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second);
+  void ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second, bool directory = false);
 
   // StartDaemon writes `config_text` and starts retryd on it (with `extra` arguments and the
   // "NAME=VALUE" strings of `env` in its environment), waiting for READY=1.
@@ -1025,12 +1025,14 @@ TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsTheWriterRemovesItsOwnStays) {
 }
 
 // ExpectFilesPutAtTheOldPathStay: the daemon's textfile moves from a to b; as the writer
-// moves the file at a aside to judge it, another's "# first" is put there, and then, if
-// `second`, as it puts that back, another's "# second". On a file system whose rename cannot
-// refuse to replace if `no_noreplace` (NFS, CIFS, some FUSE: there the file was judged at its
-// path and removed there). Every file stays: the first put back, or if the second came first,
-// left aside and said.
-void DaemonProcessTest::ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second) {
+// moves the file at a aside to judge it, another's "# first" is put there (a directory if
+// `directory`: no hard link can put it back), and then, if `second`, as it puts that back,
+// another's "# second". On a file system whose rename cannot refuse to replace if
+// `no_noreplace` (NFS, CIFS, some FUSE: there the file was judged at its path and removed
+// there). Every file stays: the first put back, or if the second came first, left aside and
+// said.
+void DaemonProcessTest::ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool second,
+                                                       bool directory) {
   const std::string a = TempPath(".prom"), b = TempPath(".prom");
   auto exists = [](const std::string& path) { return access(path.c_str(), F_OK) == 0; };
   std::vector<std::string> env = {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK),
@@ -1043,7 +1045,12 @@ void DaemonProcessTest::ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool s
   ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
   for (const char* put : {"# first\n", second ? "# second\n" : nullptr}) {
     ASSERT_TRUE(WaitUntil([&] { return exists(a + ".held"); }, 10'000)) << d->Log();
-    if (put != nullptr) WriteFile(a, put);  // written aside, renamed into place
+    if (put != nullptr && directory && !second) {
+      ASSERT_EQ(unlink(a.c_str()), 0);
+      ASSERT_EQ(mkdir(a.c_str(), 0755), 0);
+    } else if (put != nullptr) {
+      WriteFile(a, put);  // written aside, renamed into place
+    }
     unlink((a + ".done").c_str());
     WriteFile(a + ".go", "");
     ASSERT_TRUE(WaitUntil([&] { return exists(a + ".done"); }, 10'000)) << d->Log();
@@ -1055,12 +1062,19 @@ void DaemonProcessTest::ExpectFilesPutAtTheOldPathStay(bool no_noreplace, bool s
     EXPECT_EQ(ReadFile(aside), "# first\n") << d->Log();
     EXPECT_TRUE(LogHas(*d, "metrics: put back " + aside)) << d->Log();
   } else {
-    EXPECT_EQ(ReadFile(a), "# first\n") << d->Log();
+    struct stat st = {};
+    EXPECT_EQ(lstat(a.c_str(), &st), 0) << d->Log();
+    if (directory) {
+      EXPECT_TRUE(S_ISDIR(st.st_mode)) << d->Log();
+    } else {
+      EXPECT_EQ(ReadFile(a), "# first\n") << d->Log();
+    }
     EXPECT_FALSE(exists(aside)) << "left aside\n" << d->Log();
     EXPECT_EQ(d->Log().find("metrics: "), std::string::npos) << d->Log();
   }
   d->Signal(SIGTERM);
   EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  if (directory) rmdir(a.c_str());
   for (const std::string& made : {a, a + ".done", aside, b}) unlink(made.c_str());
 }
 
@@ -1070,6 +1084,10 @@ TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsItIsMovedAsideIsPutBack) {
 
 TEST_F(DaemonProcessTest, AFilePutAtTheOldPathAsItIsMovedAsideIsPutBackWithoutNoReplace) {
   ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/true, /*second=*/false);
+}
+
+TEST_F(DaemonProcessTest, ADirectoryPutAtTheOldPathAsItIsMovedAsideIsPutBackWithoutNoReplace) {
+  ExpectFilesPutAtTheOldPathStay(/*no_noreplace=*/true, /*second=*/false, /*directory=*/true);
 }
 
 TEST_F(DaemonProcessTest, TwoFilesPutAtTheOldPathDuringItsRemovalBothStay) {
@@ -1263,6 +1281,41 @@ TEST_F(DaemonProcessTest, AMetricsTextfileThatCannotBeWrittenNeverHoldsUpTheTick
   const std::string log = d->Log(), said = "the textfile is not updated meanwhile";
   EXPECT_EQ(log.find(said), log.rfind(said)) << "said more than once\n" << log;
   for (const char* made : {".held", ".done", ""}) unlink((prom + made).c_str());
+}
+
+// The writer's last close (of the file it put in place, which on NFS or FUSE may wait for
+// the file system) goes out without its lock: the stop's bounded wait leaves it behind after
+// a second. With the lock held, the stop waited for the close, said nothing.
+TEST_F(DaemonProcessTest, AStopNeverWaitsOnTheCloseOfTheTextfile) {
+  const std::string prom = TempPath(".prom");
+  auto d = StartDaemon(
+      Textfile(prom), {},
+      {testing::PreloadWith(RETRYD_FILE_PAUSE_HOOK), "RETRYD_TEST_PAUSE_BEFORE_CLOSE_OF=" + prom});
+  ASSERT_TRUE(WaitUntil([&] { return access(prom.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  d->Signal(SIGTERM);
+  // The hold lasts 30 s: an exit within 10 s did not wait for it.
+  EXPECT_EQ(d->Wait(10'000), 0) << "the stop waited for the close\n" << d->Log();
+  EXPECT_TRUE(LogHas(*d, "metrics: still writing " + prom + " after 1000ms")) << d->Log();
+  for (const char* made : {"", ".held"}) unlink((prom + made).c_str());
+}
+
+// A write's failure is said once a minute, but at once for a path not said before: a reload
+// to another path that cannot be written is not silent.
+TEST_F(DaemonProcessTest, AReloadToAnotherBadTextfilePathIsSaidAtOnce) {
+  const std::string good = TempPath(".prom");
+  const std::string one = TempPath(".missing") + "/retryd.prom";
+  const std::string two = TempPath(".missing") + "/retryd.prom";
+  auto d = StartDaemon(Textfile(good));  // a start refuses a path it cannot write; a reload not
+  ASSERT_TRUE(WaitUntil([&] { return access(good.c_str(), F_OK) == 0; }, 10'000)) << d->Log();
+  for (const std::string& bad : {one, two}) {
+    WriteFile(config_, Textfile(bad));
+    d->Signal(SIGHUP);
+    ASSERT_NE(notify_.WaitFor("READY=1", 5'000), "") << d->Log();
+    EXPECT_TRUE(LogHas(*d, "metrics: open " + bad, 10'000)) << d->Log();
+  }
+  d->Signal(SIGTERM);
+  EXPECT_EQ(d->Wait(10'000), 0) << d->Log();
+  unlink(good.c_str());
 }
 
 TEST_F(DaemonProcessTest, AutoCreateOffIsPublishedAndUnknownNamesAreReported) {
