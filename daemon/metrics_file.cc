@@ -135,6 +135,18 @@ bool IsOwn(const std::string& path, int fd, const std::string& text) {
   return same;
 }
 
+// RenameIfFree renames `from` to `to` if nothing is at `to` when looked at, for a file system
+// that cannot refuse to replace in the rename itself (a file put at `to` in the instant
+// between is replaced). 0, or -1 with errno (EEXIST: something is at `to`).
+int RenameIfFree(const std::string& from, const std::string& to) {
+  struct stat there = {};
+  if (lstat(to.c_str(), &there) == 0) {
+    errno = EEXIST;
+    return -1;
+  }
+  return errno == ENOENT ? rename(from.c_str(), to.c_str()) : -1;
+}
+
 // RemoveOwn removes `path` if it is still the file this writer put there (open as `fd`, so
 // that its inode cannot have been given to another file) holding the `text` it wrote, not
 // one that someone else has put in its place or written into since. "" if removed or nothing
@@ -156,13 +168,8 @@ std::string RemoveOwn(const std::string& path, int fd, const std::string& text) 
   int moved = renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE);
   if (moved != 0 && (errno == EINVAL || errno == ENOSYS)) {
     // A file system (NFS, CIFS, some FUSE) or kernel that cannot refuse to replace in a
-    // rename: the writer's own name is looked at first, then the rename made.
-    struct stat there = {};
-    if (lstat(aside.c_str(), &there) == 0) {
-      errno = EEXIST;
-    } else if (errno == ENOENT) {
-      moved = rename(path.c_str(), aside.c_str());
-    }
+    // rename.
+    moved = RenameIfFree(path, aside);
   }
   if (moved != 0) {
     return errno == ENOENT ? "" : why("move " + path + " aside to " + aside, errno);
@@ -179,14 +186,9 @@ std::string RemoveOwn(const std::string& path, int fd, const std::string& text) 
     if (back == 0) {
       unlink(aside.c_str());
     } else if (errno != EEXIST) {
-      // No hard link to be had (a directory, fs.protected_hardlinks for another user's file,
-      // a file system without them): the path is looked at first, then the rename made.
-      struct stat there = {};
-      if (lstat(path.c_str(), &there) == 0) {
-        errno = EEXIST;
-      } else if (errno == ENOENT) {
-        back = rename(aside.c_str(), path.c_str());
-      }
+      // No hard link to be had: a directory, fs.protected_hardlinks for another user's file,
+      // a file system without them.
+      back = RenameIfFree(aside, path);
     }
   }
   if (back != 0) {
